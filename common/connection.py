@@ -1,0 +1,81 @@
+"""Redis clients (standalone or cluster, sync or asyncio) and the namespace's meta record.
+
+`redis+cluster://host:port` selects Redis Cluster; anything else is a plain server.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
+from common.errors import PartitionMismatch, RedisUnavailable
+from common.keys import Keyspace
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+META_VERSION = "1"
+
+
+def redact(url: str) -> str:
+    """The URL without its password, safe for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def _split(url: str) -> tuple[str, bool]:
+    scheme = urlsplit(url).scheme
+    if scheme in CLUSTER_SCHEMES:
+        return CLUSTER_SCHEMES[scheme] + url[len(scheme):], True
+    return url, False
+
+
+def sync_client(url: str, **kw: Any) -> redis.Redis:
+    real, cluster = _split(url)
+    kw.setdefault("socket_connect_timeout", 5)
+    if cluster:
+        return RedisCluster.from_url(real, **kw)  # type: ignore[return-value]
+    return redis.Redis.from_url(real, **kw)
+
+
+def async_client(url: str, **kw: Any) -> aredis.Redis:
+    real, cluster = _split(url)
+    kw.setdefault("socket_connect_timeout", 5)
+    if cluster:
+        return AsyncRedisCluster.from_url(real, **kw)  # type: ignore[return-value]
+    return aredis.Redis.from_url(real, **kw)
+
+
+def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return RedisUnavailable(f"cannot reach Redis at {redact(url)}: {reason}")
+
+
+def ensure_meta(client: redis.Redis, keys: Keyspace, url: str) -> None:
+    """Record the partition count on first use; refuse a namespace made with another one."""
+    try:
+        client.hsetnx(keys.meta, "partitions", keys.partitions)
+        client.hsetnx(keys.meta, "version", META_VERSION)
+        client.hsetnx(keys.meta, "created_ms", int(time.time() * 1000))
+        stored = client.hget(keys.meta, "partitions")
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise unavailable(url, exc) from None
+    if stored is not None and int(stored) != keys.partitions:
+        raise PartitionMismatch(
+            f"namespace {keys.namespace!r} was created with {int(stored)} partitions, "
+            f"this process is configured with {keys.partitions}"
+        )
+
+
+def server_time_ms(client: redis.Redis) -> int:
+    sec, usec = client.time()
+    return sec * 1000 + usec // 1000

@@ -1,0 +1,44 @@
+"""`current_run()`: what a running task may know about its own execution."""
+
+from __future__ import annotations
+
+import threading
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    task: str
+    queue: str
+    attempt: int
+    fence: int
+    worker_id: str
+    idempotency_key: str
+    scheduled_at: datetime | None
+    schedule: str | None = None
+    _lost: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once another worker may own this run: stop and do no more external effects."""
+        return self._lost.is_set()
+
+    def mark_lost(self) -> None:
+        self._lost.set()
+
+
+_current: ContextVar[RunContext | None] = ContextVar("duetime_run", default=None)
+
+
+def current_run() -> RunContext:
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("current_run() is only available inside a duetime task")
+    return ctx
+
+
+def set_current(ctx: RunContext | None) -> None:
+    _current.set(ctx)

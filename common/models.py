@@ -1,0 +1,116 @@
+"""Read models of runs and attempts, decoded from the plain-text Redis records."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from common.codec import unpack_payload
+
+STATES = (
+    "scheduled", "running", "retrying", "succeeded", "dead", "uncertain",
+    "cancelled", "skipped", "missed",
+)
+TERMINAL = frozenset({"succeeded", "dead", "cancelled", "skipped", "missed"})
+
+
+def from_ms(ms: int | float | str | bytes | None) -> datetime | None:
+    if ms in (None, b"", ""):
+        return None
+    return datetime.fromtimestamp(int(float(ms)) / 1000, tz=UTC)
+
+
+def to_ms(dt: datetime) -> int:
+    if dt.tzinfo is None:
+        raise ValueError(f"naive datetime {dt!r}: give an aware datetime (e.g. tzinfo=UTC)")
+    return int(dt.timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    number: int
+    fence: int
+    worker: str
+    started: datetime | None
+    ended: datetime | None
+    outcome: str  # running | succeeded | failed | unknown | released
+    error: str | None = None
+    late: bool = False
+    late_outcome: str | None = None
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Attempt:
+        a = json.loads(raw)
+        return cls(
+            number=int(a.get("n", 0)),
+            fence=int(a.get("fence", 0)),
+            worker=a.get("worker", ""),
+            started=from_ms(a.get("start")),
+            ended=from_ms(a.get("end")),
+            outcome=a.get("outcome", ""),
+            error=a.get("error") or a.get("late_error"),
+            late=bool(a.get("late", False)),
+            late_outcome=a.get("late_outcome"),
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    id: str
+    task: str
+    queue: str
+    state: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    created: datetime | None
+    due: datetime | None
+    started: datetime | None
+    finished: datetime | None
+    attempt: int
+    max_attempts: int
+    fence: int
+    worker: str | None
+    error: str | None
+    reason: str | None
+    owner: str | None
+    key: str | None
+    schedule: str | None
+    retry_at: datetime | None
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.key or self.id
+
+    @classmethod
+    def decode(cls, h: dict[bytes, bytes], attempts: list[bytes]) -> Run:
+        def s(name: str) -> str | None:
+            v = h.get(name.encode())
+            return v.decode() if v not in (None, b"") else None
+
+        args, kwargs = unpack_payload(h.get(b"payload"))
+        return cls(
+            id=s("id") or "",
+            task=s("task") or "",
+            queue=s("queue") or "",
+            state=s("state") or "",
+            args=args,
+            kwargs=kwargs,
+            created=from_ms(s("created")),
+            due=from_ms(s("due")),
+            started=from_ms(s("started")),
+            finished=from_ms(s("finished")),
+            attempt=int(s("attempt") or 0),
+            max_attempts=int(s("max_attempts") or 1),
+            fence=int(s("fence") or 0),
+            worker=s("worker"),
+            error=s("error"),
+            reason=s("reason"),
+            owner=s("owner"),
+            key=s("key"),
+            schedule=s("schedule"),
+            retry_at=from_ms(s("retry_at")),
+            attempts=[Attempt.decode(a) for a in attempts],
+        )

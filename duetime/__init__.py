@@ -1,0 +1,24 @@
+"""duetime: a Redis-backed distributed job scheduler.
+
+Application code imports only this package.
+"""
+
+from common.context import RunContext, current_run
+from common.errors import (
+    DuetimeError,
+    Fatal,
+    InvalidInput,
+    PayloadTooLarge,
+    RedisUnavailable,
+    Retry,
+    RunNotFound,
+    UnknownTask,
+)
+from common.models import Attempt, Run
+from duetime.app import App
+
+__all__ = [
+    "App", "Attempt", "DuetimeError", "Fatal", "InvalidInput", "PayloadTooLarge",
+    "RedisUnavailable", "Retry", "Run", "RunContext", "RunNotFound", "UnknownTask",
+    "current_run",
+]

@@ -1,0 +1,58 @@
+-- _lib.lua: helpers prepended to every duetime script (local functions only; no keys).
+-- Time comes only from the server clock, so every process agrees on due times and leases.
+
+local EVENTS_MAXLEN = 10000
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Append a lifecycle event to the partition's capped stream.
+local function emit(events_key, run_id, kind, detail)
+  redis.call('XADD', events_key, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
+    'run', run_id, 'event', kind, 'detail', detail or '')
+end
+
+-- Merge fields into attempt number `fence` (1-based) of a run's attempt list.
+local function set_attempt(attempts_key, fence, fields)
+  local idx = tonumber(fence) - 1
+  local raw = redis.call('LINDEX', attempts_key, idx)
+  if not raw then return end
+  local a = cjson.decode(raw)
+  for k, v in pairs(fields) do a[k] = v end
+  redis.call('LSET', attempts_key, idx, cjson.encode(a))
+end
+
+-- Exponential backoff with "equal jitter": half fixed, half random (jitter in [0,1)), capped.
+local function backoff_ms(base, cap, attempt, jitter)
+  local d = tonumber(base) * (2 ^ (tonumber(attempt) - 1))
+  if d > tonumber(cap) then d = tonumber(cap) end
+  return math.floor(d / 2 + (d / 2) * tonumber(jitter))
+end
+
+-- Add a member to a due/retry zset; tell idle workers when it became the set's earliest.
+local function add_due(zkey, score, run_id, channel, wake_tag)
+  local head = redis.call('ZRANGE', zkey, 0, 0, 'WITHSCORES')
+  redis.call('ZADD', zkey, score, run_id)
+  if head[2] == nil or score < tonumber(head[2]) then
+    redis.call('PUBLISH', channel, wake_tag .. '|' .. score)
+  end
+end
+
+-- A failed or abandoned attempt: retry with backoff, or dead-letter when attempts ran out.
+-- Returns the new state and the retry time (or 0).
+local function retry_or_dead(run_key, retry_key, dead_key, run_id, now, force_dead, delay,
+                             jitter, reason, channel, wake_tag)
+  local f = redis.call('HMGET', run_key, 'attempt', 'max_attempts', 'backoff_base', 'backoff_max')
+  if force_dead or tonumber(f[1]) >= tonumber(f[2]) then
+    redis.call('HSET', run_key, 'state', 'dead', 'finished', now, 'reason', reason)
+    redis.call('ZADD', dead_key, now, run_id)
+    return 'dead', 0
+  end
+  if delay == nil then delay = backoff_ms(f[3], f[4], f[1], jitter) end
+  local at = now + delay
+  redis.call('HSET', run_key, 'state', 'retrying', 'retry_at', at, 'reason', reason)
+  add_due(retry_key, at, run_id, channel, wake_tag)
+  return 'retrying', at
+end

@@ -1,0 +1,79 @@
+"""The reaper: finds runs whose lease expired and hands them to `reap.lua` (retry with
+backoff, `uncertain` for non-idempotent tasks, or dead-letter), one call per partition.
+
+Several reapers may run at once: each transition is atomic and re-checked in the script,
+so a second reaper finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import redis
+
+from common import metrics
+from common.connection import sync_client, unavailable
+from common.keys import Keyspace
+from common.logs import get as get_logger
+from common.scripts import Scripts
+
+log = get_logger("duetime.reaper")
+
+BATCH = 500
+
+
+class Reaper:
+    def __init__(self, url: str, keys: Keyspace, tick_s: float = 0.5) -> None:
+        self.url, self.keys, self.tick_s = url, keys, tick_s
+        self.client = sync_client(url)
+        self.scripts = Scripts(self.client)
+        self.stopping = threading.Event()
+
+    def reap_once(self) -> int:
+        """One pass over every partition (pipelined); returns how many runs were reaped."""
+        k = self.keys
+        total = 0
+        pending = list(range(k.partitions))
+        while pending:
+            pipe = self.client.pipeline(transaction=False)
+            for p in pending:
+                self.scripts.reap(
+                    keys=[k.leases(p), k.dead(p), k.uncertain(p), k.events(p)],
+                    args=[k.prefix(p), BATCH, random.random(), k.wake_channel, p],
+                    client=pipe,
+                )
+            results = pipe.execute()
+            again = []
+            for p, (n, _next) in zip(pending, results, strict=True):
+                total += n
+                if n >= BATCH:
+                    again.append(p)
+            pending = again
+        if total:
+            metrics.REAPED.labels("recovered").inc(total)
+            log.info("reaped expired leases", count=total)
+        return total
+
+    def run(self) -> None:
+        log.info("reaper started", tick_s=self.tick_s, partitions=self.keys.partitions)
+        backoff = 0.1
+        while not self.stopping.is_set():
+            try:
+                self.reap_once()
+                backoff = 0.1
+                self.stopping.wait(self.tick_s)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("redis unavailable; reaper retrying",
+                            error=str(unavailable(self.url, exc)), retry_in=backoff)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+        log.info("reaper stopped")
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def close(self) -> None:
+        self.client.close()
+
+

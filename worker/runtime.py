@@ -1,0 +1,472 @@
+"""The worker: claims due runs in batches, executes them, heartbeats their leases and reports
+outcomes — one asyncio loop per process, sync tasks in a thread pool.
+
+Wake-ups are precise: the worker knows the earliest due time of every (partition, queue)
+it serves (from claim replies, from a pipelined refresh, and from the pub/sub notice that
+enqueue sends when a run becomes a set's earliest) and sleeps until then. The periodic
+refresh is only a safety net for lost notices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import random
+import signal
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+
+from common import metrics
+from common.codec import unpack_payload
+from common.connection import async_client, unavailable
+from common.context import RunContext, set_current
+from common.errors import Fatal, Retry, UnknownTask
+from common.keys import Keyspace
+from common.logs import get as get_logger
+from common.models import from_ms
+from common.scripts import Scripts
+from common.tasks import Registry, TaskSpec
+
+log = get_logger("duetime.worker")
+
+CLAIM_FIELDS = 10
+MAX_ERROR = 4000
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
+
+
+@dataclass
+class WorkerConfig:
+    queues: list[str]
+    concurrency: int = 16
+    lease_ms: int = 10_000
+    grace_s: float = 30.0
+    refresh_s: float = 2.0
+    worker_id: str = field(default_factory=default_worker_id)
+    retention_ms: int = 24 * 3600 * 1000
+
+
+@dataclass
+class Execution:
+    ctx: RunContext
+    partition: int
+    task: asyncio.Task[None] | None = None
+    released: bool = False
+
+    @property
+    def token(self) -> str:
+        return f"{self.ctx.worker_id}:{self.ctx.fence}"
+
+
+def _error_text(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    head = f"{type(exc).__name__}: {exc}"
+    return (head + "\n" + text[-MAX_ERROR:]) if len(text) > 0 else head
+
+
+class Worker:
+    def __init__(
+        self, registry: Registry, url: str, keys: Keyspace, config: WorkerConfig
+    ) -> None:
+        self.registry, self.url, self.keys, self.cfg = registry, url, keys, config
+        self.id = config.worker_id
+        self.client: aredis.Redis = async_client(url)
+        self.scripts = Scripts(self.client)
+        self.pool = ThreadPoolExecutor(max_workers=config.concurrency,
+                                       thread_name_prefix="duetime-task")
+        from worker.clock import ServerClock
+
+        self.clock = ServerClock()
+        self.inflight: dict[str, Execution] = {}
+        self.next_due: dict[tuple[int, str], float] = {}
+        self._wake_seq = 0
+        self._last_wake: dict[tuple[int, str], tuple[int, float]] = {}
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._reports: asyncio.Queue[tuple[str, Execution, list[Any]] | None] = asyncio.Queue()
+        self._bg: list[asyncio.Task[None]] = []
+        self.processed = 0
+
+    # -- lifecycle ------------------------------------------------------------------
+    def stop(self) -> None:
+        if not self._stopping.is_set():
+            log.info("worker stopping", worker_id=self.id, inflight=len(self.inflight))
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        try:
+            await self.clock.sync(self.client)
+            await self._refresh_heads()
+        except REDIS_ERRORS as exc:
+            raise unavailable(self.url, exc) from None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+                loop.add_signal_handler(sig, self.stop)
+        log.info("worker started", worker_id=self.id, queues=self.cfg.queues,
+                 concurrency=self.cfg.concurrency, lease_ms=self.cfg.lease_ms,
+                 partitions=self.keys.partitions)
+        self._bg = [
+            asyncio.create_task(self._listen(), name="listen"),
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+        ]
+        reporter = asyncio.create_task(self._report_loop(), name="report")
+        try:
+            await self._claim_loop()
+            await self._drain()
+            self._reports.put_nowait(None)
+            await reporter
+        finally:
+            reporter.cancel()
+            for t in self._bg:
+                t.cancel()
+            await asyncio.gather(*self._bg, return_exceptions=True)
+            await self._deregister()
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            await self.client.aclose()
+            log.info("worker stopped", worker_id=self.id, processed=self.processed)
+
+    # -- due-time knowledge ---------------------------------------------------------
+    def _note_due(self, key: tuple[int, str], due: float) -> None:
+        """A notice that `key` has a run due at `due` (server ms)."""
+        self._wake_seq += 1
+        self._last_wake[key] = (self._wake_seq, due)
+        cur = self.next_due.get(key)
+        if cur is None or due < cur:
+            self.next_due[key] = due
+            self._wake.set()
+
+    def _set_due(self, key: tuple[int, str], due: float | None, since_seq: int) -> None:
+        """Authoritative head read at the server; notices newer than the read still count."""
+        w = self._last_wake.get(key)
+        if w is not None and w[0] > since_seq and (due is None or w[1] < due):
+            due = w[1]
+        if due is None:
+            self.next_due.pop(key, None)
+        else:
+            self.next_due[key] = due
+
+    async def _refresh_heads(self) -> None:
+        seq = self._wake_seq
+        pipe = self.client.pipeline(transaction=False)
+        order = []
+        for p in range(self.keys.partitions):
+            for q in self.cfg.queues:
+                pipe.zrange(self.keys.due(p, q), 0, 0, withscores=True)
+                pipe.zrange(self.keys.retry(p, q), 0, 0, withscores=True)
+                order.append((p, q))
+        res = await pipe.execute()
+        for i, key in enumerate(order):
+            heads = [s for _, s in res[2 * i] + res[2 * i + 1]]
+            self._set_due(key, min(heads) if heads else None, seq)
+
+    async def _listen(self) -> None:
+        """Pub/sub wake-ups; reconnects forever, refreshing after each reconnect."""
+        queues = set(self.cfg.queues)
+        delay = 0.1
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.keys.wake_channel)
+                await self._refresh_heads()
+                delay = 0.1
+                while True:
+                    msg = await pubsub.get_message(timeout=1.0)
+                    if msg is None:
+                        continue
+                    p, q, due = msg["data"].decode().split("|")
+                    if q in queues:
+                        self._note_due((int(p), q), float(due))
+            except asyncio.CancelledError:
+                await pubsub.aclose()
+                raise
+            except REDIS_ERRORS as exc:
+                log.warning("wake channel lost; reconnecting", error=str(exc), retry_in=delay)
+                await pubsub.aclose()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # -- claiming -------------------------------------------------------------------
+    def _due_now(self) -> list[tuple[int, str]]:
+        now = self.clock.now_ms()
+        rank = {q: i for i, q in enumerate(self.cfg.queues)}
+        due = [(rank[k[1]], d, k) for k, d in self.next_due.items() if d <= now]
+        due.sort()
+        return [k for _, _, k in due]
+
+    async def _claim_loop(self) -> None:
+        last_refresh = time.monotonic()
+        last_clock = time.monotonic()
+        backoff = 0.1
+        while not self._stopping.is_set():
+            free = self.cfg.concurrency - len(self.inflight)
+            due = self._due_now() if free > 0 else []
+            try:
+                if due:
+                    await self._claim(due, free)
+                    backoff = 0.1
+                    continue
+                if time.monotonic() - last_refresh >= self.cfg.refresh_s:
+                    await self._refresh_heads()
+                    last_refresh = time.monotonic()
+                    backoff = 0.1
+                    continue
+                if time.monotonic() - last_clock >= 60:
+                    await self.clock.sync(self.client)
+                    last_clock = time.monotonic()
+            except REDIS_ERRORS as exc:
+                log.warning("redis unavailable while claiming", error=str(exc), retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            timeout = self.cfg.refresh_s - (time.monotonic() - last_refresh)
+            if free > 0 and self.next_due:
+                timeout = min(timeout, (min(self.next_due.values()) - self.clock.now_ms()) / 1000)
+            self._wake.clear()
+            if timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _claim(self, due: list[tuple[int, str]], free: int) -> None:
+        share = max(1, -(-free // len(due)))
+        plan: list[tuple[tuple[int, str], int]] = []
+        left = free
+        for key in due:
+            if left <= 0:
+                break
+            n = min(share, left)
+            plan.append((key, n))
+            left -= n
+        seq = self._wake_seq
+        pipe = self.client.pipeline(transaction=False)
+        for (p, q), n in plan:
+            k = self.keys
+            await self.scripts.claim(
+                keys=[k.due(p, q), k.retry(p, q), k.leases(p), k.done(p), k.events(p)],
+                args=[k.prefix(p), self.id, n, self.cfg.lease_ms],
+                client=pipe,
+            )
+        results = await pipe.execute()
+        now = self.clock.now_ms()
+        for ((p, q), _), res in zip(plan, results, strict=True):
+            nxt = int(res[0])
+            self._set_due((p, q), None if nxt < 0 else nxt, seq)
+            for i in range(1, len(res), CLAIM_FIELDS):
+                self._start(p, q, res[i : i + CLAIM_FIELDS], now)
+
+    def _start(self, p: int, queue: str, f: list[Any], now: float) -> None:
+        run_id, task_name = f[0].decode(), f[3].decode()
+        due_ms = int(f[5] or 0)
+        ctx = RunContext(
+            run_id=run_id, task=task_name, queue=queue, attempt=int(f[2]), fence=int(f[1]),
+            worker_id=self.id, idempotency_key=(f[8] or b"").decode() or run_id,
+            scheduled_at=from_ms(due_ms), schedule=(f[9] or b"").decode() or None,
+        )
+        ex = Execution(ctx, p)
+        self.inflight[run_id] = ex
+        metrics.INFLIGHT.set(len(self.inflight))
+        metrics.CLAIMED.labels(queue).inc()
+        metrics.START_LATENESS.labels(queue).observe(max(0.0, (now - due_ms) / 1000))
+        ex.task = asyncio.create_task(self._execute(ex, f[4], int(f[6] or 0)))
+
+    # -- execution ------------------------------------------------------------------
+    async def _execute(self, ex: Execution, payload: bytes, timeout_ms: int) -> None:
+        ctx = ex.ctx
+        started = time.perf_counter()
+        outcome, mode, err, delay_ms = "succeeded", "", "", 0
+        try:
+            spec = self.registry.get(ctx.task)
+            args, kwargs = unpack_payload(payload)
+            await self._call(spec, ctx, args, kwargs, timeout_ms / 1000 or None)
+        except UnknownTask as exc:
+            outcome, mode, err = "dead", "fatal", f"{exc}; worker {self.id} cannot run it"
+        except Retry as exc:
+            outcome, mode, err = "retry", "retry", str(exc)
+            delay_ms = int((exc.delay or 0) * 1000)
+        except Fatal as exc:
+            outcome, mode, err = "dead", "fatal", _error_text(exc)
+        except TimeoutError:
+            outcome, mode = "failed", "error"
+            err = f"TimeoutError: task exceeded its timeout of {timeout_ms / 1000:g}s"
+            ctx.mark_lost()
+        except asyncio.CancelledError:
+            # lease lost (another worker may own the run) or released at shutdown
+            outcome = "released" if ex.released else "lease_lost"
+        except Exception as exc:  # noqa: BLE001 - any task error is a retryable failure
+            outcome, mode, err = "failed", "error", _error_text(exc)
+        finally:
+            self.inflight.pop(ctx.run_id, None)
+            metrics.INFLIGHT.set(len(self.inflight))
+            self._wake.set()
+        elapsed = time.perf_counter() - started
+        metrics.EXECUTION.labels(ctx.task).observe(elapsed)
+        metrics.RUNS_FINISHED.labels(ctx.task, outcome).inc()
+        self.processed += 1
+        if outcome in ("released", "lease_lost"):
+            return
+        if outcome == "succeeded":
+            self._reports.put_nowait(("complete", ex, []))
+        else:
+            log.info("run failed", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
+                     worker_id=self.id, schedule=ctx.schedule, mode=mode,
+                     error=err.splitlines()[0] if err else "")
+            self._reports.put_nowait(("fail", ex, [err, mode, delay_ms]))
+
+    async def _call(self, spec: TaskSpec, ctx: RunContext, args: list[Any],
+                    kwargs: dict[str, Any], timeout: float | None) -> None:
+        set_current(ctx)
+        if spec.is_async:
+            await asyncio.wait_for(spec.fn(*args, **kwargs), timeout)
+            return
+        cv = contextvars.copy_context()
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, _run_in, cv, spec.fn,
+                                                         args, kwargs)
+        # a thread cannot be killed: on timeout the task is told through lease_lost
+        await asyncio.wait_for(asyncio.shield(fut), timeout)
+
+    # -- reporting (batched: one pipeline per flush) ----------------------------------
+    async def _report_loop(self) -> None:
+        """Sends every report waiting at the moment as one pipeline; None ends the loop."""
+        done = False
+        while not done:
+            batch = [await self._reports.get()]
+            while not self._reports.empty():
+                batch.append(self._reports.get_nowait())
+            done = None in batch
+            real = [b for b in batch if b is not None]
+            if real:
+                await self._flush(real)
+
+    async def _flush(self, batch: list[tuple[str, Execution, list[Any]]]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for kind, ex, extra in batch:
+                    await self._report_call(pipe, kind, ex, extra)
+                results = await pipe.execute()
+                break
+            except REDIS_ERRORS as exc:
+                # keep the outcome: a late report is still judged by its fence
+                log.warning("cannot report outcomes; retrying", error=str(exc), retry_in=delay,
+                            pending=len(batch))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        for (kind, ex, _), res in zip(batch, results, strict=True):
+            state = res if isinstance(res, bytes) else res[0]
+            state = state.decode() if isinstance(state, bytes) else str(state)
+            if state in ("stale", "missing"):
+                metrics.LATE_REJECTED.inc()
+                log.warning("late result rejected", run_id=ex.ctx.run_id, task=ex.ctx.task,
+                            attempt=ex.ctx.attempt, worker_id=self.id, report=kind, fence=ex.ctx.fence)
+
+    async def _report_call(self, pipe: Any, kind: str, ex: Execution, extra: list[Any]) -> None:
+        k, p, run_id, q = self.keys, ex.partition, ex.ctx.run_id, ex.ctx.queue
+        base = [k.run(p, run_id), k.lease(p, run_id), k.leases(p), k.attempts(p, run_id)]
+        if kind == "complete":
+            await self.scripts.complete(
+                keys=[*base, k.done(p), k.retry(p, q), k.uncertain(p), k.events(p)],
+                args=[run_id, ex.ctx.fence, self.cfg.retention_ms], client=pipe)
+        elif kind == "fail":
+            err, mode, delay_ms = extra
+            await self.scripts.fail(
+                keys=[*base, k.retry(p, q), k.dead(p), k.events(p)],
+                args=[run_id, ex.ctx.fence, err, mode, delay_ms, random.random(),
+                      k.wake_channel, f"{p}|{q}"], client=pipe)
+        else:  # release
+            await self.scripts.release(
+                keys=[*base, k.due(p, q), k.uncertain(p), k.events(p)],
+                args=[run_id, ex.ctx.fence, k.wake_channel, f"{p}|{q}"], client=pipe)
+
+    # -- leases -----------------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        interval = self.cfg.lease_ms / 3000
+        while True:
+            try:
+                await self._heartbeat()
+            except REDIS_ERRORS as exc:
+                log.warning("heartbeat failed", error=str(exc), worker_id=self.id)
+            await asyncio.sleep(interval)
+
+    async def _heartbeat(self) -> None:
+        by_partition: dict[int, list[Execution]] = {}
+        for ex in list(self.inflight.values()):
+            by_partition.setdefault(ex.partition, []).append(ex)
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        groups = []
+        for p, exs in by_partition.items():
+            keys, args = [k.leases(p)], [self.cfg.lease_ms]
+            for ex in exs:
+                keys += [k.lease(p, ex.ctx.run_id), k.run(p, ex.ctx.run_id)]
+                args += [ex.ctx.run_id, ex.token]
+            await self.scripts.heartbeat(keys=keys, args=args, client=pipe)
+            groups.append(exs)
+        now = time.time()
+        pipe.zadd(k.workers, {self.id: int(now * 1000)})
+        pipe.hset(k.worker(self.id), mapping={
+            "queues": ",".join(self.cfg.queues), "concurrency": self.cfg.concurrency,
+            "inflight": len(self.inflight), "pid": os.getpid(), "host": socket.gethostname(),
+            "last_seen": int(now * 1000), "processed": self.processed,
+        })
+        pipe.pexpire(k.worker(self.id), self.cfg.lease_ms * 3)
+        results = await pipe.execute()
+        for exs, res in zip(groups, results, strict=False):
+            for ex, ok in zip(exs, res, strict=True):
+                if not ok and self.inflight.get(ex.ctx.run_id) is ex:
+                    self._lease_lost(ex)
+
+    def _lease_lost(self, ex: Execution) -> None:
+        metrics.LEASES_LOST.inc()
+        log.warning("lease lost; stopping the run", run_id=ex.ctx.run_id, task=ex.ctx.task,
+                    attempt=ex.ctx.attempt, worker_id=self.id, schedule=ex.ctx.schedule)
+        ex.ctx.mark_lost()
+        spec = self.registry.find(ex.ctx.task)
+        if ex.task is not None and spec is not None and spec.is_async:
+            ex.task.cancel()
+
+    # -- shutdown ---------------------------------------------------------------------
+    async def _drain(self) -> None:
+        """Let in-flight runs finish within the grace period, then release the rest."""
+        pending = [ex.task for ex in self.inflight.values() if ex.task is not None]
+        if pending:
+            log.info("waiting for in-flight runs", count=len(pending), grace_s=self.cfg.grace_s)
+            await asyncio.wait(pending, timeout=self.cfg.grace_s)
+        leftovers = list(self.inflight.values())
+        for ex in leftovers:
+            ex.released = True
+            ex.ctx.mark_lost()
+            if ex.task is not None:
+                ex.task.cancel()
+        if leftovers:
+            await asyncio.gather(*(ex.task for ex in leftovers if ex.task),
+                                 return_exceptions=True)
+            log.info("releasing unfinished runs", count=len(leftovers))
+        for ex in leftovers:
+            self._reports.put_nowait(("release", ex, []))
+
+    async def _deregister(self) -> None:
+        try:
+            await self.client.zrem(self.keys.workers, self.id)
+            await self.client.delete(self.keys.worker(self.id))
+        except REDIS_ERRORS:
+            pass
+
+
+def _run_in(cv: contextvars.Context, fn: Callable[..., Any], args: list[Any],
+            kwargs: dict[str, Any]) -> Any:
+    return cv.run(fn, *args, **kwargs)
