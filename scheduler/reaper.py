@@ -13,6 +13,7 @@ import threading
 import redis
 
 from common import metrics
+from common import transitions as tr
 from common.connection import sync_client, unavailable
 from common.keys import Keyspace
 from common.logs import get as get_logger
@@ -38,11 +39,8 @@ class Reaper:
         while pending:
             pipe = self.client.pipeline(transaction=False)
             for p in pending:
-                self.scripts.reap(
-                    keys=[k.leases(p), k.dead(p), k.uncertain(p), k.events(p)],
-                    args=[k.prefix(p), BATCH, random.random(), k.wake_channel, p],
-                    client=pipe,
-                )
+                keys, args = tr.reap(k, p, BATCH, random.random())
+                self.scripts.reap(keys=keys, args=args, client=pipe)
             results = pipe.execute()
             again = []
             for p, (n, _next) in zip(pending, results, strict=True):

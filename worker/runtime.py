@@ -27,6 +27,7 @@ import redis
 import redis.asyncio as aredis
 
 from common import metrics
+from common import transitions as tr
 from common.codec import unpack_payload
 from common.connection import async_client, unavailable
 from common.context import RunContext, set_current
@@ -39,7 +40,6 @@ from common.tasks import Registry, TaskSpec
 
 log = get_logger("duetime.worker")
 
-CLAIM_FIELDS = 10
 MAX_ERROR = 4000
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 
@@ -217,7 +217,9 @@ class Worker:
             due = self._due_now() if free > 0 else []
             try:
                 if due:
-                    await self._claim(due, free)
+                    if not await self._claim(due, free):
+                        # our estimate of server time ran ahead of the server's by a hair
+                        await asyncio.sleep(0.001)
                     backoff = 0.1
                     continue
                 if time.monotonic() - last_refresh >= self.cfg.refresh_s:
@@ -241,7 +243,7 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
 
-    async def _claim(self, due: list[tuple[int, str]], free: int) -> None:
+    async def _claim(self, due: list[tuple[int, str]], free: int) -> int:
         share = max(1, -(-free // len(due)))
         plan: list[tuple[tuple[int, str], int]] = []
         left = free
@@ -254,34 +256,31 @@ class Worker:
         seq = self._wake_seq
         pipe = self.client.pipeline(transaction=False)
         for (p, q), n in plan:
-            k = self.keys
-            await self.scripts.claim(
-                keys=[k.due(p, q), k.retry(p, q), k.leases(p), k.done(p), k.events(p)],
-                args=[k.prefix(p), self.id, n, self.cfg.lease_ms],
-                client=pipe,
-            )
+            keys, args = tr.claim(self.keys, p, q, self.id, n, self.cfg.lease_ms)
+            await self.scripts.claim(keys=keys, args=args, client=pipe)
         results = await pipe.execute()
         now = self.clock.now_ms()
+        claimed = 0
         for ((p, q), _), res in zip(plan, results, strict=True):
-            nxt = int(res[0])
-            self._set_due((p, q), None if nxt < 0 else nxt, seq)
-            for i in range(1, len(res), CLAIM_FIELDS):
-                self._start(p, q, res[i : i + CLAIM_FIELDS], now)
+            nxt, runs = tr.parse_claim(res)
+            self._set_due((p, q), nxt, seq)
+            for c in runs:
+                self._start(p, q, c, now)
+            claimed += len(runs)
+        return claimed
 
-    def _start(self, p: int, queue: str, f: list[Any], now: float) -> None:
-        run_id, task_name = f[0].decode(), f[3].decode()
-        due_ms = int(f[5] or 0)
+    def _start(self, p: int, queue: str, c: tr.Claimed, now: float) -> None:
         ctx = RunContext(
-            run_id=run_id, task=task_name, queue=queue, attempt=int(f[2]), fence=int(f[1]),
-            worker_id=self.id, idempotency_key=(f[8] or b"").decode() or run_id,
-            scheduled_at=from_ms(due_ms), schedule=(f[9] or b"").decode() or None,
+            run_id=c.run_id, task=c.task, queue=queue, attempt=c.attempt, fence=c.fence,
+            worker_id=self.id, idempotency_key=c.key or c.run_id,
+            scheduled_at=from_ms(c.due_ms), schedule=c.schedule,
         )
         ex = Execution(ctx, p)
-        self.inflight[run_id] = ex
+        self.inflight[c.run_id] = ex
         metrics.INFLIGHT.set(len(self.inflight))
         metrics.CLAIMED.labels(queue).inc()
-        metrics.START_LATENESS.labels(queue).observe(max(0.0, (now - due_ms) / 1000))
-        ex.task = asyncio.create_task(self._execute(ex, f[4], int(f[6] or 0)))
+        metrics.START_LATENESS.labels(queue).observe(max(0.0, (now - c.due_ms) / 1000))
+        ex.task = asyncio.create_task(self._execute(ex, c.payload, c.timeout_ms))
 
     # -- execution ------------------------------------------------------------------
     async def _execute(self, ex: Execution, payload: bytes, timeout_ms: int) -> None:
@@ -375,22 +374,15 @@ class Worker:
                             attempt=ex.ctx.attempt, worker_id=self.id, report=kind, fence=ex.ctx.fence)
 
     async def _report_call(self, pipe: Any, kind: str, ex: Execution, extra: list[Any]) -> None:
-        k, p, run_id, q = self.keys, ex.partition, ex.ctx.run_id, ex.ctx.queue
-        base = [k.run(p, run_id), k.lease(p, run_id), k.leases(p), k.attempts(p, run_id)]
+        k, p, run_id, q, fence = self.keys, ex.partition, ex.ctx.run_id, ex.ctx.queue, ex.ctx.fence
         if kind == "complete":
-            await self.scripts.complete(
-                keys=[*base, k.done(p), k.retry(p, q), k.uncertain(p), k.events(p)],
-                args=[run_id, ex.ctx.fence, self.cfg.retention_ms], client=pipe)
+            keys, args = tr.complete(k, p, q, run_id, fence, self.cfg.retention_ms)
         elif kind == "fail":
             err, mode, delay_ms = extra
-            await self.scripts.fail(
-                keys=[*base, k.retry(p, q), k.dead(p), k.events(p)],
-                args=[run_id, ex.ctx.fence, err, mode, delay_ms, random.random(),
-                      k.wake_channel, f"{p}|{q}"], client=pipe)
-        else:  # release
-            await self.scripts.release(
-                keys=[*base, k.due(p, q), k.uncertain(p), k.events(p)],
-                args=[run_id, ex.ctx.fence, k.wake_channel, f"{p}|{q}"], client=pipe)
+            keys, args = tr.fail(k, p, q, run_id, fence, err, mode, delay_ms, random.random())
+        else:
+            keys, args = tr.release(k, p, q, run_id, fence)
+        await getattr(self.scripts, kind)(keys=keys, args=args, client=pipe)
 
     # -- leases -----------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
@@ -410,10 +402,8 @@ class Worker:
         pipe = self.client.pipeline(transaction=False)
         groups = []
         for p, exs in by_partition.items():
-            keys, args = [k.leases(p)], [self.cfg.lease_ms]
-            for ex in exs:
-                keys += [k.lease(p, ex.ctx.run_id), k.run(p, ex.ctx.run_id)]
-                args += [ex.ctx.run_id, ex.token]
+            held = [(ex.ctx.run_id, ex.token) for ex in exs]
+            keys, args = tr.heartbeat(k, p, self.cfg.lease_ms, held)
             await self.scripts.heartbeat(keys=keys, args=args, client=pipe)
             groups.append(exs)
         now = time.time()

@@ -1,0 +1,89 @@
+"""KEYS/ARGV of every state-transition script, built in one place.
+
+The worker (asyncio), the reaper and the tools all call the same scripts; building their
+arguments here keeps the key lists in step with the headers of `lua/*.lua`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from common.keys import Keyspace
+
+Call = tuple[list[str], list[Any]]
+CLAIM_FIELDS = 10
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One run handed to a worker by claim.lua."""
+
+    run_id: str
+    fence: int
+    attempt: int
+    task: str
+    payload: bytes
+    due_ms: int
+    timeout_ms: int
+    idempotent: bool
+    key: str | None
+    schedule: str | None
+
+
+def _s(b: bytes | None) -> str:
+    return b.decode() if b else ""
+
+
+def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms: int) -> Call:
+    return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.events(p)],
+            [k.prefix(p), worker_id, limit, lease_ms])
+
+
+def parse_claim(res: list[Any]) -> tuple[int | None, list[Claimed]]:
+    """→ (earliest due time left in the set, or None; the claimed runs)."""
+    nxt = int(res[0])
+    runs = []
+    for i in range(1, len(res), CLAIM_FIELDS):
+        f = res[i : i + CLAIM_FIELDS]
+        runs.append(Claimed(
+            run_id=_s(f[0]), fence=int(f[1]), attempt=int(f[2]), task=_s(f[3]),
+            payload=f[4] or b"", due_ms=int(f[5] or 0), timeout_ms=int(f[6] or 0),
+            idempotent=f[7] != b"0", key=_s(f[8]) or None, schedule=_s(f[9]) or None,
+        ))
+    return (None if nxt < 0 else nxt), runs
+
+
+def _run_keys(k: Keyspace, p: int, run_id: str) -> list[str]:
+    return [k.run(p, run_id), k.lease(p, run_id), k.leases(p), k.attempts(p, run_id)]
+
+
+def complete(k: Keyspace, p: int, queue: str, run_id: str, fence: int, retention_ms: int) -> Call:
+    return ([*_run_keys(k, p, run_id), k.done(p), k.retry(p, queue), k.uncertain(p), k.events(p)],
+            [run_id, fence, retention_ms])
+
+
+def fail(k: Keyspace, p: int, queue: str, run_id: str, fence: int, error: str, mode: str,
+         delay_ms: int, jitter: float) -> Call:
+    """mode: 'error' (backoff), 'retry' (explicit delay_ms) or 'fatal' (dead-letter)."""
+    return ([*_run_keys(k, p, run_id), k.retry(p, queue), k.dead(p), k.events(p)],
+            [run_id, fence, error, mode, delay_ms, jitter, k.wake_channel, f"{p}|{queue}"])
+
+
+def release(k: Keyspace, p: int, queue: str, run_id: str, fence: int) -> Call:
+    return ([*_run_keys(k, p, run_id), k.due(p, queue), k.uncertain(p), k.events(p)],
+            [run_id, fence, k.wake_channel, f"{p}|{queue}"])
+
+
+def heartbeat(k: Keyspace, p: int, lease_ms: int, held: list[tuple[str, str]]) -> Call:
+    """held: (run id, owner token 'worker:fence') pairs of one partition."""
+    keys, args = [k.leases(p)], [lease_ms]
+    for run_id, token in held:
+        keys += [k.lease(p, run_id), k.run(p, run_id)]
+        args += [run_id, token]
+    return keys, args
+
+
+def reap(k: Keyspace, p: int, limit: int, seed: float) -> Call:
+    return ([k.leases(p), k.dead(p), k.uncertain(p), k.events(p)],
+            [k.prefix(p), limit, seed, k.wake_channel, p])

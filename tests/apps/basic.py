@@ -1,0 +1,98 @@
+"""The test application: every task counts its executions in Redis, keyed by run id, so a
+test sees duplicates and losses independently of duetime's own bookkeeping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis
+
+import duetime
+
+app = duetime.App()
+_client: dict[str, redis.Redis] = {}
+
+
+def r() -> redis.Redis:
+    if app.redis_url not in _client:
+        _client[app.redis_url] = redis.Redis.from_url(app.redis_url)
+    return _client[app.redis_url]
+
+
+def count_key() -> str:
+    return f"{app.keys.namespace}:test:count"
+
+
+def started_key(run_id: str) -> str:
+    return f"{app.keys.namespace}:test:started:{run_id}"
+
+
+def record() -> duetime.RunContext:
+    run = duetime.current_run()
+    r().hincrby(count_key(), run.run_id, 1)
+    r().set(started_key(run.run_id), run.attempt)
+    return run
+
+
+@app.task(name="noop")
+def noop(i: int = 0) -> None:
+    record()
+
+
+@app.task(name="anoop")
+async def anoop(i: int = 0) -> None:
+    record()
+
+
+@app.task(name="slow", backoff=(0.1, 0.2))
+def slow(seconds: float) -> None:
+    record()
+    time.sleep(seconds)
+
+
+@app.task(name="aslow", backoff=(0.1, 0.2))
+async def aslow(seconds: float) -> None:
+    record()
+    await asyncio.sleep(seconds)
+
+
+@app.task(name="flaky", retries=2, backoff=(0.2, 0.4))
+def always_fails() -> None:
+    record()
+    raise RuntimeError("boom")
+
+
+@app.task(name="fatal", retries=5)
+def fatal() -> None:
+    record()
+    raise duetime.Fatal("cannot ever work")
+
+
+@app.task(name="retry_later", retries=3)
+def retry_later(delay: float) -> None:
+    run = record()
+    if run.attempt == 1:
+        raise duetime.Retry(delay=delay)
+
+
+@app.task(name="nonidem", idempotent=False, backoff=(0.1, 0.2))
+def nonidem(seconds: float) -> None:
+    record()
+    time.sleep(seconds)
+
+
+@app.task(name="timeout", timeout=0.3, retries=0)
+async def times_out() -> None:
+    record()
+    await asyncio.sleep(5)
+
+
+@app.task(name="context")
+def context() -> None:
+    run = record()
+    r().hset(f"{app.keys.namespace}:test:ctx:{run.run_id}", mapping={
+        "attempt": run.attempt, "key": run.idempotency_key, "worker": run.worker_id,
+        "scheduled": run.scheduled_at.isoformat() if run.scheduled_at else "",
+        "lost": int(run.lease_lost),
+    })

@@ -1,0 +1,187 @@
+"""End-to-end: worker processes against real Redis and Valkey servers."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.apps import basic
+from tests.conftest import wait_for
+
+
+def counts(r, app) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in r.hgetall(basic.count_key()).items()}
+
+
+def states(app, ids) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in ids:
+        s = app.get_run(i).state
+        out[s] = out.get(s, 0) + 1
+    return out
+
+
+def test_two_workers_race_over_2000_runs_each_runs_exactly_once(app, r, procs):
+    ids = app.enqueue_many([(basic.noop, [i]) for i in range(1000)]
+                           + [(basic.anoop, [i]) for i in range(1000)])
+    assert len(set(ids)) == 2000
+    procs.worker("--concurrency", "32")
+    procs.worker("--concurrency", "32")
+    wait_for(lambda: r.hlen(basic.count_key()) >= 2000, 60, what="2000 executions")
+    wait_for(lambda: states(app, ids) == {"succeeded": 2000}, 30, what="2000 succeeded")
+    c = counts(r, app)
+    assert set(c) == set(ids)  # none lost
+    assert max(c.values()) == 1  # none executed twice
+    workers = {app.get_run(i).worker.rsplit(":", 1)[0] for i in ids[::50]}
+    assert len(workers) == 2  # both workers took part
+
+
+def test_sigkill_mid_run_reruns_after_lease_expiry(app, r, procs):
+    run_id = app.enqueue(basic.slow, [2.0])
+    victim = procs.worker("--lease", "1s")
+    wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    killed_at = time.monotonic()
+    procs.reaper("100ms")
+    procs.worker("--lease", "1s")
+    wait_for(lambda: app.get_run(run_id).state == "succeeded", 30, what="rerun to succeed")
+    rerun_after = time.monotonic() - killed_at
+    run = app.get_run(run_id)
+    assert [a.outcome for a in run.attempts] == ["unknown", "succeeded"]
+    assert run.attempts[0].error == "lease expired"
+    assert run.attempts[0].worker != run.attempts[1].worker
+    assert counts(r, app)[run_id] == 2
+    assert rerun_after < 2.0 + 2.0 + 5.0  # lease + run time + generous slack on a shared box
+
+
+def test_heartbeats_keep_a_long_run_owned(app, r, procs):
+    run_id = app.enqueue(basic.aslow, [3.0])
+    procs.reaper("100ms")
+    procs.worker("--lease", "1s")
+    procs.worker("--lease", "1s")
+    wait_for(lambda: app.get_run(run_id).state == "succeeded", 30, what="long run to finish")
+    run = app.get_run(run_id)
+    assert [a.outcome for a in run.attempts] == ["succeeded"]
+    assert counts(r, app)[run_id] == 1
+
+
+def test_retry_with_backoff_then_dead_letter(app, r, procs):
+    run_id = app.enqueue(basic.always_fails)
+    procs.worker()
+    wait_for(lambda: app.get_run(run_id).state == "dead", 20, what="dead letter")
+    run = app.get_run(run_id)
+    assert [a.outcome for a in run.attempts] == ["failed", "failed", "failed"]
+    assert run.attempt == 3 == run.max_attempts
+    assert "RuntimeError: boom" in run.error
+    # backoff: the gap between attempts grows and stays within (base/2 .. cap]
+    gaps = [(b.started - a.ended).total_seconds() for a, b in zip(run.attempts, run.attempts[1:])]
+    assert 0.09 <= gaps[0] <= 0.6 and 0.19 <= gaps[1] <= 0.8, gaps
+    assert r.zscore(app.keys.dead(app.keys.partition_of_run(run_id)), run_id) is not None
+
+
+def test_fatal_goes_straight_to_dead(app, r, procs):
+    run_id = app.enqueue(basic.fatal)
+    procs.worker()
+    wait_for(lambda: app.get_run(run_id).state == "dead", 20, what="dead letter")
+    run = app.get_run(run_id)
+    assert len(run.attempts) == 1 and run.attempt == 1
+    assert "cannot ever work" in run.reason
+
+
+def test_explicit_retry_delay(app, r, procs):
+    run_id = app.enqueue(basic.retry_later, [0.5])
+    procs.worker()
+    wait_for(lambda: app.get_run(run_id).state == "succeeded", 20, what="retry to succeed")
+    run = app.get_run(run_id)
+    gap = (run.attempts[1].started - run.attempts[0].ended).total_seconds()
+    assert 0.45 <= gap <= 1.5, gap
+
+
+def test_non_idempotent_lease_expiry_goes_uncertain_and_is_not_rerun(app, r, procs):
+    run_id = app.enqueue(basic.nonidem, [3.0])
+    victim = procs.worker("--lease", "1s")
+    wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    procs.reaper("100ms")
+    procs.worker("--lease", "1s")
+    wait_for(lambda: app.get_run(run_id).state == "uncertain", 15, what="uncertain")
+    time.sleep(1.5)  # a second worker is up: it must not pick the run up again
+    run = app.get_run(run_id)
+    assert run.state == "uncertain"
+    assert [a.outcome for a in run.attempts] == ["unknown"]
+    assert counts(r, app)[run_id] == 1
+    assert "not idempotent" in run.reason
+
+
+@pytest.mark.parametrize("task", ["slow", "aslow"])
+def test_sigterm_lets_a_run_finish_within_grace(app, r, procs, task):
+    run_id = app.enqueue(task, [1.0])
+    w = procs.worker("--grace", "10s")
+    wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(20) == 0
+    run = app.get_run(run_id)
+    assert run.state == "succeeded" and run.attempt == 1
+
+
+@pytest.mark.parametrize("task", ["slow", "aslow"])
+def test_sigterm_releases_an_unfinished_run_without_burning_an_attempt(app, r, procs, task):
+    run_id = app.enqueue(task, [4.0])
+    w = procs.worker("--grace", "300ms")
+    wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(20) == 0
+    run = app.get_run(run_id)
+    assert run.state == "scheduled"
+    assert run.attempt == 0  # the interrupted attempt is not counted
+    assert [a.outcome for a in run.attempts] == ["released"]
+    procs.worker()
+    wait_for(lambda: app.get_run(run_id).state == "succeeded", 20, what="released run to rerun")
+    run = app.get_run(run_id)
+    assert run.attempt == 1 and [a.outcome for a in run.attempts] == ["released", "succeeded"]
+
+
+def test_unknown_task_goes_dead_and_worker_keeps_going(app, r, procs, url, namespace):
+    from tests.apps import producer
+
+    producer.app.configure(redis_url=url, namespace=namespace)
+    bad = producer.app.enqueue(producer.only_in_producer)
+    good = app.enqueue(basic.noop)
+    procs.worker()
+    wait_for(lambda: app.get_run(good).state == "succeeded", 20, what="good run")
+    wait_for(lambda: app.get_run(bad).state == "dead", 20, what="unknown task dead")
+    run = app.get_run(bad)
+    assert "unknown task 'only.in.producer'" in run.reason and len(run.attempts) == 1
+    producer.app.close()
+
+
+def test_async_timeout_fails_the_attempt(app, r, procs):
+    run_id = app.enqueue(basic.times_out)
+    procs.worker()
+    wait_for(lambda: app.get_run(run_id).state == "dead", 20, what="timeout -> dead")
+    assert "exceeded its timeout of 0.3s" in app.get_run(run_id).error
+
+
+def test_current_run_context(app, r, procs):
+    run_id = app.enqueue(basic.context, key="order-42")
+    procs.worker()
+    wait_for(lambda: app.get_run(run_id).state == "succeeded", 20, what="context run")
+    ctx = {k.decode(): v.decode() for k, v in
+           r.hgetall(f"{app.keys.namespace}:test:ctx:{run_id}").items()}
+    assert ctx["attempt"] == "1" and ctx["key"] == "order-42" and ctx["lost"] == "0"
+    assert ctx["worker"] == app.get_run(run_id).worker
+    assert ctx["scheduled"].startswith(str(app.get_run(run_id).due.date()))
+
+
+def test_delayed_run_is_not_started_early(app, r, procs):
+    procs.worker()
+    time.sleep(0.5)
+    run_id = app.enqueue(basic.noop, delay=1.0)
+    wait_for(lambda: app.get_run(run_id).state == "succeeded", 20, what="delayed run")
+    run = app.get_run(run_id)
+    lateness = (run.started - run.due).total_seconds()
+    assert 0 <= lateness < 0.5, lateness
