@@ -68,7 +68,7 @@ class RunStore:
     # -- enqueue ------------------------------------------------------------------
     def _prepare(self, req: EnqueueRequest) -> tuple[str, list[str], list[Any]]:
         spec = req.spec
-        queue = check_name("queue", req.queue or spec.queue)
+        queue = check_name("queue", spec.queue if req.queue is None else req.queue)
         if req.key is not None:
             check_name("idempotency key", req.key)
         if req.at is not None and req.delay is not None:

@@ -67,7 +67,7 @@ class App:
     ) -> Any:
         def register(f: F) -> F:
             spec = TaskSpec(
-                name=name or f"{f.__module__}.{f.__qualname__}", fn=f, queue=queue,
+                name=f"{f.__module__}.{f.__qualname__}" if name is None else name, fn=f, queue=queue,
                 retries=retries, backoff=backoff, timeout=timeout, idempotent=idempotent,
                 owner=owner,
             )

@@ -1,0 +1,108 @@
+"""Bad input: a clear error, and nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from common.errors import InvalidInput, PayloadTooLarge, RedisUnavailable, UnknownTask
+from duetime import App
+from duetime.embedded import free_port
+from tests.apps import basic
+from tests.conftest import ROOT
+
+
+def ns_keys(r, app) -> list[bytes]:
+    return [k for k in r.scan_iter(f"{app.keys.namespace}:*") if not k.endswith(b":meta")]
+
+
+def test_oversized_payload_is_refused_and_writes_nothing(app, r):
+    with pytest.raises(PayloadTooLarge, match="over the 524288-byte cap"):
+        app.enqueue(basic.noop, ["x" * (600 * 1024)])
+    # enqueue_many validates everything before writing anything
+    with pytest.raises(PayloadTooLarge):
+        app.enqueue_many([(basic.noop, [1]), (basic.noop, ["x" * (600 * 1024)])])
+    assert ns_keys(r, app) == []
+
+
+def test_payload_cap_is_configurable(url, namespace):
+    small = App(redis_url=url, namespace=namespace, max_payload=100)
+    small.registry.add(basic.noop.duetime_task)
+    with pytest.raises(PayloadTooLarge, match="100-byte cap"):
+        small.enqueue("noop", ["y" * 200])
+    small.close()
+
+
+def test_unserialisable_payload(app, r):
+    with pytest.raises(InvalidInput, match="not msgpack-serialisable"):
+        app.enqueue(basic.noop, [object()])
+    assert ns_keys(r, app) == []
+
+
+@pytest.mark.parametrize("bad", ["a{b", "a}b", "tab\there", "nl\nx", "bell\x07", "", "x" * 201])
+def test_bad_names_are_refused(app, r, bad):
+    with pytest.raises(InvalidInput):
+        app.enqueue(basic.noop, queue=bad)
+    with pytest.raises(InvalidInput):
+        app.enqueue(basic.noop, key=bad)
+    with pytest.raises(InvalidInput):
+        app.task(name=bad)(lambda: None)
+    assert ns_keys(r, app) == []
+
+
+def test_unknown_task_at_enqueue(app, r):
+    with pytest.raises(UnknownTask, match="unknown task 'nope'"):
+        app.enqueue("nope")
+    assert ns_keys(r, app) == []
+
+
+def test_idempotency_key_gives_one_run(app, r):
+    a = app.enqueue(basic.noop, [1], key="invoice-7")
+    b = app.enqueue(basic.noop, [2], key="invoice-7")
+    assert a == b
+    assert app.get_run(a).args == [1]
+    p = app.keys.partition_of_run(a)
+    assert r.zcard(app.keys.due(p, "default")) == 1
+    # the same key for another task is another run
+    assert app.enqueue(basic.anoop, key="invoice-7") != a
+    # and within one bulk call too
+    ids = app.enqueue_many([{"task": basic.noop, "key": "bulk-1"}] * 3)
+    assert len(set(ids)) == 1
+
+
+def test_redis_down_at_enqueue_is_a_clear_error():
+    port = free_port()
+    app = App(redis_url=f"redis://:s3cret@127.0.0.1:{port}/0")
+    app.registry.add(basic.noop.duetime_task)
+    with pytest.raises(RedisUnavailable) as err:
+        app.enqueue("noop")
+    assert f"127.0.0.1:{port}" in str(err.value) and "s3cret" not in str(err.value)
+
+
+def test_worker_with_redis_down_exits_with_one_line():
+    port = free_port()
+    p = subprocess.run(
+        [sys.executable, "-m", "duetime", "--redis-url", f"redis://:hunter2@127.0.0.1:{port}/0",
+         "worker", "--app", "tests.apps.basic:app"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert p.returncode == 1
+    assert p.stderr.strip().startswith("error: cannot reach Redis at redis://:***@127.0.0.1:")
+    assert "Traceback" not in p.stderr and "hunter2" not in p.stderr + p.stdout
+
+
+def test_partition_mismatch_is_refused(url, namespace):
+    App(redis_url=url, namespace=namespace, partitions=16).store.ready()
+    from common.errors import PartitionMismatch
+
+    with pytest.raises(PartitionMismatch, match="created with 16 partitions"):
+        App(redis_url=url, namespace=namespace, partitions=8).store.ready()
+
+
+def test_worker_bad_app_reference_is_a_usage_error():
+    p = subprocess.run([sys.executable, "-m", "duetime", "worker", "--app", "no_such_module:app"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "cannot import 'no_such_module'" in p.stderr
+    assert "Traceback" not in p.stderr

@@ -1,0 +1,173 @@
+"""The Lua transitions driven directly (no worker), to pin down fencing and late results."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from common import transitions as tr
+from common.scripts import Scripts
+from tests.apps import basic
+
+
+@pytest.fixture
+def lc(app, r):
+    """A tiny driver: claim/complete/fail/reap one run by hand."""
+
+    class Driver:
+        scripts = Scripts(r)
+        k = app.keys
+
+        def claim(self, queue="default", worker="w", n=10, lease_ms=10_000, p=None):
+            out = []
+            for part in ([p] if p is not None else range(self.k.partitions)):
+                keys, args = tr.claim(self.k, part, queue, worker, n, lease_ms)
+                out += [(part, c) for c in tr.parse_claim(self.scripts.claim(keys=keys, args=args))[1]]
+            return out
+
+        def complete(self, p, c):
+            keys, args = tr.complete(self.k, p, "default", c.run_id, c.fence, 0)
+            return self.scripts.complete(keys=keys, args=args).decode()
+
+        def fail(self, p, c, mode="error", delay_ms=0):
+            keys, args = tr.fail(self.k, p, "default", c.run_id, c.fence, "oops", mode, delay_ms, 0.5)
+            return self.scripts.fail(keys=keys, args=args)[0].decode()
+
+        def reap(self):
+            total = 0
+            for p in range(self.k.partitions):
+                keys, args = tr.reap(self.k, p, 100, 0.3)
+                total += self.scripts.reap(keys=keys, args=args)[0]
+            return total
+
+        def expire(self, p, run_id):
+            """Make the lease look expired right now (instead of sleeping through it)."""
+            r.delete(self.k.lease(p, run_id))
+            r.zadd(self.k.leases(p), {run_id: 0})
+
+    return Driver()
+
+
+def test_claim_sets_lease_fence_and_attempt(app, r, lc):
+    run_id = app.enqueue(basic.noop)
+    [(p, c)] = lc.claim(worker="w1", lease_ms=5000)
+    assert c.run_id == run_id and c.fence == 1 and c.attempt == 1
+    assert r.get(app.keys.lease(p, run_id)) == b"w1:1"
+    assert 0 < r.pttl(app.keys.lease(p, run_id)) <= 5000
+    assert r.zscore(app.keys.leases(p), run_id) is not None
+    assert lc.claim() == []  # nothing left to claim
+    assert app.get_run(run_id).state == "running"
+
+
+def test_stale_worker_cannot_complete_or_fail(app, r, lc):
+    run_id = app.enqueue(basic.noop)
+    [(p, old)] = lc.claim(worker="w1")
+    lc.expire(p, run_id)
+    assert lc.reap() == 1
+    r.zadd(app.keys.retry(p, "default"), {run_id: 0})  # skip the backoff
+    [(_, new)] = lc.claim(worker="w2")
+    assert new.fence == 2
+    assert lc.complete(p, old) == "stale"
+    assert lc.fail(p, old) == "stale"
+    run = app.get_run(run_id)
+    assert run.state == "running" and run.fence == 2 and run.worker == "w2"
+    assert run.attempts[0].late and run.attempts[0].late_outcome == "failed"
+    assert lc.complete(p, new) == "ok"
+    assert app.get_run(run_id).state == "succeeded"
+
+
+def test_late_success_finishes_a_run_not_claimed_again(app, r, lc):
+    run_id = app.enqueue(basic.noop)
+    [(p, c)] = lc.claim()
+    lc.expire(p, run_id)
+    assert lc.reap() == 1
+    assert app.get_run(run_id).state == "retrying"
+    assert lc.complete(p, c) == "late_ok"
+    run = app.get_run(run_id)
+    assert run.state == "succeeded"
+    assert r.zscore(app.keys.retry(p, "default"), run_id) is None  # the retry will not run
+    assert lc.claim() == []
+
+
+def test_late_success_resolves_uncertain(app, r, lc):
+    run_id = app.enqueue(basic.nonidem, [0])
+    [(p, c)] = lc.claim()
+    lc.expire(p, run_id)
+    lc.reap()
+    assert app.get_run(run_id).state == "uncertain"
+    assert lc.complete(p, c) == "late_ok"
+    assert app.get_run(run_id).state == "succeeded"
+    assert r.zscore(app.keys.uncertain(p), run_id) is None
+
+
+def test_heartbeat_extends_only_the_current_fence(app, r, lc):
+    scripts = Scripts(r)
+    run_id = app.enqueue(basic.noop)
+    [(p, c)] = lc.claim(worker="w1", lease_ms=1000)
+    keys, args = tr.heartbeat(app.keys, p, 60_000, [(run_id, "w1:1"), (run_id, "w9:1")])
+    assert scripts.heartbeat(keys=keys, args=args) == [1, 0]
+    assert r.pttl(app.keys.lease(p, run_id)) > 50_000
+    # an expired lease of a run nobody re-claimed is revived by its holder
+    r.delete(app.keys.lease(p, run_id))
+    keys, args = tr.heartbeat(app.keys, p, 60_000, [(run_id, "w1:1")])
+    assert scripts.heartbeat(keys=keys, args=args) == [1]
+    # ... but not once the reaper has taken it
+    lc.expire(p, run_id)
+    lc.reap()
+    assert scripts.heartbeat(keys=keys, args=args) == [0]
+
+
+def test_reaper_dead_letters_when_attempts_are_exhausted(app, r, lc):
+    run_id = app.enqueue(basic.fatal)  # retries=5 → 6 attempts; force the last one
+    p = app.keys.partition_of_run(run_id)
+    r.hset(app.keys.run(p, run_id), "max_attempts", 1)
+    lc.claim()
+    lc.expire(p, run_id)
+    assert lc.reap() == 1
+    run = app.get_run(run_id)
+    assert run.state == "dead" and run.attempts[0].outcome == "unknown"
+
+
+def test_claim_takes_due_runs_in_due_order_and_never_early(app, r, lc):
+    late = app.enqueue(basic.noop, delay=60)
+    first = app.enqueue(basic.noop, at=app_now(r) - _ms(5))
+    second = app.enqueue(basic.noop, at=app_now(r) - _ms(1))
+    claimed = [c.run_id for _, c in lc.claim(n=10)]
+    assert set(claimed) == {first, second}
+    assert late not in claimed
+    p = app.keys.partition_of_run(late)
+    keys, args = tr.claim(app.keys, p, "default", "w", 10, 1000)
+    nxt, runs = tr.parse_claim(Scripts(r).claim(keys=keys, args=args))
+    assert runs == [] and nxt == int(app.get_run(late).due.timestamp() * 1000)
+
+
+def test_missed_starting_deadline(app, r, lc):
+    run_id = app.enqueue(basic.noop)
+    p = app.keys.partition_of_run(run_id)
+    r.hset(app.keys.run(p, run_id), "deadline", 1)  # long past
+    assert lc.claim() == []
+    run = app.get_run(run_id)
+    assert run.state == "missed" and run.attempts == []
+
+
+def app_now(r):
+    from datetime import UTC, datetime
+
+    sec, usec = r.time()
+    return datetime.fromtimestamp(sec + usec / 1e6, tz=UTC)
+
+
+def _ms(n):
+    from datetime import timedelta
+
+    return timedelta(milliseconds=n)
+
+
+def test_server_clock_decides_due_times(app, r):
+    before = time.time()
+    run_id = app.enqueue(basic.noop, delay=2.0)
+    due = app.get_run(run_id).due.timestamp()
+    sec, usec = r.time()
+    assert abs(due - (sec + usec / 1e6 + 2.0)) < 0.5
+    assert due > before

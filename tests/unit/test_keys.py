@@ -1,0 +1,40 @@
+"""Key layout and partitioning (pure logic)."""
+
+from __future__ import annotations
+
+from redis.crc import key_slot
+
+from common.keys import SLOTS, Keyspace
+
+
+def slot(key: str) -> int:
+    return key_slot(key.encode())
+
+
+def test_every_key_of_a_partition_shares_one_slot():
+    k = Keyspace("duetime", 16)
+    for p in range(16):
+        keys = [k.due(p, "q"), k.retry(p, "q"), k.leases(p), k.lease(p, "r1"), k.run(p, "r1"),
+                k.attempts(p, "r1"), k.dead(p), k.uncertain(p), k.done(p), k.events(p),
+                k.sched(p, "s"), k.sched_due(p)]
+        assert len({slot(x) for x in keys}) == 1
+
+
+def test_partitions_spread_evenly_over_the_slot_space():
+    for n in (1, 3, 16, 64):
+        k = Keyspace("duetime", n)
+        for p in range(n):
+            s = slot(k.run(p, "x"))
+            assert p * SLOTS // n <= s < (p + 1) * SLOTS // n
+
+
+def test_scheduled_runs_live_with_their_schedule():
+    k = Keyspace("duetime", 16)
+    name = "billing@eu"  # an '@' in the name is fine: the last one separates the instant
+    assert k.partition_of_run(f"{name}@1767225600000") == k.partition_of_schedule(name)
+
+
+def test_keys_are_readable():
+    k = Keyspace("duetime", 16)
+    assert k.due(0, "default").startswith("duetime:{p0.") and k.due(0, "default").endswith(
+        "}:due:default")
