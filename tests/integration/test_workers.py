@@ -77,7 +77,8 @@ def test_retry_with_backoff_then_dead_letter(app, r, procs):
     assert run.attempt == 3 == run.max_attempts
     assert "RuntimeError: boom" in run.error
     # backoff: the gap between attempts grows and stays within (base/2 .. cap]
-    gaps = [(b.started - a.ended).total_seconds() for a, b in zip(run.attempts, run.attempts[1:])]
+    a = run.attempts
+    gaps = [(a[i + 1].started - a[i].ended).total_seconds() for i in range(len(a) - 1)]
     assert 0.09 <= gaps[0] <= 0.6 and 0.19 <= gaps[1] <= 0.8, gaps
     assert r.zscore(app.keys.dead(app.keys.partition_of_run(run_id)), run_id) is not None
 
