@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -58,6 +60,15 @@ def async_client(url: str, **kw: Any) -> aredis.Redis:
 def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
     reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return RedisUnavailable(f"cannot reach Redis at {redact(url)}: {reason}")
+
+
+@contextmanager
+def translated(url: str) -> Iterator[None]:
+    """Connection errors inside become RedisUnavailable with a password-free message."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise unavailable(url, exc) from None
 
 
 def ensure_meta(client: redis.Redis, keys: Keyspace, url: str) -> None:

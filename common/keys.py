@@ -90,6 +90,12 @@ class Keyspace:
     def done(self, p: int) -> str:
         return f"{self.prefix(p)}done"
 
+    def deadlines(self, p: int) -> str:
+        return f"{self.prefix(p)}deadlines"
+
+    def sched_running(self, p: int, name: str) -> str:
+        return f"{self.prefix(p)}sched_running:{name}"
+
     def events(self, p: int) -> str:
         return f"{self.prefix(p)}events"
 
@@ -98,6 +104,12 @@ class Keyspace:
 
     def sched_due(self, p: int) -> str:
         return f"{self.prefix(p)}sched_due"
+
+    def schedules(self, p: int) -> str:
+        return f"{self.prefix(p)}schedules"
+
+    def owner(self, p: int) -> str:
+        return f"{self.prefix(p)}owner"
 
     # -- global keys --------------------------------------------------------------
     @cached_property
@@ -110,6 +122,10 @@ class Keyspace:
 
     def worker(self, worker_id: str) -> str:
         return f"{self.namespace}:worker:{worker_id}"
+
+    @cached_property
+    def schedulers(self) -> str:
+        return f"{self.namespace}:schedulers"
 
     @cached_property
     def wake_channel(self) -> str:

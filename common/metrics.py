@@ -27,6 +27,10 @@ LATE_REJECTED = Counter(
 REAPED = Counter(
     "duetime_lease_expiries_total", "Runs whose lease expired, by what the reaper did", ["result"]
 )
+MISSED = Counter("duetime_runs_missed_total", "Runs not started before their starting deadline")
+SKIPPED = Counter("duetime_runs_skipped_total", "Occurrences skipped by catch-up or overlap policy")
+MATERIALIZED = Counter("duetime_runs_materialized_total", "Runs created from schedules")
+PARTITIONS_OWNED = Gauge("duetime_scheduler_partitions_owned", "Partitions this scheduler evaluates")
 INFLIGHT = Gauge("duetime_worker_inflight_runs", "Runs executing in this worker")
 
 

@@ -16,6 +16,11 @@ SCRIPT_NAMES = (
     "fail",
     "release",
     "reap",
+    "materialize",
+    "schedule_upsert",
+    "schedule_pause",
+    "schedule_delete",
+    "partition_lease",
 )
 
 
@@ -41,3 +46,8 @@ class Scripts:
     fail: Any
     release: Any
     reap: Any
+    materialize: Any
+    schedule_upsert: Any
+    schedule_pause: Any
+    schedule_delete: Any
+    partition_lease: Any

@@ -36,7 +36,8 @@ def _s(b: bytes | None) -> str:
 
 
 def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms: int) -> Call:
-    return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.events(p)],
+    return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.deadlines(p),
+             k.events(p)],
             [k.prefix(p), worker_id, limit, lease_ms])
 
 
@@ -60,19 +61,20 @@ def _run_keys(k: Keyspace, p: int, run_id: str) -> list[str]:
 
 def complete(k: Keyspace, p: int, queue: str, run_id: str, fence: int, retention_ms: int) -> Call:
     return ([*_run_keys(k, p, run_id), k.done(p), k.retry(p, queue), k.uncertain(p), k.events(p)],
-            [run_id, fence, retention_ms])
+            [run_id, fence, retention_ms, k.prefix(p), k.wake_channel, p])
 
 
 def fail(k: Keyspace, p: int, queue: str, run_id: str, fence: int, error: str, mode: str,
          delay_ms: int, jitter: float) -> Call:
-    """mode: 'error' (backoff), 'retry' (explicit delay_ms) or 'fatal' (dead-letter)."""
-    return ([*_run_keys(k, p, run_id), k.retry(p, queue), k.dead(p), k.events(p)],
-            [run_id, fence, error, mode, delay_ms, jitter, k.wake_channel, f"{p}|{queue}"])
+    """mode: 'error' (backoff), 'retry' (explicit delay_ms), 'fatal' (dead-letter) or
+    'cancel' (stopped on a cancel request)."""
+    return ([*_run_keys(k, p, run_id), k.retry(p, queue), k.dead(p), k.done(p), k.events(p)],
+            [run_id, fence, error, mode, delay_ms, jitter, k.prefix(p), k.wake_channel, p, queue])
 
 
 def release(k: Keyspace, p: int, queue: str, run_id: str, fence: int) -> Call:
     return ([*_run_keys(k, p, run_id), k.due(p, queue), k.uncertain(p), k.events(p)],
-            [run_id, fence, k.wake_channel, f"{p}|{queue}"])
+            [run_id, fence, k.prefix(p), k.wake_channel, p, queue])
 
 
 def heartbeat(k: Keyspace, p: int, lease_ms: int, held: list[tuple[str, str]]) -> Call:
@@ -85,5 +87,5 @@ def heartbeat(k: Keyspace, p: int, lease_ms: int, held: list[tuple[str, str]]) -
 
 
 def reap(k: Keyspace, p: int, limit: int, seed: float) -> Call:
-    return ([k.leases(p), k.dead(p), k.uncertain(p), k.events(p)],
+    return ([k.leases(p), k.dead(p), k.uncertain(p), k.done(p), k.deadlines(p), k.events(p)],
             [k.prefix(p), limit, seed, k.wake_channel, p])

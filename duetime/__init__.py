@@ -15,10 +15,13 @@ from common.errors import (
     UnknownTask,
 )
 from common.models import Attempt, Run
+from common.schedule_store import ScheduleInfo, ScheduleNotFound
+from common.timespec import At, Cron, Every, InvalidSchedule, Trigger
 from duetime.app import App
 
 __all__ = [
-    "App", "Attempt", "DuetimeError", "Fatal", "InvalidInput", "PayloadTooLarge",
+    "App", "At", "Attempt", "Cron", "Every", "InvalidSchedule", "ScheduleInfo", "ScheduleNotFound",
+    "Trigger", "DuetimeError", "Fatal", "InvalidInput", "PayloadTooLarge",
     "RedisUnavailable", "Retry", "Run", "RunContext", "RunNotFound", "UnknownTask",
     "current_run",
 ]

@@ -7,12 +7,15 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from common.codec import DEFAULT_MAX_PAYLOAD
+from common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from common.connection import DEFAULT_URL
 from common.keys import Keyspace
 from common.models import Run
 from common.runs import EnqueueRequest, RunStore
+from common.schedule_store import ScheduleInfo, ScheduleStore
+from common.schedules import ScheduleDef, seeded
 from common.tasks import Registry, TaskSpec
+from common.timespec import Trigger
 
 F = TypeVar("F", bound=Callable[..., Any])
 TaskRef = str | Callable[..., Any] | TaskSpec
@@ -36,6 +39,7 @@ class App:
         self.retention_ms = int(retention.total_seconds() * 1000)
         self.registry = Registry()
         self._store: RunStore | None = None
+        self._schedules: ScheduleStore | None = None
 
     @property
     def store(self) -> RunStore:
@@ -43,15 +47,19 @@ class App:
             self._store = RunStore(self.redis_url, self.keys, self.max_payload, self.retention_ms)
         return self._store
 
+    @property
+    def schedules(self) -> ScheduleStore:
+        if self._schedules is None:
+            self._schedules = ScheduleStore(self.store.ready(), self.keys, self.redis_url)
+        return self._schedules
+
     def configure(self, redis_url: str | None = None, namespace: str | None = None) -> None:
         """Point an already-imported app at another server or namespace (CLI overrides)."""
         if redis_url:
             self.redis_url = redis_url
         if namespace:
             self.keys = Keyspace(namespace, self.keys.partitions)
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        self.close()
 
     def task(
         self,
@@ -109,7 +117,70 @@ class App:
     def get_run(self, run_id: str) -> Run:
         return self.store.get_run(run_id)
 
+    # -- schedules ------------------------------------------------------------------------
+    def schedule(
+        self,
+        name: str,
+        trigger: Trigger,
+        task: TaskRef,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        queue: str | None = None,
+        catchup: str = "latest",
+        max_catchup: int = 100,
+        lateness: timedelta | float | None = None,
+        overlap: str = "allow",
+        jitter: timedelta | float | None = None,
+        owner: str | None = None,
+        paused: bool = False,
+    ) -> str:
+        """Create or update a schedule; → 'created', 'updated' or 'unchanged'.
+
+        Registering the same definition again changes nothing (safe at every deploy); a
+        changed one takes effect from the next occurrence that has no run yet. `paused`
+        applies only when the schedule is created, so a redeploy never undoes an operator's
+        pause."""
+        spec = self.registry.resolve(task)
+        lateness_ms, jitter_ms = ScheduleDef.durations(lateness, jitter)
+        d = ScheduleDef(
+            name=name, trigger=seeded(trigger, name), task=spec.name,
+            queue=spec.queue if queue is None else queue,
+            payload=pack_payload(args, kwargs or {}, self.max_payload), catchup=catchup,
+            max_catchup=max_catchup, lateness_ms=lateness_ms, overlap=overlap,
+            jitter_ms=jitter_ms, owner=owner or spec.owner or "",
+            task_options={
+                "max_attempts": spec.max_attempts, "backoff_base": int(spec.backoff[0] * 1000),
+                "backoff_max": int(spec.backoff[1] * 1000), "timeout": int((spec.timeout or 0) * 1000),
+                "idempotent": int(spec.idempotent),
+            },
+        )
+        return self.schedules.upsert(d, paused)[0]
+
+    def get_schedule(self, name: str) -> ScheduleInfo:
+        return self.schedules.get(name)
+
+    def list_schedules(self) -> list[ScheduleInfo]:
+        return self.schedules.list()
+
+    def pause(self, name: str, note: str = "") -> None:
+        self.schedules.set_paused(name, True, note)
+
+    def resume(self, name: str) -> None:
+        self.schedules.set_paused(name, False)
+
+    def delete_schedule(self, name: str) -> None:
+        self.schedules.delete(name)
+
+    def trigger(self, name: str) -> str:
+        """Run a schedule now, outside its trigger; → the run id."""
+        return self.schedules.trigger(name)
+
+    def backfill(self, name: str, start: datetime, end: datetime) -> tuple[int, int]:
+        """Runs for every occurrence in [start, end]; → (occurrences, runs created)."""
+        return self.schedules.backfill(name, start, end)
+
     def close(self) -> None:
+        self._schedules = None
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -173,6 +173,27 @@ def reaper(ctx: click.Context, app_ref: str | None, tick: str, metrics_port: int
     _run_reaper(ctx, app_ref, tick, metrics_port)
 
 
+@main.command()
+@click.option("--app", "app_ref", default=None, help="module:attribute (optional).")
+@click.option("--lead", default="2s", show_default=True,
+              help="Create runs this long before they are due.")
+@click.option("--tick", default="250ms", show_default=True)
+@click.option("--reap-tick", default="500ms", show_default=True)
+@click.option("--metrics-port", default=None, type=int)
+@click.pass_context
+@fail_cleanly
+def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, reap_tick: str,
+              metrics_port: int | None) -> None:
+    """Evaluate schedules into runs, and recover expired leases (run two or more)."""
+    from scheduler.service import run_scheduler
+
+    app = _app_or_plain(ctx, app_ref)
+    app.store.ready()
+    metrics.serve(metrics_port)
+    run_scheduler(app.redis_url, app.keys, lead_ms=int(parse_seconds(lead) * 1000),
+                  tick_s=parse_seconds(tick), reap_tick_s=parse_seconds(reap_tick))
+
+
 # -- client commands --------------------------------------------------------------------
 def _app_or_plain(ctx: click.Context, app_ref: str | None) -> App:
     if app_ref:

@@ -56,3 +56,35 @@ local function retry_or_dead(run_key, retry_key, dead_key, run_id, now, force_de
   add_due(retry_key, at, run_id, channel, wake_tag)
   return 'retrying', at
 end
+
+-- A run of a schedule stops running (any outcome): forget it, and make the schedule's
+-- buffered successor (overlap buffer_one / cancel_other) due now, if it has one.
+-- Schedule keys are built from the partition prefix: they share the run's hash tag.
+local function leave_running(prefix, run_key, run_id, now, channel, partition)
+  local sched = redis.call('HGET', run_key, 'schedule')
+  if not sched or sched == '' then return end
+  local running = prefix .. 'sched_running:' .. sched
+  redis.call('SREM', running, run_id)
+  if redis.call('SCARD', running) > 0 then return end
+  local sched_key = prefix .. 'sched:' .. sched
+  local buffered = redis.call('HGET', sched_key, 'buffered')
+  if buffered and buffered ~= '' then
+    redis.call('HDEL', sched_key, 'buffered')
+    local q = redis.call('HGET', prefix .. 'run:' .. buffered, 'queue')
+    if q then add_due(prefix .. 'due:' .. q, now, buffered, channel, partition .. '|' .. q) end
+  end
+end
+
+-- A run that will never start (skipped, missed, cancelled before it ran) is finished.
+local function finish_unstarted(prefix, run_id, state, reason, now, done_key, deadlines_key,
+                                 events_key)
+  local run_key = prefix .. 'run:' .. run_id
+  redis.call('HSET', run_key, 'state', state, 'finished', now, 'reason', reason)
+  redis.call('ZADD', done_key, now, run_id)
+  redis.call('ZREM', deadlines_key, run_id)
+  local sched = redis.call('HGET', run_key, 'schedule')
+  if sched and sched ~= '' then
+    redis.call('HINCRBY', prefix .. 'sched:' .. sched, state .. '_count', 1)
+  end
+  emit(events_key, run_id, state, reason)
+end

@@ -1,16 +1,18 @@
 -- claim.lua: move up to N claimable runs of one partition and queue to `running`,
 -- each with a new fence token, a lease key with a PX TTL and an attempt record.
--- KEYS[1] due zset     T:due:<queue>
--- KEYS[2] retry zset   T:retry:<queue>
--- KEYS[3] leases zset  T:leases
--- KEYS[4] done zset    T:done        (runs that missed their starting deadline)
--- KEYS[5] events       T:events
--- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run:, lease:, attempts:) are built
---         from it; they carry the same hash tag, so they live in this partition's slot
+-- Applies, atomically, the starting deadline (-> missed) and the schedule's overlap policy
+-- (a schedule and its runs share this partition).
+-- KEYS[1] due zset     T:due:<queue>       KEYS[2] retry zset   T:retry:<queue>
+-- KEYS[3] leases zset  T:leases            KEYS[4] done zset    T:done
+-- KEYS[5] deadlines    T:deadlines         KEYS[6] events       T:events
+-- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run:, lease:, attempts:) and
+--         per-schedule keys (sched:, sched_running:) are built from it; they carry the
+--         same hash tag, so they live in this partition's slot
 -- ARGV[2] worker id    ARGV[3] max runs to claim    ARGV[4] lease ms
--- Returns {next_due_ms or -1, run fields...}: 10 fields per run, in the order of `out` below.
+-- Returns {next_due_ms or -1, run fields...}: 10 fields per run (see common/transitions.py).
 -- next_due_ms is the earliest due/retry time left in this partition and queue.
-local due_key, retry_key, leases_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local due_key, retry_key, leases_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local deadlines_key, events_key = KEYS[5], KEYS[6]
 local prefix, worker = ARGV[1], ARGV[2]
 local limit, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
@@ -28,37 +30,67 @@ while #picked < limit and (i <= #d or j <= #r) do
   end
 end
 
+-- The overlap policy of a scheduled run; returns true when the run may start now.
+local function overlap_allows(id, run_key, sched, overlap)
+  local running = prefix .. 'sched_running:' .. sched
+  if overlap == 'allow' or overlap == '' or redis.call('SCARD', running) == 0 then
+    redis.call('SADD', running, id)
+    return true
+  end
+  if overlap == 'skip' then
+    finish_unstarted(prefix, id, 'skipped', 'overlap: previous run still running', now,
+      done_key, deadlines_key, events_key)
+    return false
+  end
+  -- buffer_one / cancel_other: wait (out of the due set) until the running one has left
+  local sched_key = prefix .. 'sched:' .. sched
+  local buffered = redis.call('HGET', sched_key, 'buffered')
+  if buffered and buffered ~= '' and buffered ~= id then
+    finish_unstarted(prefix, id, 'skipped', 'overlap: a run is already buffered', now,
+      done_key, deadlines_key, events_key)
+    return false
+  end
+  redis.call('HSET', sched_key, 'buffered', id)
+  emit(events_key, id, 'buffered', overlap)
+  if overlap == 'cancel_other' then
+    for _, other in ipairs(redis.call('SMEMBERS', running)) do
+      redis.call('HSET', prefix .. 'run:' .. other, 'cancel_requested', now)
+      emit(events_key, other, 'cancel_requested', 'overlap: cancel_other by ' .. id)
+    end
+  end
+  return false
+end
+
 local out = {-1}
 for _, p in ipairs(picked) do
   local id, src = p[1], p[2]
   redis.call('ZREM', src, id)
   local run_key = prefix .. 'run:' .. id
-  local f = redis.call('HMGET', run_key, 'state', 'deadline')
-  local state = f[1]
+  local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence')
+  local state, deadline, sched = f[1], tonumber(f[2]), f[3]
+  if f[5] ~= '0' then deadline = nil end  -- a starting deadline: retries are not late starts
   if state == 'scheduled' or state == 'retrying' then
-    local deadline = tonumber(f[2])
     if deadline and deadline > 0 and now > deadline then
-      redis.call('HSET', run_key, 'state', 'missed', 'finished', now,
-        'reason', 'not started before its starting deadline')
-      redis.call('ZADD', done_key, now, id)
-      emit(events_key, id, 'missed', '')
-    else
+      finish_unstarted(prefix, id, 'missed', 'not started before its starting deadline', now,
+        done_key, deadlines_key, events_key)
+    elseif not sched or sched == '' or overlap_allows(id, run_key, sched, f[4] or '') then
       local fence = redis.call('HINCRBY', run_key, 'fence', 1)
       local attempt = redis.call('HINCRBY', run_key, 'attempt', 1)
       local expires = now + lease
       redis.call('HSET', run_key, 'state', 'running', 'worker', worker, 'started', now,
         'lease_expires', expires)
+      if deadline then redis.call('ZREM', deadlines_key, id) end
       redis.call('SET', prefix .. 'lease:' .. id, worker .. ':' .. fence, 'PX', lease)
       redis.call('ZADD', leases_key, expires, id)
       redis.call('RPUSH', prefix .. 'attempts:' .. id, cjson.encode(
         {n = attempt, fence = fence, worker = worker, start = now, outcome = 'running'}))
       local v = redis.call('HMGET', run_key, 'task', 'payload', 'due', 'timeout',
         'idempotent', 'key', 'schedule')
-      local out_n = #out
-      out[out_n + 1] = id
-      out[out_n + 2] = fence
-      out[out_n + 3] = attempt
-      for k = 1, 7 do out[out_n + 3 + k] = v[k] or '' end
+      local n = #out
+      out[n + 1] = id
+      out[n + 2] = fence
+      out[n + 3] = attempt
+      for k = 1, 7 do out[n + 3 + k] = v[k] or '' end
       emit(events_key, id, 'running', worker .. ':' .. fence)
     end
   end

@@ -6,6 +6,8 @@
 -- KEYS[5] done zset      KEYS[6] retry zset (the run's queue)        KEYS[7] uncertain zset
 -- KEYS[8] events
 -- ARGV[1] run id   ARGV[2] fence   ARGV[3] retention ms of the finished record (0 = keep)
+-- ARGV[4] partition prefix (schedule keys are built from it)   ARGV[5] wake channel
+-- ARGV[6] partition index
 -- Returns 'ok', 'late_ok' (late success accepted), 'stale' (rejected) or 'missing'.
 local run_key, lease_key, leases_key, attempts_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local done_key, retry_key, uncertain_key, events_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -32,6 +34,7 @@ local fields = {outcome = 'succeeded', ['end'] = now}
 if state ~= 'running' then fields.late = true end
 set_attempt(attempts_key, fence, fields)
 redis.call('ZADD', done_key, now, run_id)
+if state == 'running' then leave_running(ARGV[4], run_key, run_id, now, ARGV[5], ARGV[6]) end
 if retention > 0 then
   redis.call('PEXPIRE', run_key, retention)
   redis.call('PEXPIRE', attempts_key, retention)

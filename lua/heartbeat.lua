@@ -5,7 +5,8 @@
 -- KEYS[2..] for each run, two keys: lease string T:lease:<run>, run hash T:run:<run>
 -- ARGV[1] lease ms
 -- ARGV[2..] for each run, two values: run id, owner token '<worker>:<fence>'
--- Returns one integer per run: 1 = lease held, 0 = lost (the worker must stop that run).
+-- Returns one integer per run: 1 = lease held, 0 = lost (the worker must stop that run),
+-- 2 = held, but cancellation was requested (the worker stops the run and reports 'cancel').
 local leases_key = KEYS[1]
 local lease = tonumber(ARGV[1])
 local now = now_ms()
@@ -27,6 +28,7 @@ for i = 1, n do
     redis.call('SET', lease_key, token, 'PX', lease)
     redis.call('ZADD', leases_key, now + lease, run_id)
     redis.call('HSET', run_key, 'lease_expires', now + lease, 'heartbeat', now)
+    if redis.call('HEXISTS', run_key, 'cancel_requested') == 1 then ok = 2 end
   end
   out[i] = ok
 end

@@ -1,15 +1,20 @@
--- reap.lua: recover runs of one partition whose lease expired (the worker died or stalled).
--- The attempt's outcome is recorded as unknown; then the run is retried with backoff
--- (idempotent task), parked as `uncertain` (non-idempotent task: an operator decides),
--- or dead-lettered (attempts exhausted).
--- KEYS[1] leases zset   KEYS[2] dead zset   KEYS[3] uncertain zset   KEYS[4] events
--- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run:, lease:, attempts:, retry:<q>)
---         are built from it and share this partition's hash tag
+-- reap.lua: recovery pass over one partition.
+-- 1. Runs whose lease expired (the worker died or stalled): the attempt's outcome is
+--    recorded as unknown; the run is retried with backoff (idempotent task), parked as
+--    `uncertain` (non-idempotent task: an operator decides) or dead-lettered (no attempts left).
+-- 2. Runs never started before their starting deadline become `missed`, also when no
+--    worker is running to claim them.
+-- KEYS[1] leases zset   KEYS[2] dead zset   KEYS[3] uncertain zset   KEYS[4] done zset
+-- KEYS[5] deadlines zset                    KEYS[6] events
+-- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run:, lease:, attempts:, due:<q>,
+--         retry:<q>) and schedule keys are built from it; all share this partition's hash tag
 -- ARGV[2] max runs per call   ARGV[3] jitter seed in [0,1)
--- ARGV[4] wake channel        ARGV[5] partition index (for wake tags)
--- Returns {reaped_count, next_lease_expiry_ms or -1}.
-local leases_key, dead_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- ARGV[4] wake channel        ARGV[5] partition index
+-- Returns {expired_leases_handled, missed, next_lease_expiry_ms or -1}.
+local leases_key, dead_key, uncertain_key = KEYS[1], KEYS[2], KEYS[3]
+local done_key, deadlines_key, events_key = KEYS[4], KEYS[5], KEYS[6]
 local prefix, limit, seed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local channel, partition = ARGV[4], ARGV[5]
 local now = now_ms()
 
 local ids = redis.call('ZRANGE', leases_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
@@ -28,6 +33,7 @@ for n, id in ipairs(ids) do
       reaped = reaped + 1
       set_attempt(prefix .. 'attempts:' .. id, f[2],
         {outcome = 'unknown', ['end'] = now, error = 'lease expired'})
+      leave_running(prefix, run_key, id, now, channel, partition)
       if f[3] == '0' then
         redis.call('HSET', run_key, 'state', 'uncertain', 'finished', now,
           'reason', 'lease expired; task is not idempotent, outcome unknown')
@@ -36,12 +42,29 @@ for n, id in ipairs(ids) do
       else
         local jitter = (seed + n * 0.6180339887) % 1
         local state = retry_or_dead(run_key, prefix .. 'retry:' .. f[4], dead_key, id, now,
-          false, nil, jitter, 'lease expired', ARGV[4], ARGV[5] .. '|' .. f[4])
+          false, nil, jitter, 'lease expired', channel, partition .. '|' .. f[4])
         emit(events_key, id, state, 'lease expired')
       end
     end
   end
 end
 
+local missed = 0
+for _, id in ipairs(redis.call('ZRANGE', deadlines_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)) do
+  local run_key = prefix .. 'run:' .. id
+  local f = redis.call('HMGET', run_key, 'state', 'queue', 'schedule', 'fence')
+  redis.call('ZREM', deadlines_key, id)
+  if (f[1] == 'scheduled' or f[1] == 'retrying') and f[4] == '0' then
+    missed = missed + 1
+    redis.call('ZREM', prefix .. 'due:' .. f[2], id)
+    if f[3] and f[3] ~= '' then
+      local sched_key = prefix .. 'sched:' .. f[3]
+      if redis.call('HGET', sched_key, 'buffered') == id then redis.call('HDEL', sched_key, 'buffered') end
+    end
+    finish_unstarted(prefix, id, 'missed', 'not started before its starting deadline', now,
+      done_key, deadlines_key, events_key)
+  end
+end
+
 local head = redis.call('ZRANGE', leases_key, 0, 0, 'WITHSCORES')
-return {reaped, head[2] and tonumber(head[2]) or -1}
+return {reaped, missed, head[2] and tonumber(head[2]) or -1}

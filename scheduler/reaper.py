@@ -43,9 +43,12 @@ class Reaper:
                 self.scripts.reap(keys=keys, args=args, client=pipe)
             results = pipe.execute()
             again = []
-            for p, (n, _next) in zip(pending, results, strict=True):
+            for p, (n, missed, _next) in zip(pending, results, strict=True):
                 total += n
-                if n >= BATCH:
+                if missed:
+                    metrics.MISSED.inc(missed)
+                    log.info("runs missed their starting deadline", count=missed, partition=p)
+                if n >= BATCH or missed >= BATCH:
                     again.append(p)
             pending = again
         if total:

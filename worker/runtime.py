@@ -65,6 +65,7 @@ class Execution:
     partition: int
     task: asyncio.Task[None] | None = None
     released: bool = False
+    cancel_requested: bool = False
 
     @property
     def token(self) -> str:
@@ -303,8 +304,14 @@ class Worker:
             err = f"TimeoutError: task exceeded its timeout of {timeout_ms / 1000:g}s"
             ctx.mark_lost()
         except asyncio.CancelledError:
-            # lease lost (another worker may own the run) or released at shutdown
-            outcome = "released" if ex.released else "lease_lost"
+            # released at shutdown, stopped on a cancel request, or lease lost (another
+            # worker may own the run: report nothing)
+            if ex.released:
+                outcome = "released"
+            elif ex.cancel_requested:
+                outcome, mode, err = "cancelled", "cancel", "cancelled on request while running"
+            else:
+                outcome = "lease_lost"
         except Exception as exc:  # noqa: BLE001 - any task error is a retryable failure
             outcome, mode, err = "failed", "error", _error_text(exc)
         finally:
@@ -416,14 +423,28 @@ class Worker:
         pipe.pexpire(k.worker(self.id), self.cfg.lease_ms * 3)
         results = await pipe.execute()
         for exs, res in zip(groups, results, strict=False):
-            for ex, ok in zip(exs, res, strict=True):
-                if not ok and self.inflight.get(ex.ctx.run_id) is ex:
+            for ex, status in zip(exs, res, strict=True):
+                if self.inflight.get(ex.ctx.run_id) is not ex:
+                    continue
+                if status == 0:
                     self._lease_lost(ex)
+                elif status == 2 and not ex.cancel_requested:
+                    self._cancel(ex)
+
+    def _cancel(self, ex: Execution) -> None:
+        log.info("cancel requested; stopping the run", run_id=ex.ctx.run_id, task=ex.ctx.task,
+                 attempt=ex.ctx.attempt, worker_id=self.id, schedule=ex.ctx.schedule)
+        ex.cancel_requested = True
+        self._interrupt(ex)
 
     def _lease_lost(self, ex: Execution) -> None:
         metrics.LEASES_LOST.inc()
         log.warning("lease lost; stopping the run", run_id=ex.ctx.run_id, task=ex.ctx.task,
                     attempt=ex.ctx.attempt, worker_id=self.id, schedule=ex.ctx.schedule)
+        self._interrupt(ex)
+
+    def _interrupt(self, ex: Execution) -> None:
+        """Async tasks are cancelled; a sync task's thread can only be told (lease_lost)."""
         ex.ctx.mark_lost()
         spec = self.registry.find(ex.ctx.task)
         if ex.task is not None and spec is not None and spec.is_async:

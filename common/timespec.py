@@ -1,0 +1,771 @@
+"""Time semantics for duetime triggers: when does a schedule fire?
+
+Everything here is pure (no Redis, no clock reads) so the scheduler can ask the same question
+twice and get the same answer.  A trigger is a *set* of UTC instants; ``next_after(t)`` returns
+the smallest member strictly greater than ``t``.  Chaining ``next_after`` therefore never repeats
+and never goes backwards, whatever the time zone does.
+
+Cron expressions are evaluated on the local wall clock of an IANA zone.  Wall times that do not
+exist (spring-forward gap) or occur twice (fall-back fold) are resolved by explicit policies
+instead of whatever a library happens to do; see :class:`Cron`.
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import Any, ClassVar
+from zoneinfo import ZoneInfo
+
+__all__ = [
+    "At",
+    "Cron",
+    "Every",
+    "InvalidSchedule",
+    "Trigger",
+    "parse_duration",
+    "trigger_from_dict",
+]
+
+
+class InvalidSchedule(ValueError):
+    """A schedule definition that can never be evaluated; the message names the bad part."""
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MINUTE = timedelta(minutes=1)
+_SECOND = timedelta(seconds=1)
+_DAY = timedelta(days=1)
+# The sparsest valid expression (Feb 29 that is also a given weekday, e.g. "0 0 29 2 */7") recurs
+# at most every 40 years, so this bound only stops pathological cases such as a wall time that
+# always falls in a DST gap under dst_gap="skip".
+_HORIZON_YEARS = 50
+_MAX_YEAR = 9999
+
+
+def _utc(t: datetime, what: str = "t") -> datetime:
+    """Normalise an aware datetime to UTC; naive input is ambiguous, so refuse it."""
+    if not isinstance(t, datetime):
+        raise TypeError(f"{what} must be a datetime, got {type(t).__name__}")
+    if t.tzinfo is None or t.utcoffset() is None:
+        raise ValueError(f"{what} must be timezone-aware, got naive {t.isoformat()}")
+    return t.astimezone(UTC)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _parse_instant(value: Any, what: str) -> datetime:
+    if not isinstance(value, str):
+        raise InvalidSchedule(f"{what} must be an ISO-8601 string, got {value!r}")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidSchedule(f"{what} {value!r} is not an ISO-8601 datetime") from None
+    if parsed.tzinfo is None:
+        raise InvalidSchedule(f"{what} {value!r} has no UTC offset")
+    return parsed
+
+
+# --------------------------------------------------------------------------------------------
+# Trigger interface
+# --------------------------------------------------------------------------------------------
+
+
+class Trigger(ABC):
+    """A set of fire instants.  Subclasses only define ``next_after``; the rest derives from it."""
+
+    kind: ClassVar[str]
+
+    @abstractmethod
+    def next_after(self, t: datetime) -> datetime | None:
+        """Smallest fire instant strictly after ``t`` (aware UTC), or None if there is none."""
+
+    def occurrences(self, start: datetime, end: datetime) -> Iterator[datetime]:
+        """Fire instants x with ``start < x <= end``, ascending.
+
+        Half-open on the left so that windows chain like ``next_after``: a scheduler that has
+        handled everything up to ``start`` asks for ``(start, end]`` and never double-fires.
+        """
+        start = _utc(start, "start")
+        end = _utc(end, "end")
+        return self._occurrences(start, end)
+
+    def _occurrences(self, start: datetime, end: datetime) -> Iterator[datetime]:
+        x = self.next_after(start)
+        while x is not None and x <= end:
+            yield x
+            x = self.next_after(x)
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form with a ``kind`` field; inverse of :func:`trigger_from_dict`."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Short human-readable text for logs and the CLI."""
+
+    @abstractmethod
+    def _key(self) -> tuple[Any, ...]: ...
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, Trigger)
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._key()))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"
+
+
+# --------------------------------------------------------------------------------------------
+# Every / At
+# --------------------------------------------------------------------------------------------
+
+
+class Every(Trigger):
+    """Fixed instants ``anchor + k*interval`` for every integer k.
+
+    Deliberately timezone-free: "every 15m" keeps a constant period across DST changes, and the
+    anchor makes the phase explicit so that restarts do not drift.
+    """
+
+    kind = "every"
+
+    def __init__(self, interval: timedelta, anchor: datetime = _EPOCH) -> None:
+        if not isinstance(interval, timedelta):
+            raise InvalidSchedule(f"every interval must be a timedelta, got {interval!r}")
+        if interval <= timedelta(0):
+            raise InvalidSchedule(f"every interval must be positive, got {interval!r}")
+        if not isinstance(anchor, datetime):
+            raise InvalidSchedule(f"every anchor must be a datetime, got {anchor!r}")
+        if anchor.tzinfo is None or anchor.utcoffset() is None:
+            raise InvalidSchedule(f"every anchor {anchor.isoformat()} is naive; give a UTC offset")
+        self.interval = interval
+        self.anchor = anchor.astimezone(UTC)
+
+    def next_after(self, t: datetime) -> datetime | None:
+        t = _utc(t)
+        k = (t - self.anchor) // self.interval + 1
+        try:
+            return self.anchor + k * self.interval
+        except OverflowError:
+            return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "interval_us": self.interval // timedelta(microseconds=1),
+            "anchor": _iso(self.anchor),
+        }
+
+    def describe(self) -> str:
+        text = f"every {_format_duration(self.interval)}"
+        if self.anchor != _EPOCH:
+            text += f" from {_iso(self.anchor)}"
+        return text
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.interval, self.anchor)
+
+
+class At(Trigger):
+    """A single instant: one-shot jobs."""
+
+    kind = "at"
+
+    def __init__(self, instant: datetime) -> None:
+        if not isinstance(instant, datetime):
+            raise InvalidSchedule(f"at instant must be a datetime, got {instant!r}")
+        if instant.tzinfo is None or instant.utcoffset() is None:
+            raise InvalidSchedule(f"at instant {instant.isoformat()} is naive; give a UTC offset")
+        self.instant = instant.astimezone(UTC)
+
+    def next_after(self, t: datetime) -> datetime | None:
+        return self.instant if self.instant > _utc(t) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "instant": _iso(self.instant)}
+
+    def describe(self) -> str:
+        return f"once at {_iso(self.instant)}"
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.instant,)
+
+
+# --------------------------------------------------------------------------------------------
+# Durations
+# --------------------------------------------------------------------------------------------
+
+_DURATION_UNITS: dict[str, timedelta] = {
+    "d": timedelta(days=1),
+    "h": timedelta(hours=1),
+    "m": timedelta(minutes=1),
+    "s": timedelta(seconds=1),
+    "ms": timedelta(milliseconds=1),
+}
+_DURATION_PART = re.compile(r"([0-9]+)([A-Za-z]*)")
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse "90s", "15m", "1h30m", "2d", "500ms" or plain seconds "30".
+
+    Units must appear largest first and at most once, so "1m30h" (probably a typo) is rejected
+    rather than silently summed.
+    """
+    if not isinstance(text, str):
+        raise InvalidSchedule(f"duration must be a string, got {text!r}")
+    s = text.strip()
+    if not s:
+        raise InvalidSchedule("empty duration")
+    if re.fullmatch(r"[0-9]+", s):
+        try:
+            return timedelta(seconds=int(s))
+        except OverflowError:
+            raise InvalidSchedule(f"duration {text!r} is too large") from None
+    total = timedelta(0)
+    last: timedelta | None = None
+    pos = 0
+    while pos < len(s):
+        m = _DURATION_PART.match(s, pos)
+        if m is None:
+            raise InvalidSchedule(f"invalid duration {text!r}: expected a number at {s[pos:]!r}")
+        number, unit = m.groups()
+        if unit not in _DURATION_UNITS:
+            what = f"unknown unit {unit!r}" if unit else f"missing unit after {number!r}"
+            raise InvalidSchedule(f"invalid duration {text!r}: {what} (use d, h, m, s, ms)")
+        size = _DURATION_UNITS[unit]
+        if last is not None and size >= last:
+            raise InvalidSchedule(
+                f"invalid duration {text!r}: unit {unit!r} repeated or out of order "
+                "(write largest unit first)"
+            )
+        last = size
+        try:
+            total += int(number) * size
+        except OverflowError:
+            raise InvalidSchedule(f"duration {text!r} is too large") from None
+        pos = m.end()
+    return total
+
+
+def _format_duration(d: timedelta) -> str:
+    us = d // timedelta(microseconds=1)
+    if us % 1000:
+        return f"{us}us"
+    parts = []
+    for unit in ("d", "h", "m", "s", "ms"):
+        size = _DURATION_UNITS[unit] // timedelta(microseconds=1)
+        n, us = divmod(us, size)
+        if n:
+            parts.append(f"{n}{unit}")
+    return "".join(parts) or "0s"
+
+
+# --------------------------------------------------------------------------------------------
+# Cron parsing
+# --------------------------------------------------------------------------------------------
+
+_MONTH_NAMES = {
+    name: i + 1
+    for i, name in enumerate(
+        ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"]
+    )
+}
+_DOW_NAMES = {name: i for i, name in enumerate(["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"])}
+
+_MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+# Longest month length per month, counting Feb 29: used to reject expressions that never fire.
+_MAX_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    lo: int
+    hi: int
+    names: dict[str, int] | None
+    h_hi: int  # upper bound for a bare H (day-of-week excludes 7, the duplicate Sunday)
+
+
+_FIELDS = (
+    _Field("minute", 0, 59, None, 59),
+    _Field("hour", 0, 23, None, 23),
+    _Field("day-of-month", 1, 31, None, 31),
+    _Field("month", 1, 12, _MONTH_NAMES, 12),
+    _Field("day-of-week", 0, 7, _DOW_NAMES, 6),
+)
+
+
+def _h_hash(seed: str, field: str) -> int:
+    """Stable across processes and Python versions (unlike ``hash()``), so H never moves."""
+    digest = hashlib.sha256(f"{seed}\x00{field}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+class _Parser:
+    def __init__(self, expr: str, seed: str) -> None:
+        self.expr = expr
+        self.seed = seed
+
+    def fail(self, field: _Field, msg: str) -> InvalidSchedule:
+        return InvalidSchedule(f"cron field {field.name!r} {msg} in {self.expr!r}")
+
+    def value(self, f: _Field, tok: str) -> int:
+        if re.fullmatch(r"[0-9]+", tok):  # explicit ASCII: str.isdigit()/int() accept '５'
+            v = int(tok)
+        elif not re.fullmatch(r"[A-Za-z]{3}", tok):  # ASCII only: 'ſun'.upper() == 'SUN'
+            raise self.fail(f, f"has invalid value {tok!r}" if tok else "has an empty value")
+        elif f.names is not None and tok.upper() in f.names:
+            v = f.names[tok.upper()]
+        elif tok.upper() in _MONTH_NAMES or tok.upper() in _DOW_NAMES:
+            raise self.fail(f, f"does not accept name {tok!r}")
+        else:
+            raise self.fail(f, f"has invalid value {tok!r}")
+        if not f.lo <= v <= f.hi:
+            raise self.fail(f, f"value {v} out of range {f.lo}-{f.hi}")
+        return v
+
+    def bounds(self, f: _Field, text: str) -> tuple[int, int]:
+        lo_txt, dash, hi_txt = text.partition("-")
+        lo = self.value(f, lo_txt)
+        hi = self.value(f, hi_txt) if dash else lo
+        if hi < lo:
+            raise self.fail(f, f"range {text!r} is reversed (ranges never wrap)")
+        return lo, hi
+
+    def item(self, f: _Field, item: str) -> set[int]:
+        base, slash, step_txt = item.partition("/")
+        step: int | None = None
+        if slash:
+            if not re.fullmatch(r"[0-9]+", step_txt):
+                raise self.fail(f, f"has invalid step {step_txt!r} in {item!r}")
+            step = int(step_txt)
+            if step < 1:
+                raise self.fail(f, f"step {step} must be >= 1 in {item!r}")
+        if base == "*":
+            return set(range(f.lo, f.hi + 1, step or 1))
+        if base.startswith("H"):
+            if base == "H":
+                lo, hi = f.lo, f.h_hi
+            else:
+                m = re.fullmatch(r"H\(([^()]*)\)", base)
+                if m is None:
+                    raise self.fail(f, f"has invalid hash item {item!r} (use H, H(a-b), H/n)")
+                lo, hi = self.bounds(f, m.group(1))
+            h = _h_hash(self.seed, f.name)
+            width = hi - lo + 1
+            if step is None:
+                return {lo + h % width}
+            return set(range(lo + h % min(step, width), hi + 1, step))
+        if step is not None and "-" not in base:
+            raise self.fail(f, f"step on a single value {item!r} (use a range 'a-b/s' or '*/s')")
+        lo, hi = self.bounds(f, base)
+        return set(range(lo, hi + 1, step or 1))
+
+    def field(self, f: _Field, text: str) -> frozenset[int]:
+        values: set[int] = set()
+        for item in text.split(","):
+            if not item:
+                raise self.fail(f, f"has an empty list item in {text!r}")
+            values |= self.item(f, item)
+        if f.name == "day-of-week" and 7 in values:
+            values = (values - {7}) | {0}
+        return frozenset(values)
+
+
+class _CronSpec:
+    """Parsed cron fields plus a naive (zone-free) wall-clock search."""
+
+    def __init__(self, expr: str, seed: str) -> None:
+        if not isinstance(expr, str):
+            raise InvalidSchedule(f"cron expression must be a string, got {expr!r}")
+        text = expr.strip(" \t\r\n")
+        if not text:
+            raise InvalidSchedule("empty cron expression")
+        parts = re.split(r"[ \t]+", text)  # ASCII separators only, like the digits and names
+        if parts[0].startswith("@"):
+            if parts[0] not in _MACROS:
+                raise InvalidSchedule(f"unknown cron macro {parts[0]!r} in {expr!r}")
+            if len(parts) > 1:
+                raise InvalidSchedule(
+                    f"cron macro {parts[0]!r} takes nothing after it, got "
+                    f"{' '.join(parts[1:])!r} in {expr!r}"
+                )
+            parts = _MACROS[parts[0]].split()
+        if len(parts) != 5:
+            raise InvalidSchedule(
+                f"cron expression {expr!r} has {len(parts)} fields, expected 5 "
+                "(minute hour day-of-month month day-of-week)"
+            )
+        p = _Parser(expr, seed)
+        sets = [p.field(f, part) for f, part in zip(_FIELDS, parts, strict=True)]
+        self.minutes = tuple(sorted(sets[0]))
+        self.hours = tuple(sorted(sets[1]))
+        self.dom = sets[2]
+        self.months = tuple(sorted(sets[3]))
+        self.dow = sets[4]
+        # Vixie/cronie: a day field written starting with '*' does not restrict on its own;
+        # if both are restricted, either may match.
+        self.dom_star = parts[2].startswith("*")
+        self.dow_star = parts[4].startswith("*")
+        self.either_day = not self.dom_star and not self.dow_star
+        self.hour_star = parts[1].startswith("*")
+        self._days_cache: dict[tuple[int, int], tuple[int, ...]] = {}
+        if not self.either_day and not any(
+            d <= _MAX_DAYS[m - 1] for m in self.months for d in self.dom
+        ):
+            raise InvalidSchedule(
+                f"cron expression {expr!r} can never fire: day-of-month "
+                f"{sorted(self.dom)} never occurs in month {list(self.months)}"
+            )
+
+    def days(self, year: int, month: int) -> tuple[int, ...]:
+        """Matching days of one month (cached: the search asks for the same months repeatedly)."""
+        key = (year, month)
+        hit = self._days_cache.get(key)
+        if hit is not None:
+            return hit
+        first_dow, ndays = calendar.monthrange(year, month)  # Monday == 0
+        first_dow = (first_dow + 1) % 7  # cron: Sunday == 0
+        out = []
+        for d in range(1, ndays + 1):
+            dom_ok = d in self.dom
+            dow_ok = (first_dow + d - 1) % 7 in self.dow
+            if (dom_ok or dow_ok) if self.either_day else (dom_ok and dow_ok):
+                out.append(d)
+        if len(self._days_cache) > 4096:
+            self._days_cache.clear()
+        result = self._days_cache[key] = tuple(out)
+        return result
+
+    def next_wall(self, w: datetime, limit_year: int) -> datetime | None:
+        """Smallest matching naive wall minute >= w (w must be minute-aligned)."""
+        y, mo, d, h, mi = w.year, w.month, w.day, w.hour, w.minute
+        months, hours, minutes = self.months, self.hours, self.minutes
+        while y <= limit_year:
+            i = bisect_left(months, mo)
+            if i == len(months):
+                y, mo, d, h, mi = y + 1, months[0], 1, 0, 0
+                continue
+            if months[i] != mo:
+                mo, d, h, mi = months[i], 1, 0, 0
+            days = self.days(y, mo)
+            j = bisect_left(days, d)
+            if j == len(days):
+                mo, d, h, mi = mo + 1, 1, 0, 0
+                continue
+            if days[j] != d:
+                d, h, mi = days[j], 0, 0
+            k = bisect_left(hours, h)
+            if k == len(hours):
+                d, h, mi = d + 1, 0, 0
+                continue
+            if hours[k] != h:
+                h, mi = hours[k], 0
+            m = bisect_left(minutes, mi)
+            if m == len(minutes):
+                h, mi = h + 1, 0
+                continue
+            return datetime(y, mo, d, h, minutes[m])
+        return None
+
+
+@lru_cache(maxsize=1024)
+def _cron_spec(expr: str, seed: str) -> _CronSpec:
+    return _CronSpec(expr, seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Zone transitions
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Transition:
+    at: datetime  # naive UTC instant where the offset changes
+    before: timedelta
+    after: timedelta
+
+
+@lru_cache(maxsize=8192)
+def _year_transitions(key: str, year: int) -> tuple[tuple[datetime, ...], tuple[_Transition, ...]]:
+    """Offset changes whose wall time (fold=0 view) falls in (Jan 1 of year, Jan 1 of year+1].
+
+    zoneinfo exposes no transition list, so sample the wall-clock offset hourly and bisect each
+    change to the second.  ``utcoffset`` on a naive wall is cheap (~0.1 us); with fold=0 it
+    reports the pre-transition offset inside a gap or fold, so the first wall reporting the new
+    offset is ``at + max(before, after)``.
+    """
+    zone = ZoneInfo(key)
+    w = datetime(year, 1, 1)
+    end = datetime(year + 1, 1, 1) if year < 9999 else datetime(9999, 12, 31, 23)
+    step = timedelta(hours=1)
+    cur = zone.utcoffset(w)
+    found: list[_Transition] = []
+    while w < end:
+        nxt = min(w + step, end)
+        off = zone.utcoffset(nxt)
+        if off == cur:
+            w = nxt
+            continue
+        lo, hi = w, nxt
+        while hi - lo > _SECOND:
+            mid = lo + _SECOND * (((hi - lo) // _SECOND) // 2)
+            if zone.utcoffset(mid) == cur:
+                lo = mid
+            else:
+                hi = mid
+        new = zone.utcoffset(hi)
+        assert cur is not None and new is not None
+        found.append(_Transition(hi - max(cur, new), cur, new))
+        w, cur = hi, new
+    found.sort(key=lambda tr: tr.at)
+    return tuple(tr.at for tr in found), tuple(found)
+
+
+def _year_range(lo: datetime, hi: datetime) -> range:
+    """Wall-years that can hold transitions with UTC instants in [lo, hi] (offsets are < 1 day)."""
+    first = (lo - _DAY).year if lo > datetime.min + _DAY else 1
+    last = (hi + _DAY).year if hi < datetime.max - _DAY else 9999
+    return range(first, last + 1)
+
+
+def _prev_transition(key: str, t: datetime) -> _Transition | None:
+    """Latest transition at or before t, if recent enough (2 days) to still affect walls."""
+    best: _Transition | None = None
+    since = t - 2 * _DAY if t > datetime.min + 2 * _DAY else datetime.min
+    for year in _year_range(since, t):
+        ats, trs = _year_transitions(key, year)
+        i = bisect_right(ats, t)
+        if i and ats[i - 1] > since and (best is None or ats[i - 1] > best.at):
+            best = trs[i - 1]
+    return best
+
+
+def _next_transition(key: str, after: datetime, upto: datetime) -> _Transition | None:
+    """First transition with ``after < at <= upto``."""
+    best: _Transition | None = None
+    for year in _year_range(after, upto):
+        if best is not None and datetime(year, 1, 1) - _DAY > best.at:
+            break  # this and later wall-years only hold later transitions
+        ats, trs = _year_transitions(key, year)
+        i = bisect_right(ats, after)
+        if i < len(ats) and ats[i] <= upto and (best is None or ats[i] < best.at):
+            best = trs[i]
+    return best
+
+
+def _floor_minute(t: datetime) -> datetime:
+    return t.replace(second=0, microsecond=0)
+
+
+def _wall_after(t: datetime, offset: timedelta) -> datetime:
+    """Smallest whole wall minute strictly after instant t read with offset (clamped at year 1)."""
+    try:
+        return _floor_minute(t + offset) + _MINUTE
+    except OverflowError:
+        if offset < timedelta(0) and t < datetime(1, 1, 2):
+            return datetime.min
+        raise
+
+
+def _ceil_minute(t: datetime) -> datetime:
+    f = _floor_minute(t)
+    return f if f == t else f + _MINUTE
+
+
+# --------------------------------------------------------------------------------------------
+# Cron trigger
+# --------------------------------------------------------------------------------------------
+
+_GAP_POLICIES = ("shift", "skip")
+_FOLD_POLICIES = ("auto", "first", "both")
+
+
+class Cron(Trigger):
+    """5-field cron evaluated on the wall clock of an IANA zone.
+
+    ``dst_gap`` decides what happens to a matching wall time that does not exist:
+    ``"shift"`` reads it with the offset in force before the change (02:30 -> 03:30 in New York),
+    ``"skip"`` drops it.  ``dst_fold`` decides a wall time that occurs twice: ``"first"`` fires at
+    the earlier instant, ``"both"`` at both, ``"auto"`` is ``"both"`` when the hour field starts
+    with ``*`` (an hourly job should keep running hourly) and ``"first"`` otherwise (a daily job
+    should run once a day).  ``seed`` (the schedule name) feeds ``H`` so that many schedules
+    written ``H * * * *`` spread over the hour instead of stampeding at :00.
+    """
+
+    kind = "cron"
+
+    def __init__(
+        self,
+        expr: str,
+        tz: str = "UTC",
+        dst_gap: str = "shift",
+        dst_fold: str = "auto",
+        seed: str = "",
+    ) -> None:
+        if not isinstance(seed, str):
+            raise InvalidSchedule(f"cron seed must be a string, got {seed!r}")
+        if dst_gap not in _GAP_POLICIES:
+            raise InvalidSchedule(f"dst_gap must be 'shift' or 'skip', got {dst_gap!r}")
+        if dst_fold not in _FOLD_POLICIES:
+            raise InvalidSchedule(f"dst_fold must be 'auto', 'first' or 'both', got {dst_fold!r}")
+        if not isinstance(tz, str):
+            raise InvalidSchedule(f"time zone must be a string, got {tz!r}")
+        try:
+            self._zone = ZoneInfo(tz)
+        except (KeyError, ValueError, OSError, TypeError):
+            raise InvalidSchedule(f"unknown time zone {tz!r}") from None
+        self._spec = _cron_spec(expr, seed)
+        self.expr = expr
+        self.tz = tz
+        self.dst_gap = dst_gap
+        self.dst_fold = dst_fold
+        self.seed = seed
+        self._shift = dst_gap == "shift"
+        fold = dst_fold if dst_fold != "auto" else ("both" if self._spec.hour_star else "first")
+        self._fold_first = fold == "first"
+
+    def next_after(self, t: datetime) -> datetime | None:
+        """Walk constant-offset stretches of UTC time; within one, cron is a naive wall search.
+
+        In a stretch starting at transition ``a`` (offset ``p`` -> ``o``) the fire instants are
+        (1) instants x with x+o a matching wall, minus the repeated walls [a+o, a+p) of a fold
+        under the "first" policy, and (2) under "shift", for a gap, x = w-p for each matching
+        nonexistent wall w in [a+p, a+o).
+        """
+        aware = _utc(t)
+        t = aware.replace(tzinfo=None)
+        key, spec = self.tz, self._spec
+        try:
+            limit_year = min(t.year + _HORIZON_YEARS, _MAX_YEAR)
+            horizon = datetime(limit_year, 12, 31)
+            try:
+                o = aware.astimezone(self._zone).utcoffset()
+            except OverflowError:  # local time before year 1 / after 9999: no transitions there
+                o = self._zone.utcoffset(t)
+            assert o is not None
+            prev = _prev_transition(key, t)
+            a = prev.at if prev else None
+            p = prev.before if prev else o
+            while True:
+                seg_start = t if a is None or a < t else a
+                cand: datetime | None = None
+                nxt: _Transition | None
+                wall_lo = _wall_after(t, o)
+                if a is not None:
+                    first = a + (p if (p > o and self._fold_first) else o)
+                    wall_lo = max(wall_lo, _ceil_minute(first))
+                w = spec.next_wall(wall_lo, limit_year)
+                if w is not None:
+                    x = w - o
+                    nxt = _next_transition(key, seg_start, x)
+                    if nxt is None:
+                        cand = x
+                else:
+                    nxt = _next_transition(key, seg_start, horizon)
+                if a is not None and o > p and self._shift:
+                    gap_lo = max(_wall_after(t, p), _ceil_minute(a + p))
+                    w2 = spec.next_wall(gap_lo, limit_year)
+                    if w2 is not None and w2 < a + o and (cand is None or w2 - p < cand):
+                        cand = w2 - p
+                if cand is not None:
+                    return cand.replace(tzinfo=UTC)
+                if nxt is None:
+                    return None
+                a, p, o = nxt.at, nxt.before, nxt.after
+        except OverflowError:
+            return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "expr": self.expr,
+            "tz": self.tz,
+            "dst_gap": self.dst_gap,
+            "dst_fold": self.dst_fold,
+            "seed": self.seed,
+        }
+
+    def describe(self) -> str:
+        text = f"cron {self.expr!r} in {self.tz}"
+        extras = []
+        if self.dst_gap != "shift":
+            extras.append(f"dst_gap={self.dst_gap}")
+        if self.dst_fold != "auto":
+            extras.append(f"dst_fold={self.dst_fold}")
+        return f"{text} ({', '.join(extras)})" if extras else text
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.expr, self.tz, self.dst_gap, self.dst_fold, self.seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Serialisation
+# --------------------------------------------------------------------------------------------
+
+_DICT_KEYS = {
+    "cron": ({"kind", "expr"}, {"tz", "dst_gap", "dst_fold", "seed"}),
+    "every": ({"kind", "interval_us"}, {"anchor"}),
+    "at": ({"kind", "instant"}, set()),
+}
+
+
+def trigger_from_dict(d: dict[str, Any]) -> Trigger:
+    """Rebuild a trigger stored by ``to_dict``; unknown or missing keys are errors, not guesses."""
+    if not isinstance(d, dict):
+        raise InvalidSchedule(f"trigger must be a dict, got {type(d).__name__}")
+    kind = d.get("kind")
+    if kind not in _DICT_KEYS:
+        raise InvalidSchedule(f"unknown trigger kind {kind!r} (expected 'cron', 'every' or 'at')")
+    required, optional = _DICT_KEYS[kind]
+    missing = sorted(required - d.keys())
+    if missing:
+        raise InvalidSchedule(f"{kind} trigger is missing {', '.join(map(repr, missing))}")
+    unknown = sorted(d.keys() - required - optional, key=str)
+    if unknown:
+        raise InvalidSchedule(f"{kind} trigger has unknown key(s) {', '.join(map(repr, unknown))}")
+    if kind == "cron":
+        for name in ("expr", "tz", "dst_gap", "dst_fold", "seed"):
+            if name in d and not isinstance(d[name], str):
+                raise InvalidSchedule(f"cron trigger field {name!r} must be a string")
+        return Cron(
+            d["expr"],
+            tz=d.get("tz", "UTC"),
+            dst_gap=d.get("dst_gap", "shift"),
+            dst_fold=d.get("dst_fold", "auto"),
+            seed=d.get("seed", ""),
+        )
+    if kind == "every":
+        us = d["interval_us"]
+        if not isinstance(us, int) or isinstance(us, bool):
+            raise InvalidSchedule(f"every trigger 'interval_us' must be an integer, got {us!r}")
+        try:
+            interval = timedelta(microseconds=us)
+        except OverflowError:
+            raise InvalidSchedule(f"every trigger 'interval_us' {us} is too large") from None
+        anchor = _parse_instant(d["anchor"], "every anchor") if "anchor" in d else _EPOCH
+        return Every(interval, anchor)
+    return At(_parse_instant(d["instant"], "at instant"))

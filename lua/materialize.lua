@@ -1,0 +1,73 @@
+-- materialize.lua: turn planned occurrences of one schedule into runs, exactly once.
+-- Run ids are derived from (schedule, occurrence), so an occurrence that already has a run
+-- is never created twice, whoever evaluates it. With an expected version and cursor (the
+-- evaluator), the call is a compare-and-set: a changed definition, a paused schedule or a
+-- cursor another scheduler already moved makes it a no-op. Without them (backfill,
+-- trigger-now) only the runs are created, without a starting deadline, and the cursor is
+-- left alone. `last_ms` keeps the newest occurrence that has a run.
+-- KEYS[1] schedule hash  T:sched:<name>     KEYS[2] sched_due zset  T:sched_due
+-- KEYS[3] due zset       T:due:<queue>      KEYS[4] deadlines zset  T:deadlines
+-- KEYS[5] events
+-- ARGV[1] run-key prefix 'ns:{tag}:run:' (run ids are only known here; same hash tag)
+-- ARGV[2] schedule name    ARGV[3] expected version ('' = no compare-and-set)
+-- ARGV[4] expected cursor ms    ARGV[5] new cursor ms ('' = no more occurrences)
+-- ARGV[6] occurrences skipped by the catch-up policy (added to skipped_count)
+-- ARGV[7] wake channel     ARGV[8] wake tag '<partition>|<queue>'
+-- ARGV[9..] per run, 5 values: run id, occurrence ms, due ms, coalesced count, first ms
+-- Returns {status, created}: status 'ok', 'conflict', 'paused' or 'missing'.
+local sched_key, sched_due_key, due_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local run_prefix, name, expected = ARGV[1], ARGV[2], ARGV[3]
+
+local s = redis.call('HMGET', sched_key, 'version', 'next_ms', 'paused', 'task', 'queue',
+  'payload', 'max_attempts', 'backoff_base', 'backoff_max', 'timeout', 'idempotent', 'owner',
+  'overlap', 'lateness_ms')
+if not s[1] then return {'missing', 0} end
+if expected ~= '' then
+  if s[1] ~= expected or s[2] ~= ARGV[4] then return {'conflict', 0} end
+  if s[3] == '1' then return {'paused', 0} end
+end
+
+local now = now_ms()
+local lateness = tonumber(s[14]) or 0
+local created = 0
+local last = tonumber(redis.call('HGET', sched_key, 'last_ms')) or 0
+for i = 9, #ARGV, 5 do
+  local run_id, occ, due = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local run_key = run_prefix .. run_id
+  if redis.call('EXISTS', run_key) == 0 then
+    local fields = {'id', run_id, 'state', 'scheduled', 'created', now, 'due', due,
+      'occurrence', occ, 'attempt', 0, 'fence', 0, 'schedule', name,
+      'task', s[4], 'queue', s[5], 'payload', s[6], 'max_attempts', s[7],
+      'backoff_base', s[8], 'backoff_max', s[9], 'timeout', s[10], 'idempotent', s[11],
+      'owner', s[12], 'overlap', s[13]}
+    if tonumber(ARGV[i + 3]) > 1 then
+      fields[#fields + 1] = 'coalesced'; fields[#fields + 1] = ARGV[i + 3]
+      fields[#fields + 1] = 'coalesced_from'; fields[#fields + 1] = ARGV[i + 4]
+    end
+    if lateness > 0 and expected ~= '' then
+      fields[#fields + 1] = 'deadline'; fields[#fields + 1] = due + lateness
+      redis.call('ZADD', deadlines_key, due + lateness, run_id)
+    end
+    redis.call('HSET', run_key, unpack(fields))
+    add_due(due_key, due, run_id, ARGV[7], ARGV[8])
+    emit(events_key, run_id, 'scheduled', name)
+    created = created + 1
+  end
+  if occ > last then last = occ end
+end
+if last > 0 then redis.call('HSET', sched_key, 'last_ms', last) end
+
+if expected ~= '' then
+  local skipped = tonumber(ARGV[6]) or 0
+  if skipped > 0 then redis.call('HINCRBY', sched_key, 'skipped_count', skipped) end
+  if ARGV[5] == '' then
+    redis.call('HDEL', sched_key, 'next_ms')
+    redis.call('ZREM', sched_due_key, name)
+  else
+    redis.call('HSET', sched_key, 'next_ms', ARGV[5])
+    redis.call('ZADD', sched_due_key, tonumber(ARGV[5]), name)
+  end
+  redis.call('HSET', sched_key, 'evaluated', now)
+end
+if created > 0 then redis.call('HINCRBY', sched_key, 'materialized_count', created) end
+return {'ok', created}

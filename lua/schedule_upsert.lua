@@ -1,0 +1,41 @@
+-- schedule_upsert.lua: create or change a schedule's definition (compare-and-set on version).
+-- The same definition again changes nothing. A changed one bumps the version (so an
+-- evaluation planned on the old one is refused) and takes the new cursor computed by the
+-- caller from the newest occurrence that already has a run, so none is lost or doubled.
+-- KEYS[1] schedule hash T:sched:<name>   KEYS[2] sched_due zset   KEYS[3] schedules index zset
+-- ARGV[1] name   ARGV[2] definition hash   ARGV[3] expected version ('0' = must not exist)
+-- ARGV[4] new cursor ms ('' = the trigger has no more occurrences)
+-- ARGV[5] paused when created ('0'/'1')  ARGV[6..] definition field, value pairs
+-- Returns {status, version}: 'created', 'updated', 'unchanged' or 'conflict'.
+local sched_key, sched_due_key, index_key = KEYS[1], KEYS[2], KEYS[3]
+local name, def_hash, expected, cursor = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local now = now_ms()
+
+local cur = redis.call('HMGET', sched_key, 'version', 'def_hash', 'paused')
+local version = tonumber(cur[1]) or 0
+if tostring(version) ~= expected then return {'conflict', version} end
+if version > 0 and cur[2] == def_hash then return {'unchanged', version} end
+
+local fields = {}
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', sched_key, unpack(fields))
+redis.call('HSET', sched_key, 'version', version + 1, 'def_hash', def_hash, 'updated', now)
+local paused = cur[3]
+if version == 0 then
+  paused = ARGV[5]
+  redis.call('HSET', sched_key, 'created', now, 'paused', paused)
+  redis.call('ZADD', index_key, now, name)
+end
+if cursor == '' then
+  redis.call('HDEL', sched_key, 'next_ms')
+  redis.call('ZREM', sched_due_key, name)
+else
+  redis.call('HSET', sched_key, 'next_ms', cursor)
+  if paused == '1' then
+    redis.call('ZREM', sched_due_key, name)
+  else
+    redis.call('ZADD', sched_due_key, tonumber(cursor), name)
+  end
+end
+if version == 0 then return {'created', 1} end
+return {'updated', version + 1}

@@ -1,0 +1,182 @@
+"""The schedule evaluator: turns due schedules of the partitions this process owns into runs,
+slightly ahead of their due time, so workers can start them on time.
+
+Safety does not rest on ownership: run ids are derived from (schedule, occurrence) and
+`materialize.lua` compares-and-sets the schedule's version and cursor, so two evaluators
+racing over one schedule create each run once. Ownership only splits the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import redis
+
+from common import metrics
+from common.connection import server_time_ms, sync_client, unavailable
+from common.keys import Keyspace
+from common.logs import get as get_logger
+from common.schedules import plan, run_id_for
+from common.scripts import Scripts
+from common.timespec import Trigger, trigger_from_dict
+
+log = get_logger("duetime.scheduler")
+
+SCHED_FIELDS = ("version", "next_ms", "trigger", "queue", "catchup", "max_catchup",
+                "jitter_ms", "paused")
+BATCH = 200
+
+
+class Ownership:
+    """Partition leases: every live scheduler holds about P / (live schedulers) partitions;
+    a dead one's leases expire and the others pick its partitions up."""
+
+    def __init__(self, client: redis.Redis, keys: Keyspace, scripts: Scripts, sid: str,
+                 ttl_ms: int) -> None:
+        self.client, self.keys, self.scripts, self.id, self.ttl_ms = client, keys, scripts, sid, ttl_ms
+        self.owned: set[int] = set()
+
+    def refresh(self, now_ms: int) -> set[int]:
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(k.schedulers, {self.id: now_ms})
+        pipe.zremrangebyscore(k.schedulers, "-inf", now_ms - 3 * self.ttl_ms)
+        pipe.zcard(k.schedulers)
+        live = max(1, pipe.execute()[2])
+        target = math.ceil(k.partitions / live)
+        # renew what we hold up to the target and give back extras (a scheduler joined) ...
+        mine = sorted(self.owned)
+        pipe = self.client.pipeline(transaction=False)
+        for i, p in enumerate(mine):
+            self._lease(pipe, p, "hold" if i < target else "release")
+        self.owned = {p for p, ok in zip(mine, pipe.execute(), strict=True) if ok}
+        # ... then take free partitions (no owner, or a dead owner's expired lease) up to it
+        deficit = target - len(self.owned)
+        if deficit > 0:
+            others = [p for p in range(k.partitions) if p not in self.owned]
+            pipe = self.client.pipeline(transaction=False)
+            for p in others:
+                pipe.exists(k.owner(p))
+            free = [p for p, taken in zip(others, pipe.execute(), strict=True) if not taken]
+            free = free[:deficit]
+            pipe = self.client.pipeline(transaction=False)
+            for p in free:
+                self._lease(pipe, p, "hold")
+            self.owned |= {p for p, ok in zip(free, pipe.execute(), strict=True) if ok}
+        metrics.PARTITIONS_OWNED.set(len(self.owned))
+        return self.owned
+
+    def _lease(self, pipe: Any, p: int, mode: str) -> None:
+        self.scripts.partition_lease(keys=[self.keys.owner(p)], args=[self.id, self.ttl_ms, mode],
+                                     client=pipe)
+
+    def release_all(self) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for p in self.owned:
+            self._lease(pipe, p, "release")
+        pipe.zrem(self.keys.schedulers, self.id)
+        pipe.execute()
+        self.owned = set()
+
+
+class Evaluator:
+    def __init__(self, url: str, keys: Keyspace, lead_ms: int = 2000, tick_s: float = 0.25,
+                 lease_ms: int = 5000) -> None:
+        self.url, self.keys, self.lead_ms, self.tick_s = url, keys, lead_ms, tick_s
+        self.client = sync_client(url)
+        self.scripts = Scripts(self.client)
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
+        self.ownership = Ownership(self.client, keys, self.scripts, self.id, lease_ms)
+        self.stopping = threading.Event()
+        self._triggers: dict[tuple[str, bytes], Trigger] = {}
+        self.materialized = 0
+
+    def _trigger(self, name: str, version: bytes, raw: bytes) -> Trigger:
+        key = (name, version)
+        t = self._triggers.get(key)
+        if t is None:
+            if len(self._triggers) > 200_000:
+                self._triggers.clear()
+            t = self._triggers[key] = trigger_from_dict(json.loads(raw))
+        return t
+
+    def tick(self) -> int:
+        """One evaluation of every due schedule in the owned partitions → runs created."""
+        now = server_time_ms(self.client)
+        owned = sorted(self.ownership.refresh(now))
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        for p in owned:
+            pipe.zrange(k.sched_due(p), "-inf", now + self.lead_ms, byscore=True, offset=0, num=BATCH)
+        due = [(p, n.decode()) for p, names in zip(owned, pipe.execute(), strict=True) for n in names]
+        created = 0
+        for i in range(0, len(due), BATCH):
+            created += self._evaluate(due[i : i + BATCH], now)
+        return created
+
+    def _evaluate(self, due: list[tuple[int, str]], now: int) -> int:
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        for p, name in due:
+            pipe.hmget(k.sched(p, name), *SCHED_FIELDS)
+        records = pipe.execute()
+        pipe = self.client.pipeline(transaction=False)
+        calls = 0
+        for (p, name), f in zip(due, records, strict=True):
+            version, next_ms, trig, queue, catchup, max_catchup, jitter_ms, paused = f
+            if version is None or next_ms is None or paused == b"1":
+                continue  # deleted, finished or paused meanwhile: upsert/pause fix the index
+            q = queue.decode()
+            pl = plan(self._trigger(name, version, trig), int(next_ms), now, self.lead_ms,
+                      name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
+                      jitter_ms=int(jitter_ms or 0))
+            runs: list[Any] = []
+            for r in pl.runs:
+                runs += [run_id_for(name, r.occurrence_ms), r.occurrence_ms, r.due_ms, r.coalesced,
+                         r.coalesced_from_ms]
+            if pl.skipped:
+                metrics.SKIPPED.inc(pl.skipped)
+                log.info("occurrences skipped by catch-up policy", schedule=name,
+                         skipped=pl.skipped, catchup=catchup.decode())
+            self.scripts.materialize(
+                keys=[k.sched(p, name), k.sched_due(p), k.due(p, q), k.deadlines(p), k.events(p)],
+                args=[k.prefix(p) + "run:", name, version, next_ms,
+                      "" if pl.next_ms is None else pl.next_ms, pl.skipped, k.wake_channel,
+                      f"{p}|{q}", *runs],
+                client=pipe)
+            calls += 1
+        if not calls:
+            return 0
+        created = sum(int(res[1]) for res in pipe.execute())
+        metrics.MATERIALIZED.inc(created)
+        self.materialized += created
+        return created
+
+    def run(self) -> None:
+        log.info("evaluator started", scheduler_id=self.id, lead_ms=self.lead_ms,
+                 partitions=self.keys.partitions)
+        backoff = 0.1
+        while not self.stopping.is_set():
+            try:
+                t0 = time.monotonic()
+                self.tick()
+                backoff = 0.1
+                self.stopping.wait(max(0.0, self.tick_s - (time.monotonic() - t0)))
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("redis unavailable; evaluator retrying",
+                            error=str(unavailable(self.url, exc)), retry_in=backoff)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+            self.ownership.release_all()
+        log.info("evaluator stopped", materialized=self.materialized)
+
+    def stop(self) -> None:
+        self.stopping.set()
