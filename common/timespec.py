@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from functools import lru_cache
 from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
@@ -43,6 +43,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MINUTE = timedelta(minutes=1)
 _SECOND = timedelta(seconds=1)
 _DAY = timedelta(days=1)
+_MIN_PLUS_DAY = datetime.min + _DAY
+_MAX_MINUS_DAY = datetime.max - _DAY
 # The sparsest valid expression (Feb 29 that is also a given weekday, e.g. "0 0 29 2 */7") recurs
 # at most every 40 years, so this bound only stops pathological cases such as a wall time that
 # always falls in a DST gap under dst_gap="skip".
@@ -547,8 +549,8 @@ def _year_transitions(key: str, year: int) -> tuple[tuple[datetime, ...], tuple[
 
 def _year_range(lo: datetime, hi: datetime) -> range:
     """Wall-years that can hold transitions with UTC instants in [lo, hi] (offsets are < 1 day)."""
-    first = (lo - _DAY).year if lo > datetime.min + _DAY else 1
-    last = (hi + _DAY).year if hi < datetime.max - _DAY else 9999
+    first = (lo - _DAY).year if lo > _MIN_PLUS_DAY else 1
+    last = (hi + _DAY).year if hi < _MAX_MINUS_DAY else 9999
     return range(first, last + 1)
 
 
@@ -577,8 +579,14 @@ def _next_transition(key: str, after: datetime, upto: datetime) -> _Transition |
     return best
 
 
+def _naive(t: datetime, tz: tzinfo | None = None) -> datetime:
+    """Same fields with tzinfo swapped; cheaper than ``replace(tzinfo=...)`` on the hot path."""
+    return datetime(t.year, t.month, t.day, t.hour, t.minute, t.second, t.microsecond, tz)
+
+
 def _floor_minute(t: datetime) -> datetime:
-    return t.replace(second=0, microsecond=0)
+    # The constructor is ~3x faster than datetime.replace(); this sits on the hot path.
+    return datetime(t.year, t.month, t.day, t.hour, t.minute)
 
 
 def _wall_after(t: datetime, offset: timedelta) -> datetime:
@@ -657,7 +665,7 @@ class Cron(Trigger):
         nonexistent wall w in [a+p, a+o).
         """
         aware = _utc(t)
-        t = aware.replace(tzinfo=None)
+        t = _naive(aware)
         key, spec = self.tz, self._spec
         try:
             limit_year = min(t.year + _HORIZON_YEARS, _MAX_YEAR)
@@ -692,7 +700,7 @@ class Cron(Trigger):
                     if w2 is not None and w2 < a + o and (cand is None or w2 - p < cand):
                         cand = w2 - p
                 if cand is not None:
-                    return cand.replace(tzinfo=UTC)
+                    return _naive(cand, UTC)
                 if nxt is None:
                     return None
                 a, p, o = nxt.at, nxt.before, nxt.after

@@ -179,11 +179,14 @@ def reaper(ctx: click.Context, app_ref: str | None, tick: str, metrics_port: int
               help="Create runs this long before they are due.")
 @click.option("--tick", default="250ms", show_default=True)
 @click.option("--reap-tick", default="500ms", show_default=True)
+@click.option("--miss-tolerance", default="10s", show_default=True,
+              help="An occurrence evaluated later than this after its instant was missed and "
+              "follows the schedule's catch-up policy.")
 @click.option("--metrics-port", default=None, type=int)
 @click.pass_context
 @fail_cleanly
 def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, reap_tick: str,
-              metrics_port: int | None) -> None:
+              miss_tolerance: str, metrics_port: int | None) -> None:
     """Evaluate schedules into runs, and recover expired leases (run two or more)."""
     from scheduler.service import run_scheduler
 
@@ -191,7 +194,8 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, rea
     app.store.ready()
     metrics.serve(metrics_port)
     run_scheduler(app.redis_url, app.keys, lead_ms=int(parse_seconds(lead) * 1000),
-                  tick_s=parse_seconds(tick), reap_tick_s=parse_seconds(reap_tick))
+                  tick_s=parse_seconds(tick), reap_tick_s=parse_seconds(reap_tick),
+                  miss_tolerance_ms=int(parse_seconds(miss_tolerance) * 1000))
 
 
 # -- client commands --------------------------------------------------------------------

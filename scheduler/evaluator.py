@@ -23,7 +23,7 @@ from common import metrics
 from common.connection import server_time_ms, sync_client, unavailable
 from common.keys import Keyspace
 from common.logs import get as get_logger
-from common.schedules import plan, run_id_for
+from common.schedules import MISS_TOLERANCE_MS, plan, run_id_for
 from common.scripts import Scripts
 from common.timespec import Trigger, trigger_from_dict
 
@@ -47,7 +47,7 @@ class Ownership:
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(k.schedulers, {self.id: now_ms})
-        pipe.zremrangebyscore(k.schedulers, "-inf", now_ms - 3 * self.ttl_ms)
+        pipe.zremrangebyscore(k.schedulers, "-inf", now_ms - self.ttl_ms)
         pipe.zcard(k.schedulers)
         live = max(1, pipe.execute()[2])
         target = math.ceil(k.partitions / live)
@@ -88,8 +88,9 @@ class Ownership:
 
 class Evaluator:
     def __init__(self, url: str, keys: Keyspace, lead_ms: int = 2000, tick_s: float = 0.25,
-                 lease_ms: int = 5000) -> None:
+                 lease_ms: int = 3000, miss_tolerance_ms: int = MISS_TOLERANCE_MS) -> None:
         self.url, self.keys, self.lead_ms, self.tick_s = url, keys, lead_ms, tick_s
+        self.miss_tolerance_ms = miss_tolerance_ms
         self.client = sync_client(url)
         self.scripts = Scripts(self.client)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
@@ -136,7 +137,7 @@ class Evaluator:
             q = queue.decode()
             pl = plan(self._trigger(name, version, trig), int(next_ms), now, self.lead_ms,
                       name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
-                      jitter_ms=int(jitter_ms or 0))
+                      jitter_ms=int(jitter_ms or 0), tolerance_ms=self.miss_tolerance_ms)
             runs: list[Any] = []
             for r in pl.runs:
                 runs += [run_id_for(name, r.occurrence_ms), r.occurrence_ms, r.due_ms, r.coalesced,

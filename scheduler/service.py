@@ -12,8 +12,9 @@ from scheduler.reaper import Reaper
 
 
 def run_scheduler(url: str, keys: Keyspace, lead_ms: int = 2000, tick_s: float = 0.25,
-                  reap_tick_s: float = 0.5) -> None:
-    evaluator = Evaluator(url, keys, lead_ms=lead_ms, tick_s=tick_s)
+                  reap_tick_s: float = 0.5, miss_tolerance_ms: int = 10_000) -> None:
+    evaluator = Evaluator(url, keys, lead_ms=lead_ms, tick_s=tick_s,
+                          miss_tolerance_ms=miss_tolerance_ms)
     reaper = Reaper(url, keys, tick_s=reap_tick_s)
 
     def stop(*_: object) -> None:

@@ -96,3 +96,17 @@ def context() -> None:
         "scheduled": run.scheduled_at.isoformat() if run.scheduled_at else "",
         "lost": int(run.lease_lost),
     })
+
+
+def intervals_key() -> str:
+    return f"{app.keys.namespace}:test:intervals"
+
+
+@app.task(name="sched.slow", retries=0)
+async def sched_slow(seconds: float) -> None:
+    run = record()
+    start = time.time()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        r().rpush(intervals_key(), f"{run.run_id}|{start}|{time.time()}")

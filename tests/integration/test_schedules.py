@@ -1,0 +1,258 @@
+"""Schedules end to end: scheduler processes, catch-up, overlap, lateness, backfill."""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import duetime
+from common.schedules import at_ms
+from scheduler.evaluator import Evaluator
+from tests.apps import basic
+from tests.conftest import wait_for
+
+
+def runs_of(app, name: str) -> list[duetime.Run]:
+    """Every run of a schedule, read from its partition's sets (not a key scan)."""
+    k = app.keys
+    p = k.partition_of_schedule(name)
+    r = app.store.client
+    ids: set[str] = set()
+    for q in ("default",):
+        ids |= {x.decode() for x in r.zrange(k.due(p, q), 0, -1)}
+        ids |= {x.decode() for x in r.zrange(k.retry(p, q), 0, -1)}
+    for key in (k.done(p), k.leases(p), k.dead(p), k.uncertain(p)):
+        ids |= {x.decode() for x in r.zrange(key, 0, -1)}
+    buffered = r.hget(k.sched(p, name), "buffered")
+    if buffered:
+        ids.add(buffered.decode())
+    return sorted((app.get_run(i) for i in ids if i.rsplit("@", 1)[0] == name),
+                  key=lambda run: run.id)
+
+
+def occurrence(run: duetime.Run) -> int:
+    return int(run.id.rsplit("@", 1)[1])
+
+
+def test_upsert_is_idempotent_and_changes_bump_the_version(app):
+    every = duetime.Every(timedelta(minutes=5))
+    assert app.schedule("s1", every, basic.noop) == "created"
+    assert app.schedule("s1", every, basic.noop) == "unchanged"
+    assert app.get_schedule("s1").version == 1
+    assert app.schedule("s1", duetime.Every(timedelta(minutes=10)), basic.noop) == "updated"
+    info = app.get_schedule("s1")
+    assert info.version == 2 and info.trigger == duetime.Every(timedelta(minutes=10))
+    assert info.next_fire.timestamp() % 600 == 0
+
+
+def test_bad_schedule_input(app):
+    with pytest.raises(duetime.InvalidSchedule, match="catchup"):
+        app.schedule("s", duetime.Every(timedelta(minutes=1)), basic.noop, catchup="Latest")
+    with pytest.raises(duetime.InvalidSchedule, match="overlap"):
+        app.schedule("s", duetime.Every(timedelta(minutes=1)), basic.noop, overlap="queue")
+    with pytest.raises(duetime.InvalidInput):
+        app.schedule("bad{name}", duetime.Every(timedelta(minutes=1)), basic.noop)
+    with pytest.raises(duetime.UnknownTask):
+        app.schedule("s", duetime.Every(timedelta(minutes=1)), "no.such.task")
+    with pytest.raises(duetime.ScheduleNotFound):
+        app.pause("never-registered")
+    assert app.list_schedules() == []
+
+
+def test_three_schedulers_200_schedules_every_occurrence_exactly_once(app, r, procs):
+    every = duetime.Every(timedelta(seconds=1))
+    for i in range(200):
+        app.schedule(f"fleet-{i:03d}", every, basic.noop, catchup="all")
+    schedulers = [procs.duetime("scheduler", "--lead", "500ms") for _ in range(3)]
+    procs.worker("--concurrency", "64")
+    time.sleep(3.0)
+    schedulers[0].send_signal(signal.SIGKILL)  # one dies mid-way; the others take over
+    schedulers[0].wait()
+    time.sleep(4.0)
+    for s in schedulers[1:]:
+        s.send_signal(signal.SIGTERM)
+        s.wait(10)
+    wait_for(lambda: not any(run.state in ("scheduled", "running")
+                             for run in runs_of(app, "fleet-000")), 15, what="runs to finish")
+    counts = {k.decode(): int(v) for k, v in r.hgetall(basic.count_key()).items()}
+    total = 0
+    for i in range(200):
+        name = f"fleet-{i:03d}"
+        runs = runs_of(app, name)
+        occ = sorted(occurrence(run) for run in runs)
+        # no gap and no duplicate: consecutive seconds from the first to the last
+        assert occ == list(range(occ[0], occ[-1] + 1000, 1000)), name
+        assert len(occ) >= 5, (name, len(occ))
+        wait_for(lambda runs=runs: all(app.get_run(run.id).state == "succeeded" for run in runs),
+                 15, what=f"{name} runs to succeed")
+        assert all(counts.get(run.id) == 1 for run in runs), name
+        total += len(runs)
+    assert len(counts) == total  # nothing executed that is not a run of these schedules
+
+
+def test_partitions_are_split_between_schedulers_and_taken_over(app, url):
+    a = Evaluator(url, app.keys, lease_ms=1000)
+    b = Evaluator(url, app.keys, lease_ms=1000)
+    a.tick()
+    b.tick()
+    a.tick()  # a gives back the extras now that b is live
+    b.tick()
+    assert len(a.ownership.owned) == 8 and len(b.ownership.owned) == 8
+    assert not a.ownership.owned & b.ownership.owned
+    time.sleep(1.2)  # a dies: its partition leases expire
+    b.ownership.ttl_ms = 1000
+    r = app.store.client
+    r.zrem(app.keys.schedulers, a.id)
+    b.tick()
+    assert len(b.ownership.owned) == 16
+
+
+def _downtime_setup(app, policy: str, **kw) -> None:
+    app.schedule(f"down-{policy}", duetime.Every(timedelta(milliseconds=500)), basic.noop,
+                 catchup=policy, **kw)
+
+
+def test_downtime_catchup_policies(app, url):
+    _downtime_setup(app, "all", max_catchup=3)
+    _downtime_setup(app, "latest")
+    _downtime_setup(app, "skip")
+    first = app.get_schedule("down-all").next_fire
+    time.sleep(3.2)  # no scheduler runs: about six occurrences pass
+    ev = Evaluator(url, app.keys, lead_ms=0, miss_tolerance_ms=300)
+    ev.tick()
+    runs = {p: runs_of(app, f"down-{p}") for p in ("all", "latest", "skip")}
+    skip_info, all_info = app.get_schedule("down-skip"), app.get_schedule("down-all")
+    missed = skip_info.skipped_count
+    assert 5 <= missed <= 7, missed
+    # skip: no run for a missed occurrence; all: the newest 3, the rest recorded as skipped
+    assert all(occurrence(run) >= ev_now_minus(ev, 300) for run in runs["skip"])
+    missed_all = [run for run in runs["all"] if at_ms(occurrence(run)) < at_ms(missed_ms(first, missed))]
+    assert len(missed_all) == 3 and all_info.skipped_count == missed - 3
+    assert [occurrence(run) for run in missed_all] == [
+        int(first.timestamp() * 1000) + 500 * i for i in range(missed - 3, missed)]
+    # latest: one run standing for all of them, carrying the count and the range
+    coalesced = [run for run in runs["latest"] if run_field(app, run, "coalesced")]
+    assert len(coalesced) == 1
+    assert int(run_field(app, coalesced[0], "coalesced")) == missed
+    assert int(run_field(app, coalesced[0], "coalesced_from")) == int(first.timestamp() * 1000)
+    assert occurrence(coalesced[0]) == int(first.timestamp() * 1000) + 500 * (missed - 1)
+
+
+def ev_now_minus(ev: Evaluator, tol: int) -> int:
+    from common.connection import server_time_ms
+
+    return server_time_ms(ev.client) - tol - 1000
+
+
+def missed_ms(first: datetime, missed: int) -> int:
+    return int(first.timestamp() * 1000) + 500 * missed
+
+
+def run_field(app, run: duetime.Run, field: str) -> str | None:
+    p = app.keys.partition_of_run(run.id)
+    v = app.store.client.hget(app.keys.run(p, run.id), field)
+    return v.decode() if v else None
+
+
+def test_pause_and_resume(app, url):
+    app.schedule("pz", duetime.Every(timedelta(milliseconds=500)), basic.noop, catchup="skip")
+    app.pause("pz", note="vendor outage, INC-123")
+    info = app.get_schedule("pz")
+    assert info.paused and info.pause_note == "vendor outage, INC-123"
+    ev = Evaluator(url, app.keys, lead_ms=0, miss_tolerance_ms=300)
+    time.sleep(1.2)
+    ev.tick()
+    assert runs_of(app, "pz") == []  # paused: nothing materialised
+    app.schedule("pz", duetime.Every(timedelta(milliseconds=500)), basic.noop, catchup="skip")
+    assert app.get_schedule("pz").paused  # a redeploy does not undo the operator's pause
+    app.resume("pz")
+    ev.tick()
+    info = app.get_schedule("pz")
+    assert not info.paused and info.skipped_count >= 1  # missed while paused: policy skip
+
+
+def test_changing_a_schedule_while_due_neither_loses_nor_doubles(app, url):
+    app.schedule("chg", duetime.Every(timedelta(seconds=1)), basic.noop)
+    ev = Evaluator(url, app.keys, lead_ms=1500, miss_tolerance_ms=5000)
+    ev.tick()  # materialises the next occurrence(s) ahead of time
+    before = {occurrence(run) for run in runs_of(app, "chg")}
+    assert before
+    app.schedule("chg", duetime.Every(timedelta(milliseconds=500)), basic.noop)
+    info = app.get_schedule("chg")
+    assert info.version == 2 and info.next_fire.timestamp() * 1000 > max(before)
+    time.sleep(1.2)
+    ev.tick()
+    after = sorted(occurrence(run) for run in runs_of(app, "chg"))
+    assert len(after) == len(set(after))
+    new = [o for o in after if o > max(before)]
+    assert new and all(o % 500 == 0 for o in new)
+    assert set(before) <= set(after)
+
+
+def test_backfill_a_past_day_hourly_gives_24_runs_once(app):
+    app.schedule("hourly", duetime.Cron("0 * * * *", tz="Europe/Paris"), basic.noop)
+    day = datetime(2026, 3, 29, tzinfo=UTC)  # Europe/Paris springs forward that day
+    assert app.backfill("hourly", day, day + timedelta(hours=23, minutes=59)) == (24, 24)
+    assert app.backfill("hourly", day, day + timedelta(hours=23, minutes=59)) == (24, 0)
+    runs = runs_of(app, "hourly")
+    assert len(runs) == 24 and all(run.state == "scheduled" for run in runs)
+    assert {run.due for run in runs} == {day + timedelta(hours=h) for h in range(24)}
+
+
+def test_trigger_now(app, procs):
+    app.schedule("manual", duetime.Every(timedelta(days=1)), basic.noop)
+    run_id = app.trigger("manual")
+    assert run_id.startswith("manual@m")
+    procs.worker()
+    wait_for(lambda: app.get_run(run_id).state == "succeeded", 20, what="manual run")
+    assert app.get_run(run_id).schedule == "manual"
+
+
+def test_lateness_turns_unstarted_runs_into_missed_without_workers(app, procs):
+    app.schedule("late", duetime.Every(timedelta(milliseconds=500)), basic.noop,
+                 lateness=timedelta(milliseconds=300))
+    procs.duetime("scheduler", "--lead", "200ms", "--reap-tick", "100ms")
+    wait_for(lambda: app.get_schedule("late").missed_count >= 3, 15, what="missed runs")
+    runs = runs_of(app, "late")
+    missed = [run for run in runs if run.state == "missed"]
+    assert missed and all(run.attempts == [] for run in missed)
+    assert all("starting deadline" in run.reason for run in missed)
+
+
+def _intervals(r, app):
+    out = []
+    for raw in r.lrange(basic.intervals_key(), 0, -1):
+        run_id, start, end = raw.decode().split("|")
+        out.append((float(start), float(end), run_id))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("policy", ["skip", "buffer_one", "cancel_other", "allow"])
+def test_overlap_policies_with_a_slow_task(app, r, procs, policy):
+    app.schedule(f"ov-{policy}", duetime.Every(timedelta(seconds=1)), basic.sched_slow,
+                 args=[2.3], overlap=policy)
+    procs.duetime("scheduler", "--lead", "300ms")
+    procs.worker("--concurrency", "8", "--lease", "900ms")
+    time.sleep(6.5)
+    runs = runs_of(app, f"ov-{policy}")
+    states = [run.state for run in runs]
+    iv = _intervals(r, app)
+    overlapping = any(b[0] < a[1] - 0.05 for a, b in zip(iv, iv[1:], strict=False))
+    if policy == "allow":
+        assert overlapping
+        assert "skipped" not in states and "cancelled" not in states
+    elif policy == "skip":
+        assert not overlapping and states.count("skipped") >= 2
+        assert all("previous run still running" in run.reason for run in runs if run.state == "skipped")
+    elif policy == "buffer_one":
+        assert not overlapping and states.count("skipped") >= 1
+        # a buffered run starts right after its predecessor ends
+        gaps = [b[0] - a[1] for a, b in zip(iv, iv[1:], strict=False)]
+        assert gaps and min(gaps) < 0.5, gaps
+    else:  # cancel_other
+        assert "cancelled" in states
+        cancelled = [run for run in runs if run.state == "cancelled"]
+        assert all(run.attempts[-1].outcome == "cancelled" for run in cancelled)
