@@ -91,6 +91,12 @@ class Run:
             return v.decode() if v not in (None, b"") else None
 
         args, kwargs = unpack_payload(h.get(b"payload"))
+        history = [Attempt.decode(a) for a in attempts]
+        if s("state") == "running":
+            # the attempt in progress is written to the history when it ends
+            history.append(Attempt(number=int(s("attempt") or 0), fence=int(s("fence") or 0),
+                                   worker=s("worker") or "", started=from_ms(s("started")),
+                                   ended=None, outcome="running"))
         return cls(
             id=s("id") or "",
             task=s("task") or "",
@@ -112,5 +118,5 @@ class Run:
             key=s("key"),
             schedule=s("schedule"),
             retry_at=from_ms(s("retry_at")),
-            attempts=[Attempt.decode(a) for a in attempts],
+            attempts=history,
         )

@@ -11,8 +11,9 @@ from typing import Any
 
 import redis
 
+from common import transitions as tr
 from common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
-from common.connection import ensure_meta, sync_client, unavailable
+from common.connection import ensure_meta, sync_client, translated
 from common.errors import InvalidInput, RunNotFound
 from common.keys import Keyspace
 from common.models import Run, to_ms
@@ -20,7 +21,8 @@ from common.names import check_name
 from common.scripts import Scripts
 from common.tasks import TaskSpec
 
-PIPELINE_CHUNK = 1000
+SCRIPT_CHUNK = 200  # runs per enqueue.lua call
+PIPELINE_RUNS = 5000  # runs per round trip
 
 
 def new_run_id() -> str:
@@ -45,16 +47,19 @@ class EnqueueRequest:
     extra: dict[str, str | int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    run_id: str
+    partition: int
+    queue: str
+    due: str  # absolute ms, or '' for server time + delay_ms
+    delay_ms: int
+    fields: list[Any]
+
+
 class RunStore:
-    def __init__(
-        self,
-        url: str,
-        keys: Keyspace,
-        max_payload: int = DEFAULT_MAX_PAYLOAD,
-        retention_ms: int = 24 * 3600 * 1000,
-    ) -> None:
+    def __init__(self, url: str, keys: Keyspace, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         self.url, self.keys, self.max_payload = url, keys, max_payload
-        self.retention_ms = retention_ms
         self.client = sync_client(url)
         self._ready = False
         self.scripts = Scripts(self.client)
@@ -66,7 +71,8 @@ class RunStore:
         return self.client
 
     # -- enqueue ------------------------------------------------------------------
-    def _prepare(self, req: EnqueueRequest) -> tuple[str, list[str], list[Any]]:
+    def _prepare(self, req: EnqueueRequest) -> Prepared:
+        """Validate and encode one request; raises before anything is written."""
         spec = req.spec
         queue = check_name("queue", spec.queue if req.queue is None else req.queue)
         if req.key is not None:
@@ -75,7 +81,6 @@ class RunStore:
             raise InvalidInput("give either at= or delay=, not both")
         payload = pack_payload(req.args, req.kwargs, self.max_payload)
         run_id = req.run_id or (keyed_run_id(spec.name, req.key) if req.key else new_run_id())
-        p = self.keys.partition_of_run(run_id)
         if req.at is not None:
             due, delay_ms = str(to_ms(req.at)), 0
         else:
@@ -96,46 +101,46 @@ class RunStore:
             fields += ["key", req.key]
         for k, v in req.extra.items():
             fields += [k, v]
-        keys = [self.keys.run(p, run_id), self.keys.due(p, queue), self.keys.events(p)]
-        args = [run_id, due, delay_ms, self.keys.wake_channel, f"{p}|{queue}", *fields]
-        return run_id, keys, args
+        return Prepared(run_id, self.keys.partition_of_run(run_id), queue, due, delay_ms, fields)
 
     def enqueue(self, req: EnqueueRequest) -> str:
-        run_id, keys, args = self._prepare(req)
-        client = self.ready()
-        try:
-            self.scripts.enqueue(keys=keys, args=args, client=client)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise unavailable(self.url, exc) from None
-        return run_id
+        return self.enqueue_many([req])[0]
 
     def enqueue_many(self, reqs: Iterable[EnqueueRequest]) -> list[str]:
-        """Validates everything first (nothing is written if one request is bad), then
-        sends pipelined chunks: one round trip per PIPELINE_CHUNK runs."""
+        """Validates everything first (nothing is written if one request is bad), then sends
+        one enqueue.lua call per (partition, queue) chunk, all pipelined."""
         prepared = [self._prepare(r) for r in reqs]
+        groups: dict[tuple[int, str], list[Prepared]] = {}
+        for pr in prepared:
+            groups.setdefault((pr.partition, pr.queue), []).append(pr)
         client = self.ready()
-        try:
-            for i in range(0, len(prepared), PIPELINE_CHUNK):
-                pipe = client.pipeline(transaction=False)
-                for _, keys, args in prepared[i : i + PIPELINE_CHUNK]:
+        with translated(self.url):
+            pipe = client.pipeline(transaction=False)
+            pending = 0
+            for (p, queue), items in groups.items():
+                for i in range(0, len(items), SCRIPT_CHUNK):
+                    chunk = items[i : i + SCRIPT_CHUNK]
+                    keys, args = tr.enqueue(self.keys, p, queue,
+                                            [(x.run_id, x.due, x.delay_ms, x.fields) for x in chunk])
                     self.scripts.enqueue(keys=keys, args=args, client=pipe)
+                    pending += len(chunk)
+                    if pending >= PIPELINE_RUNS:
+                        pipe.execute()
+                        pipe, pending = client.pipeline(transaction=False), 0
+            if pending:
                 pipe.execute()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise unavailable(self.url, exc) from None
-        return [run_id for run_id, _, _ in prepared]
+        return [pr.run_id for pr in prepared]
 
     # -- read -------------------------------------------------------------------------
     def get_run(self, run_id: str) -> Run:
         check_name("run id", run_id)
         p = self.keys.partition_of_run(run_id)
         client = self.ready()
-        try:
+        with translated(self.url):
             pipe = client.pipeline(transaction=False)
             pipe.hgetall(self.keys.run(p, run_id))
             pipe.lrange(self.keys.attempts(p, run_id), 0, -1)
             h, attempts = pipe.execute()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise unavailable(self.url, exc) from None
         if not h:
             raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
         return Run.decode(h, attempts)

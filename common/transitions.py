@@ -59,9 +59,24 @@ def _run_keys(k: Keyspace, p: int, run_id: str) -> list[str]:
     return [k.run(p, run_id), k.lease(p, run_id), k.leases(p), k.attempts(p, run_id)]
 
 
-def complete(k: Keyspace, p: int, queue: str, run_id: str, fence: int, retention_ms: int) -> Call:
-    return ([*_run_keys(k, p, run_id), k.done(p), k.retry(p, queue), k.uncertain(p), k.events(p)],
-            [run_id, fence, retention_ms, k.prefix(p), k.wake_channel, p])
+def complete(k: Keyspace, p: int, done: list[tuple[str, int]]) -> Call:
+    """done: (run id, fence) pairs of one partition, acknowledged in one call."""
+    keys = [k.leases(p), k.done(p), k.uncertain(p), k.events(p)]
+    args: list[Any] = [k.prefix(p), k.wake_channel, p]
+    for run_id, fence in done:
+        keys += [k.run(p, run_id), k.lease(p, run_id), k.attempts(p, run_id)]
+        args += [run_id, fence]
+    return keys, args
+
+
+def enqueue(k: Keyspace, p: int, queue: str, runs: list[tuple[str, str, int, list[Any]]]) -> Call:
+    """runs: (run id, due ms or '', delay ms, record field/value list) of one partition and queue."""
+    keys = [k.due(p, queue)]
+    args: list[Any] = [k.wake_channel, f"{p}|{queue}"]
+    for run_id, due, delay_ms, fields in runs:
+        keys.append(k.run(p, run_id))
+        args += [run_id, due, delay_ms, len(fields), *fields]
+    return keys, args
 
 
 def fail(k: Keyspace, p: int, queue: str, run_id: str, fence: int, error: str, mode: str,
@@ -86,6 +101,31 @@ def heartbeat(k: Keyspace, p: int, lease_ms: int, held: list[tuple[str, str]]) -
     return keys, args
 
 
-def reap(k: Keyspace, p: int, limit: int, seed: float) -> Call:
+def reap(k: Keyspace, p: int, limit: int, seed: float, retention_ms: int) -> Call:
     return ([k.leases(p), k.dead(p), k.uncertain(p), k.done(p), k.deadlines(p), k.events(p)],
-            [k.prefix(p), limit, seed, k.wake_channel, p])
+            [k.prefix(p), limit, seed, k.wake_channel, p, retention_ms])
+
+
+# -- operator transitions (cancel, replay, resolve, purge) --------------------------------
+def cancel(k: Keyspace, p: int, queue: str, run_id: str, reason: str) -> Call:
+    return ([k.run(p, run_id), k.due(p, queue), k.retry(p, queue), k.done(p), k.deadlines(p),
+             k.events(p)],
+            [run_id, k.prefix(p), queue, reason])
+
+
+def replay(k: Keyspace, p: int, queue: str, old_id: str, new_id: str, force: bool,
+           note: str = "") -> Call:
+    """old and new run ids must live in partition p (see common.admin.replay_id)."""
+    return ([k.run(p, old_id), k.run(p, new_id), k.due(p, queue), k.dead(p), k.uncertain(p),
+             k.done(p), k.events(p)],
+            [old_id, new_id, int(force), queue, k.wake_channel, f"{p}|{queue}", note])
+
+
+def resolve(k: Keyspace, p: int, run_id: str, verdict: str, note: str = "") -> Call:
+    """verdict: 'succeeded' or 'failed' (the 'replay' verdict is `replay`)."""
+    return ([k.run(p, run_id), k.uncertain(p), k.dead(p), k.done(p), k.events(p)],
+            [run_id, verdict, note])
+
+
+def purge(k: Keyspace, p: int, limit: int, before_ms: int | None = None) -> Call:
+    return [k.dead(p), k.events(p)], [k.prefix(p), limit, "" if before_ms is None else before_ms]

@@ -30,13 +30,11 @@ class App:
         namespace: str | None = None,
         partitions: int = 16,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
-        retention: timedelta = timedelta(days=1),
     ) -> None:
         self.redis_url = redis_url or os.environ.get("DUETIME_REDIS_URL") or DEFAULT_URL
         self.keys = Keyspace(namespace or os.environ.get("DUETIME_NAMESPACE") or "duetime",
                              partitions)
         self.max_payload = max_payload
-        self.retention_ms = int(retention.total_seconds() * 1000)
         self.registry = Registry()
         self._store: RunStore | None = None
         self._schedules: ScheduleStore | None = None
@@ -44,7 +42,7 @@ class App:
     @property
     def store(self) -> RunStore:
         if self._store is None:
-            self._store = RunStore(self.redis_url, self.keys, self.max_payload, self.retention_ms)
+            self._store = RunStore(self.redis_url, self.keys, self.max_payload)
         return self._store
 
     @property

@@ -108,7 +108,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     app.store.ready()  # clear error now if Redis is down or the partition count differs
     metrics.serve(metrics_port)
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=int(parse_seconds(lease) * 1000),
-                       grace_s=parse_seconds(grace), retention_ms=app.retention_ms)
+                       grace_s=parse_seconds(grace))
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
     asyncio.run(w.run())
     # threads of sync tasks that outlived the grace period were released; do not wait for them
@@ -149,14 +149,19 @@ def _supervise(n: int, metrics_port: int | None) -> None:
 
 
 # -- reaper / scheduler ---------------------------------------------------------------
-def _run_reaper(ctx: click.Context, app_ref: str | None, tick: str, metrics_port: int | None) -> None:
+RETENTION_HELP = "How long finished runs (succeeded, missed, skipped, cancelled) are kept."
+
+
+def _run_reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: str,
+                metrics_port: int | None) -> None:
     from scheduler.reaper import Reaper
 
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"]) if app_ref else App(
         redis_url=ctx.obj["url"], namespace=ctx.obj["namespace"])
     app.store.ready()
     metrics.serve(metrics_port)
-    reaper = Reaper(app.redis_url, app.keys, tick_s=parse_seconds(tick))
+    reaper = Reaper(app.redis_url, app.keys, tick_s=parse_seconds(tick),
+                    retention_ms=int(parse_seconds(retention) * 1000))
     signal.signal(signal.SIGTERM, lambda *_: reaper.stop())
     signal.signal(signal.SIGINT, lambda *_: reaper.stop())
     reaper.run()
@@ -165,12 +170,14 @@ def _run_reaper(ctx: click.Context, app_ref: str | None, tick: str, metrics_port
 @main.command()
 @click.option("--app", "app_ref", default=None, help="module:attribute (optional for the reaper).")
 @click.option("--tick", default="500ms", show_default=True)
+@click.option("--retention", default="24h", show_default=True, help=RETENTION_HELP)
 @click.option("--metrics-port", default=None, type=int)
 @click.pass_context
 @fail_cleanly
-def reaper(ctx: click.Context, app_ref: str | None, tick: str, metrics_port: int | None) -> None:
+def reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: str,
+           metrics_port: int | None) -> None:
     """Recover runs whose lease expired (retry, uncertain or dead)."""
-    _run_reaper(ctx, app_ref, tick, metrics_port)
+    _run_reaper(ctx, app_ref, tick, retention, metrics_port)
 
 
 @main.command()
@@ -179,6 +186,7 @@ def reaper(ctx: click.Context, app_ref: str | None, tick: str, metrics_port: int
               help="Create runs this long before they are due.")
 @click.option("--tick", default="250ms", show_default=True)
 @click.option("--reap-tick", default="500ms", show_default=True)
+@click.option("--retention", default="24h", show_default=True, help=RETENTION_HELP)
 @click.option("--miss-tolerance", default="10s", show_default=True,
               help="An occurrence evaluated later than this after its instant was missed and "
               "follows the schedule's catch-up policy.")
@@ -186,7 +194,7 @@ def reaper(ctx: click.Context, app_ref: str | None, tick: str, metrics_port: int
 @click.pass_context
 @fail_cleanly
 def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, reap_tick: str,
-              miss_tolerance: str, metrics_port: int | None) -> None:
+              retention: str, miss_tolerance: str, metrics_port: int | None) -> None:
     """Evaluate schedules into runs, and recover expired leases (run two or more)."""
     from scheduler.service import run_scheduler
 
@@ -195,7 +203,8 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, rea
     metrics.serve(metrics_port)
     run_scheduler(app.redis_url, app.keys, lead_ms=int(parse_seconds(lead) * 1000),
                   tick_s=parse_seconds(tick), reap_tick_s=parse_seconds(reap_tick),
-                  miss_tolerance_ms=int(parse_seconds(miss_tolerance) * 1000))
+                  miss_tolerance_ms=int(parse_seconds(miss_tolerance) * 1000),
+                  retention_ms=int(parse_seconds(retention) * 1000))
 
 
 # -- client commands --------------------------------------------------------------------

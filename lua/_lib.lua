@@ -14,7 +14,14 @@ local function emit(events_key, run_id, kind, detail)
     'run', run_id, 'event', kind, 'detail', detail or '')
 end
 
--- Merge fields into attempt number `fence` (1-based) of a run's attempt list.
+-- Close the current attempt: one JSON entry per attempt, pushed when it ends, so entry
+-- number `fence` (1-based) is that claim's attempt. The running attempt lives in the run hash.
+local function push_attempt(attempts_key, n, fence, worker, start, outcome, now, err)
+  redis.call('RPUSH', attempts_key, cjson.encode({n = tonumber(n), fence = tonumber(fence),
+    worker = worker, start = tonumber(start), ['end'] = now, outcome = outcome, error = err}))
+end
+
+-- Merge fields into attempt entry number `fence` (1-based), if it was pushed already.
 local function set_attempt(attempts_key, fence, fields)
   local idx = tonumber(fence) - 1
   local raw = redis.call('LINDEX', attempts_key, idx)

@@ -1,7 +1,8 @@
 -- claim.lua: move up to N claimable runs of one partition and queue to `running`,
 -- each with a new fence token, a lease key with a PX TTL and an attempt record.
 -- Applies, atomically, the starting deadline (-> missed) and the schedule's overlap policy
--- (a schedule and its runs share this partition).
+-- (a schedule and its runs share this partition). The attempt's history entry is written
+-- when the attempt ends; while it runs, the run hash holds worker, fence and start.
 -- KEYS[1] due zset     T:due:<queue>       KEYS[2] retry zset   T:retry:<queue>
 -- KEYS[3] leases zset  T:leases            KEYS[4] done zset    T:done
 -- KEYS[5] deadlines    T:deadlines         KEYS[6] events       T:events
@@ -62,11 +63,13 @@ local function overlap_allows(id, run_key, sched, overlap)
 end
 
 local out = {-1}
+local leased, from_due, from_retry = {}, {}, {}
 for _, p in ipairs(picked) do
-  local id, src = p[1], p[2]
-  redis.call('ZREM', src, id)
+  local id = p[1]
+  if p[2] == due_key then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
   local run_key = prefix .. 'run:' .. id
-  local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence')
+  local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
+    'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key')
   local state, deadline, sched = f[1], tonumber(f[2]), f[3]
   if f[5] ~= '0' then deadline = nil end  -- a starting deadline: retries are not late starts
   if state == 'scheduled' or state == 'retrying' then
@@ -74,28 +77,32 @@ for _, p in ipairs(picked) do
       finish_unstarted(prefix, id, 'missed', 'not started before its starting deadline', now,
         done_key, deadlines_key, events_key)
     elseif not sched or sched == '' or overlap_allows(id, run_key, sched, f[4] or '') then
-      local fence = redis.call('HINCRBY', run_key, 'fence', 1)
-      local attempt = redis.call('HINCRBY', run_key, 'attempt', 1)
-      local expires = now + lease
-      redis.call('HSET', run_key, 'state', 'running', 'worker', worker, 'started', now,
-        'lease_expires', expires)
+      local fence = tonumber(f[5]) + 1
+      local attempt = tonumber(f[6]) + 1
+      redis.call('HSET', run_key, 'state', 'running', 'fence', fence, 'attempt', attempt,
+        'worker', worker, 'started', now, 'lease_expires', now + lease)
       if deadline then redis.call('ZREM', deadlines_key, id) end
       redis.call('SET', prefix .. 'lease:' .. id, worker .. ':' .. fence, 'PX', lease)
-      redis.call('ZADD', leases_key, expires, id)
-      redis.call('RPUSH', prefix .. 'attempts:' .. id, cjson.encode(
-        {n = attempt, fence = fence, worker = worker, start = now, outcome = 'running'}))
-      local v = redis.call('HMGET', run_key, 'task', 'payload', 'due', 'timeout',
-        'idempotent', 'key', 'schedule')
+      leased[#leased + 1] = now + lease
+      leased[#leased + 1] = id
       local n = #out
       out[n + 1] = id
       out[n + 2] = fence
       out[n + 3] = attempt
-      for k = 1, 7 do out[n + 3 + k] = v[k] or '' end
-      emit(events_key, id, 'running', worker .. ':' .. fence)
+      out[n + 4] = f[7] or ''
+      out[n + 5] = f[8] or ''
+      out[n + 6] = f[9] or ''
+      out[n + 7] = f[10] or ''
+      out[n + 8] = f[11] or ''
+      out[n + 9] = f[12] or ''
+      out[n + 10] = sched or ''
     end
   end
-  -- any other state: a stale index entry (cancelled, deleted); it was removed above
+  -- any other state: a stale index entry (cancelled, deleted); it is removed below
 end
+if #from_due > 0 then redis.call('ZREM', due_key, unpack(from_due)) end
+if #from_retry > 0 then redis.call('ZREM', retry_key, unpack(from_retry)) end
+if #leased > 0 then redis.call('ZADD', leases_key, unpack(leased)) end
 
 local nd = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local nr = redis.call('ZRANGE', retry_key, 0, 0, 'WITHSCORES')

@@ -1,28 +1,42 @@
--- enqueue.lua: create a run once and make it due (state: scheduled).
--- KEYS[1] run hash       T:run:<id>
--- KEYS[2] due zset       T:due:<queue>
--- KEYS[3] events stream  T:events
--- ARGV[1] run id
--- ARGV[2] due time, ms since epoch, or '' to use server time + ARGV[3]
--- ARGV[3] delay ms (used when ARGV[2] is '')
--- ARGV[4] wake channel   ARGV[5] wake tag '<partition>|<queue>'
--- ARGV[6..] field, value pairs of the run record (task, queue, payload, policies...)
--- Returns {1, due_ms} when created, {0, due_ms} when the id already existed (idempotency key).
-local run_key, due_key, events_key = KEYS[1], KEYS[2], KEYS[3]
-local run_id = ARGV[1]
-
-if redis.call('EXISTS', run_key) == 1 then
-  return {0, tonumber(redis.call('HGET', run_key, 'due')) or 0}
-end
-
+-- enqueue.lua: create runs of one partition and queue, each once (state: scheduled).
+-- A run id that exists already is left alone (idempotency key): its due time is returned.
+-- KEYS[1] due zset  T:due:<queue>
+-- KEYS[2..] one run hash T:run:<id> per run, in ARGV order
+-- ARGV[1] wake channel   ARGV[2] wake tag '<partition>|<queue>'
+-- ARGV[3..] per run: run id, due ms ('' = server time + delay), delay ms, field count F,
+--           then F values: field, value pairs of the run record (task, queue, payload, ...)
+-- Returns per run {created 1/0, due ms}, flattened.
+local due_key = KEYS[1]
 local now = now_ms()
-local due = tonumber(ARGV[2])
-if due == nil then due = now + tonumber(ARGV[3]) end
-
-local fields = {'id', run_id, 'state', 'scheduled', 'created', now, 'due', due,
-                'attempt', 0, 'fence', 0}
-for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
-redis.call('HSET', run_key, unpack(fields))
-add_due(due_key, due, run_id, ARGV[4], ARGV[5])
-emit(events_key, run_id, 'scheduled', tostring(due))
-return {1, due}
+local out = {}
+local i, k = 3, 2
+local added, earliest = {}, nil
+while i <= #ARGV do
+  local run_key, run_id = KEYS[k], ARGV[i]
+  local due = tonumber(ARGV[i + 1]) or (now + tonumber(ARGV[i + 2]))
+  local nf = tonumber(ARGV[i + 3])
+  if redis.call('EXISTS', run_key) == 1 then
+    out[#out + 1] = 0
+    out[#out + 1] = tonumber(redis.call('HGET', run_key, 'due')) or 0
+  else
+    local fields = {'id', run_id, 'state', 'scheduled', 'created', now, 'due', due,
+                    'attempt', 0, 'fence', 0}
+    for j = i + 4, i + 3 + nf do fields[#fields + 1] = ARGV[j] end
+    redis.call('HSET', run_key, unpack(fields))
+    added[#added + 1] = due
+    added[#added + 1] = run_id
+    if earliest == nil or due < earliest then earliest = due end
+    out[#out + 1] = 1
+    out[#out + 1] = due
+  end
+  i = i + 4 + nf
+  k = k + 1
+end
+if earliest ~= nil then
+  local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+  redis.call('ZADD', due_key, unpack(added))
+  if head[2] == nil or earliest < tonumber(head[2]) then
+    redis.call('PUBLISH', ARGV[1], ARGV[2] .. '|' .. earliest)
+  end
+end
+return out

@@ -18,7 +18,7 @@ local run_id, fence, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local prefix, channel, partition, queue = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 local now = now_ms()
 
-local f = redis.call('HMGET', run_key, 'state', 'fence')
+local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started')
 if not f[1] then return {'missing', 0} end
 if f[2] ~= fence or f[1] ~= 'running' then
   set_attempt(attempts_key, fence, {late = true, late_outcome = 'failed', late_error = err,
@@ -31,13 +31,13 @@ redis.call('DEL', lease_key)
 redis.call('ZREM', leases_key, run_id)
 leave_running(prefix, run_key, run_id, now, channel, partition)
 if mode == 'cancel' then
-  set_attempt(attempts_key, fence, {outcome = 'cancelled', ['end'] = now, error = err})
+  push_attempt(attempts_key, f[3], fence, f[4], f[5], 'cancelled', now, err)
   redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now, 'reason', err)
   redis.call('ZADD', done_key, now, run_id)
   emit(events_key, run_id, 'cancelled', err)
   return {'cancelled', 0}
 end
-set_attempt(attempts_key, fence, {outcome = 'failed', ['end'] = now, error = err})
+push_attempt(attempts_key, f[3], fence, f[4], f[5], 'failed', now, err)
 redis.call('HSET', run_key, 'error', err)
 local delay = nil
 if mode == 'retry' then delay = tonumber(ARGV[5]) end

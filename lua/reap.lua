@@ -4,13 +4,15 @@
 --    `uncertain` (non-idempotent task: an operator decides) or dead-lettered (no attempts left).
 -- 2. Runs never started before their starting deadline become `missed`, also when no
 --    worker is running to claim them.
+-- 3. Retention: finished runs (the done set) older than the retention are deleted.
 -- KEYS[1] leases zset   KEYS[2] dead zset   KEYS[3] uncertain zset   KEYS[4] done zset
 -- KEYS[5] deadlines zset                    KEYS[6] events
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run:, lease:, attempts:, due:<q>,
 --         retry:<q>) and schedule keys are built from it; all share this partition's hash tag
 -- ARGV[2] max runs per call   ARGV[3] jitter seed in [0,1)
--- ARGV[4] wake channel        ARGV[5] partition index
--- Returns {expired_leases_handled, missed, next_lease_expiry_ms or -1}.
+-- ARGV[4] wake channel        ARGV[5] partition index    ARGV[6] retention ms (0 = keep)
+-- Returns {expired_leases_handled, missed, deleted, next wake-up ms or -1}: the wake-up is
+-- the earliest lease expiry or starting deadline left.
 local leases_key, dead_key, uncertain_key = KEYS[1], KEYS[2], KEYS[3]
 local done_key, deadlines_key, events_key = KEYS[4], KEYS[5], KEYS[6]
 local prefix, limit, seed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -28,11 +30,12 @@ for n, id in ipairs(ids) do
   else
     redis.call('ZREM', leases_key, id)
     redis.call('DEL', lease_key)
-    local f = redis.call('HMGET', run_key, 'state', 'fence', 'idempotent', 'queue')
+    local f = redis.call('HMGET', run_key, 'state', 'fence', 'idempotent', 'queue', 'attempt',
+      'worker', 'started')
     if f[1] == 'running' then
       reaped = reaped + 1
-      set_attempt(prefix .. 'attempts:' .. id, f[2],
-        {outcome = 'unknown', ['end'] = now, error = 'lease expired'})
+      push_attempt(prefix .. 'attempts:' .. id, f[5], f[2], f[6], f[7], 'unknown', now,
+        'lease expired')
       leave_running(prefix, run_key, id, now, channel, partition)
       if f[3] == '0' then
         redis.call('HSET', run_key, 'state', 'uncertain', 'finished', now,
@@ -66,5 +69,20 @@ for _, id in ipairs(redis.call('ZRANGE', deadlines_key, '-inf', now, 'BYSCORE', 
   end
 end
 
-local head = redis.call('ZRANGE', leases_key, 0, 0, 'WITHSCORES')
-return {reaped, missed, head[2] and tonumber(head[2]) or -1}
+local deleted = 0
+local retention = tonumber(ARGV[6]) or 0
+if retention > 0 then
+  local old = redis.call('ZRANGE', done_key, '-inf', now - retention, 'BYSCORE', 'LIMIT', 0, limit)
+  for _, id in ipairs(old) do
+    redis.call('DEL', prefix .. 'run:' .. id, prefix .. 'attempts:' .. id)
+  end
+  if #old > 0 then redis.call('ZREM', done_key, unpack(old)) end
+  deleted = #old
+end
+
+local wake = -1
+for _, key in ipairs({leases_key, deadlines_key}) do
+  local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if head[2] and (wake == -1 or tonumber(head[2]) < wake) then wake = tonumber(head[2]) end
+end
+return {reaped, missed, deleted, wake}

@@ -11,15 +11,16 @@ local due_key, uncertain_key, events_key = KEYS[5], KEYS[6], KEYS[7]
 local run_id, fence, prefix = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 
-local f = redis.call('HMGET', run_key, 'state', 'fence', 'due', 'idempotent', 'schedule')
+local f = redis.call('HMGET', run_key, 'state', 'fence', 'due', 'idempotent', 'schedule',
+  'attempt', 'worker', 'started')
 if not f[1] then return 'missing' end
 if f[2] ~= fence or f[1] ~= 'running' then return 'stale' end
 
 redis.call('DEL', lease_key)
 redis.call('ZREM', leases_key, run_id)
 if f[4] == '0' then
-  set_attempt(attempts_key, fence, {outcome = 'unknown', ['end'] = now,
-    error = 'interrupted by worker shutdown'})
+  push_attempt(attempts_key, f[6], fence, f[7], f[8], 'unknown', now,
+    'interrupted by worker shutdown')
   redis.call('HSET', run_key, 'state', 'uncertain', 'finished', now,
     'reason', 'interrupted by worker shutdown; task is not idempotent')
   redis.call('ZADD', uncertain_key, now, run_id)
@@ -29,7 +30,7 @@ if f[4] == '0' then
 end
 -- it will run again: it leaves the schedule's running set without promoting a buffered run
 if f[5] and f[5] ~= '' then redis.call('SREM', prefix .. 'sched_running:' .. f[5], run_id) end
-set_attempt(attempts_key, fence, {outcome = 'released', ['end'] = now})
+push_attempt(attempts_key, f[6], fence, f[7], f[8], 'released', now, nil)
 redis.call('HINCRBY', run_key, 'attempt', -1)
 redis.call('HSET', run_key, 'state', 'scheduled')
 add_due(due_key, tonumber(f[3]), run_id, ARGV[4], ARGV[5] .. '|' .. ARGV[6])

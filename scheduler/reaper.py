@@ -14,7 +14,7 @@ import redis
 
 from common import metrics
 from common import transitions as tr
-from common.connection import sync_client, unavailable
+from common.connection import server_time_ms, sync_client, unavailable
 from common.keys import Keyspace
 from common.logs import get as get_logger
 from common.scripts import Scripts
@@ -25,8 +25,10 @@ BATCH = 500
 
 
 class Reaper:
-    def __init__(self, url: str, keys: Keyspace, tick_s: float = 0.5) -> None:
-        self.url, self.keys, self.tick_s = url, keys, tick_s
+    def __init__(self, url: str, keys: Keyspace, tick_s: float = 0.5,
+                 retention_ms: int = 24 * 3600 * 1000) -> None:
+        self.url, self.keys, self.tick_s, self.retention_ms = url, keys, tick_s, retention_ms
+        self.next_wake_ms: int | None = None  # earliest lease expiry or deadline seen
         self.client = sync_client(url)
         self.scripts = Scripts(self.client)
         self.stopping = threading.Event()
@@ -35,25 +37,29 @@ class Reaper:
         """One pass over every partition (pipelined); returns how many runs were reaped."""
         k = self.keys
         total = 0
+        wake: int | None = None
         pending = list(range(k.partitions))
         while pending:
             pipe = self.client.pipeline(transaction=False)
             for p in pending:
-                keys, args = tr.reap(k, p, BATCH, random.random())
+                keys, args = tr.reap(k, p, BATCH, random.random(), self.retention_ms)
                 self.scripts.reap(keys=keys, args=args, client=pipe)
             results = pipe.execute()
             again = []
-            for p, (n, missed, _next) in zip(pending, results, strict=True):
+            for p, (n, missed, deleted, nxt) in zip(pending, results, strict=True):
                 total += n
+                if nxt >= 0 and (wake is None or nxt < wake):
+                    wake = nxt
                 if missed:
                     metrics.MISSED.inc(missed)
                     log.info("runs missed their starting deadline", count=missed, partition=p)
-                if n >= BATCH or missed >= BATCH:
+                if n >= BATCH or missed >= BATCH or deleted >= BATCH:
                     again.append(p)
             pending = again
         if total:
             metrics.REAPED.labels("recovered").inc(total)
             log.info("reaped expired leases", count=total)
+        self.next_wake_ms = wake
         return total
 
     def run(self) -> None:
@@ -63,13 +69,21 @@ class Reaper:
             try:
                 self.reap_once()
                 backoff = 0.1
-                self.stopping.wait(self.tick_s)
+                self.stopping.wait(self._sleep_s())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("redis unavailable; reaper retrying",
                             error=str(unavailable(self.url, exc)), retry_in=backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
         log.info("reaper stopped")
+
+    def _sleep_s(self) -> float:
+        """Until the earliest lease expiry or deadline (on the server clock), at most a tick:
+        a dead worker's run is recovered right when its lease ends, not a tick later."""
+        if self.next_wake_ms is None:
+            return self.tick_s
+        ahead = (self.next_wake_ms - server_time_ms(self.client)) / 1000 + 0.002
+        return min(self.tick_s, max(0.005, ahead))
 
     def stop(self) -> None:
         self.stopping.set()

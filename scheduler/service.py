@@ -12,10 +12,11 @@ from scheduler.reaper import Reaper
 
 
 def run_scheduler(url: str, keys: Keyspace, lead_ms: int = 2000, tick_s: float = 0.25,
-                  reap_tick_s: float = 0.5, miss_tolerance_ms: int = 10_000) -> None:
+                  reap_tick_s: float = 0.5, miss_tolerance_ms: int = 10_000,
+                  retention_ms: int = 24 * 3600 * 1000) -> None:
     evaluator = Evaluator(url, keys, lead_ms=lead_ms, tick_s=tick_s,
                           miss_tolerance_ms=miss_tolerance_ms)
-    reaper = Reaper(url, keys, tick_s=reap_tick_s)
+    reaper = Reaper(url, keys, tick_s=reap_tick_s, retention_ms=retention_ms)
 
     def stop(*_: object) -> None:
         evaluator.stop()

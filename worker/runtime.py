@@ -56,7 +56,6 @@ class WorkerConfig:
     grace_s: float = 30.0
     refresh_s: float = 2.0
     worker_id: str = field(default_factory=default_worker_id)
-    retention_ms: int = 24 * 3600 * 1000
 
 
 @dataclass
@@ -97,6 +96,7 @@ class Worker:
         self._last_wake: dict[tuple[int, str], tuple[int, float]] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._subscribed = asyncio.Event()
         self._reports: asyncio.Queue[tuple[str, Execution, list[Any]] | None] = asyncio.Queue()
         self._bg: list[asyncio.Task[None]] = []
         self.processed = 0
@@ -126,6 +126,9 @@ class Worker:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
         ]
         reporter = asyncio.create_task(self._report_loop(), name="report")
+        # claim only once wake notices can reach us (a notice sent earlier would be lost)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._subscribed.wait(), 10)
         try:
             await self._claim_loop()
             await self._drain()
@@ -176,18 +179,24 @@ class Worker:
             self._set_due(key, min(heads) if heads else None, seq)
 
     async def _listen(self) -> None:
-        """Pub/sub wake-ups; reconnects forever, refreshing after each reconnect."""
+        """Pub/sub wake-ups; reconnects forever, refreshing after each (re)subscription, so a
+        notice sent while unsubscribed is made up for by reading the heads."""
         queues = set(self.cfg.queues)
         delay = 0.1
         while True:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.client.pubsub()
             try:
                 await pubsub.subscribe(self.keys.wake_channel)
-                await self._refresh_heads()
-                delay = 0.1
                 while True:
                     msg = await pubsub.get_message(timeout=1.0)
                     if msg is None:
+                        continue
+                    if msg["type"] == "subscribe":
+                        await self._refresh_heads()
+                        self._subscribed.set()
+                        delay = 0.1
+                        continue
+                    if msg["type"] != "message":
                         continue
                     p, q, due = msg["data"].decode().split("|")
                     if q in queues:
@@ -358,33 +367,47 @@ class Worker:
                 await self._flush(real)
 
     async def _flush(self, batch: list[tuple[str, Execution, list[Any]]]) -> None:
+        """Successes are acknowledged with one complete.lua call per partition; failures and
+        releases one call each; everything in one pipeline, retried until Redis answers."""
+        successes: dict[int, list[Execution]] = {}
+        others: list[tuple[str, Execution, list[Any]]] = []
+        for kind, ex, extra in batch:
+            if kind == "complete":
+                successes.setdefault(ex.partition, []).append(ex)
+            else:
+                others.append((kind, ex, extra))
         delay = 0.05
         while True:
             try:
                 pipe = self.client.pipeline(transaction=False)
-                for kind, ex, extra in batch:
+                for p, exs in successes.items():
+                    keys, args = tr.complete(self.keys, p, [(ex.ctx.run_id, ex.ctx.fence) for ex in exs])
+                    await self.scripts.complete(keys=keys, args=args, client=pipe)
+                for kind, ex, extra in others:
                     await self._report_call(pipe, kind, ex, extra)
                 results = await pipe.execute()
                 break
             except REDIS_ERRORS as exc:
-                # keep the outcome: a late report is still judged by its fence
+                # keep the outcomes: a late report is still judged by its fence
                 log.warning("cannot report outcomes; retrying", error=str(exc), retry_in=delay,
                             pending=len(batch))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        for (kind, ex, _), res in zip(batch, results, strict=True):
-            state = res if isinstance(res, bytes) else res[0]
-            state = state.decode() if isinstance(state, bytes) else str(state)
-            if state in ("stale", "missing"):
+        judged: list[tuple[str, Execution, Any]] = []
+        for exs, res in zip(successes.values(), results, strict=False):
+            judged += [("complete", ex, r) for ex, r in zip(exs, res, strict=True)]
+        for (kind, ex, _), res in zip(others, results[len(successes):], strict=True):
+            judged.append((kind, ex, res if isinstance(res, bytes) else res[0]))
+        for kind, ex, res in judged:
+            if res in (b"stale", b"missing"):
                 metrics.LATE_REJECTED.inc()
                 log.warning("late result rejected", run_id=ex.ctx.run_id, task=ex.ctx.task,
-                            attempt=ex.ctx.attempt, worker_id=self.id, report=kind, fence=ex.ctx.fence)
+                            attempt=ex.ctx.attempt, worker_id=self.id, report=kind,
+                            fence=ex.ctx.fence, schedule=ex.ctx.schedule)
 
     async def _report_call(self, pipe: Any, kind: str, ex: Execution, extra: list[Any]) -> None:
         k, p, run_id, q, fence = self.keys, ex.partition, ex.ctx.run_id, ex.ctx.queue, ex.ctx.fence
-        if kind == "complete":
-            keys, args = tr.complete(k, p, q, run_id, fence, self.cfg.retention_ms)
-        elif kind == "fail":
+        if kind == "fail":
             err, mode, delay_ms = extra
             keys, args = tr.fail(k, p, q, run_id, fence, err, mode, delay_ms, random.random())
         else:

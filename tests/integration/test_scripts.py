@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+import duetime
 from common import transitions as tr
 from common.scripts import Scripts
 from tests.apps import basic
@@ -27,17 +28,17 @@ def lc(app, r):
             return out
 
         def complete(self, p, c):
-            keys, args = tr.complete(self.k, p, "default", c.run_id, c.fence, 0)
-            return self.scripts.complete(keys=keys, args=args).decode()
+            keys, args = tr.complete(self.k, p, [(c.run_id, c.fence)])
+            return self.scripts.complete(keys=keys, args=args)[0].decode()
 
         def fail(self, p, c, mode="error", delay_ms=0):
             keys, args = tr.fail(self.k, p, "default", c.run_id, c.fence, "oops", mode, delay_ms, 0.5)
             return self.scripts.fail(keys=keys, args=args)[0].decode()
 
-        def reap(self):
+        def reap(self, retention_ms=0):
             total = 0
             for p in range(self.k.partitions):
-                keys, args = tr.reap(self.k, p, 100, 0.3)
+                keys, args = tr.reap(self.k, p, 100, 0.3, retention_ms)
                 total += self.scripts.reap(keys=keys, args=args)[0]
             return total
 
@@ -171,3 +172,43 @@ def test_server_clock_decides_due_times(app, r):
     sec, usec = r.time()
     assert abs(due - (sec + usec / 1e6 + 2.0)) < 0.5
     assert due > before
+
+
+def test_complete_acknowledges_a_batch_and_judges_each_fence(app, r, lc):
+    ids = [app.enqueue(basic.noop, key=f"batch-{i}") for i in range(40)]
+    claimed = lc.claim(n=100)
+    assert {c.run_id for _, c in claimed} == set(ids)
+    by_p: dict[int, list] = {}
+    for p, c in claimed:
+        by_p.setdefault(p, []).append(c)
+    scripts = Scripts(r)
+    for p, cs in by_p.items():
+        items = [(c.run_id, c.fence) for c in cs] + [(cs[0].run_id, 99)]  # one stale fence
+        keys, args = tr.complete(app.keys, p, items)
+        res = [x.decode() for x in scripts.complete(keys=keys, args=args)]
+        assert res == ["ok"] * len(cs) + ["stale"]
+    for i in ids:
+        run = app.get_run(i)
+        assert run.state == "succeeded" and [a.outcome for a in run.attempts] == ["succeeded"]
+    assert sum(r.zcard(app.keys.leases(p)) for p in range(app.keys.partitions)) == 0
+
+
+def test_retention_sweep_deletes_old_finished_runs_only(app, r, lc):
+    done_id = app.enqueue(basic.noop)
+    waiting = app.enqueue(basic.noop, delay=60)
+    [(p, c)] = lc.claim()
+    assert lc.complete(p, c) == "ok"
+    time.sleep(0.05)
+    lc.reap(retention_ms=10)
+    with pytest.raises(duetime.RunNotFound):
+        app.get_run(done_id)
+    assert r.exists(app.keys.attempts(p, done_id)) == 0
+    assert r.zscore(app.keys.done(p), done_id) is None
+    assert app.get_run(waiting).state == "scheduled"
+
+
+def test_running_attempt_is_shown_from_the_run_record(app, lc):
+    run_id = app.enqueue(basic.noop)
+    lc.claim(worker="w7")
+    [a] = app.get_run(run_id).attempts
+    assert a.outcome == "running" and a.worker == "w7" and a.number == 1 and a.ended is None
