@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,15 +18,17 @@ class RunContext:
     idempotency_key: str
     scheduled_at: datetime | None
     schedule: str | None = None
-    _lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    _lost: bool = field(default=False, repr=False)
 
     @property
     def lease_lost(self) -> bool:
-        """True once another worker may own this run: stop and do no more external effects."""
-        return self._lost.is_set()
+        """True once the run should stop: the lease was lost (another worker may own it),
+        cancellation was requested, the task timed out or the worker is shutting down.
+        Do no more external effects. (A plain flag: reads and writes are atomic under the GIL.)"""
+        return self._lost
 
     def mark_lost(self) -> None:
-        self._lost.set()
+        self._lost = True
 
 
 _current: ContextVar[RunContext | None] = ContextVar("duetime_run", default=None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
@@ -32,6 +34,18 @@ SKIPPED = Counter("duetime_runs_skipped_total", "Occurrences skipped by catch-up
 MATERIALIZED = Counter("duetime_runs_materialized_total", "Runs created from schedules")
 PARTITIONS_OWNED = Gauge("duetime_scheduler_partitions_owned", "Partitions this scheduler evaluates")
 INFLIGHT = Gauge("duetime_worker_inflight_runs", "Runs executing in this worker")
+
+
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def child(metric: Any, *labels: str) -> Any:
+    """`metric.labels(...)` memoised: the hot path calls this per run, labels() takes a lock."""
+    key = (id(metric), labels)
+    c = _children.get(key)
+    if c is None:
+        c = _children[key] = metric.labels(*labels)
+    return c
 
 
 def serve(port: int | None, addr: str = "0.0.0.0") -> None:

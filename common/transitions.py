@@ -64,7 +64,6 @@ def complete(k: Keyspace, p: int, done: list[tuple[str, int]]) -> Call:
     keys = [k.leases(p), k.done(p), k.uncertain(p), k.events(p)]
     args: list[Any] = [k.prefix(p), k.wake_channel, p]
     for run_id, fence in done:
-        keys += [k.run(p, run_id), k.lease(p, run_id), k.attempts(p, run_id)]
         args += [run_id, fence]
     return keys, args
 

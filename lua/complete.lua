@@ -4,8 +4,9 @@
 -- instead of letting a retry run the work again. Anything else is recorded as a late result.
 -- Finished records stay until the reaper's retention sweep of the done set.
 -- KEYS[1] leases zset   KEYS[2] done zset   KEYS[3] uncertain zset   KEYS[4] events
--- KEYS[5..] per run, 3 keys: run hash, lease string, attempts list
--- ARGV[1] partition prefix (retry:<queue> and schedule keys are built from it)
+-- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run:, lease:, attempts:, retry:<q>)
+--         and schedule keys are built from it; they share this partition's hash tag (a
+--         batch of hundreds of runs would otherwise send three key names per run)
 -- ARGV[2] wake channel   ARGV[3] partition index
 -- ARGV[4..] per run, 2 values: run id, fence
 -- Returns per run: 'ok', 'late_ok' (late success accepted), 'stale' (rejected) or 'missing'.
@@ -15,8 +16,9 @@ local now = now_ms()
 local out, finished, unleased = {}, {}, {}
 
 for i = 0, (#ARGV - 3) / 2 - 1 do
-  local run_key, lease_key, attempts_key = KEYS[5 + 3 * i], KEYS[6 + 3 * i], KEYS[7 + 3 * i]
   local run_id, fence = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  local run_key = prefix .. 'run:' .. run_id
+  local lease_key, attempts_key = prefix .. 'lease:' .. run_id, prefix .. 'attempts:' .. run_id
   local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
     'schedule', 'queue')
   local state = f[1]

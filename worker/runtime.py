@@ -277,6 +277,8 @@ class Worker:
             for c in runs:
                 self._start(p, q, c, now)
             claimed += len(runs)
+            if runs:
+                metrics.child(metrics.CLAIMED, q).inc(len(runs))
         return claimed
 
     def _start(self, p: int, queue: str, c: tr.Claimed, now: float) -> None:
@@ -287,9 +289,7 @@ class Worker:
         )
         ex = Execution(ctx, p)
         self.inflight[c.run_id] = ex
-        metrics.INFLIGHT.set(len(self.inflight))
-        metrics.CLAIMED.labels(queue).inc()
-        metrics.START_LATENESS.labels(queue).observe(max(0.0, (now - c.due_ms) / 1000))
+        metrics.child(metrics.START_LATENESS, queue).observe(max(0.0, (now - c.due_ms) / 1000))
         ex.task = asyncio.create_task(self._execute(ex, c.payload, c.timeout_ms))
 
     # -- execution ------------------------------------------------------------------
@@ -325,11 +325,10 @@ class Worker:
             outcome, mode, err = "failed", "error", _error_text(exc)
         finally:
             self.inflight.pop(ctx.run_id, None)
-            metrics.INFLIGHT.set(len(self.inflight))
             self._wake.set()
         elapsed = time.perf_counter() - started
-        metrics.EXECUTION.labels(ctx.task).observe(elapsed)
-        metrics.RUNS_FINISHED.labels(ctx.task, outcome).inc()
+        metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
+        metrics.child(metrics.RUNS_FINISHED, ctx.task, outcome).inc()
         self.processed += 1
         if outcome in ("released", "lease_lost"):
             return
@@ -445,6 +444,7 @@ class Worker:
         })
         pipe.pexpire(k.worker(self.id), self.cfg.lease_ms * 3)
         results = await pipe.execute()
+        metrics.INFLIGHT.set(len(self.inflight))
         for exs, res in zip(groups, results, strict=False):
             for ex, status in zip(exs, res, strict=True):
                 if self.inflight.get(ex.ctx.run_id) is not ex:
