@@ -79,13 +79,21 @@ class Run:
     schedule: str | None
     retry_at: datetime | None
     attempts: list[Attempt] = field(default_factory=list)
+    # operator-facing links and marks (replay, cancel, an uncertain run's verdict)
+    replay_of: str | None = None
+    replayed_by: str | None = None
+    cancel_requested: datetime | None = None
+    resolved_as: str | None = None
+    heartbeat: datetime | None = None
+    lease_expires: datetime | None = None
 
     @property
     def idempotency_key(self) -> str:
         return self.key or self.id
 
     @classmethod
-    def decode(cls, h: dict[bytes, bytes], attempts: list[bytes]) -> Run:
+    def decode(cls, run_id: str, h: dict[bytes, bytes], attempts: list[bytes]) -> Run:
+        """Absent fields hold their defaults (attempt/fence 0); see lua/enqueue.lua."""
         def s(name: str) -> str | None:
             v = h.get(name.encode())
             return v.decode() if v not in (None, b"") else None
@@ -98,7 +106,7 @@ class Run:
                                    worker=s("worker") or "", started=from_ms(s("started")),
                                    ended=None, outcome="running"))
         return cls(
-            id=s("id") or "",
+            id=run_id,
             task=s("task") or "",
             queue=s("queue") or "",
             state=s("state") or "",
@@ -119,4 +127,10 @@ class Run:
             schedule=s("schedule"),
             retry_at=from_ms(s("retry_at")),
             attempts=history,
+            replay_of=s("replay_of"),
+            replayed_by=s("replayed_by"),
+            cancel_requested=from_ms(s("cancel_requested")),
+            resolved_as=s("resolved_as"),
+            heartbeat=from_ms(s("heartbeat")),
+            lease_expires=from_ms(s("lease_expires")),
         )

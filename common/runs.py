@@ -47,11 +47,29 @@ class EnqueueRequest:
     extra: dict[str, str | int] = field(default_factory=dict)
 
 
+def task_fields(spec: TaskSpec, queue: str) -> list[Any]:
+    """The run-record fields a task's options give (copied into each run: the reaper and the
+    worker decide retries and timeouts from the record, whatever code is deployed later)."""
+    f: list[Any] = [
+        "task", spec.name, "queue", queue, "max_attempts", spec.max_attempts,
+        "backoff_base", int(spec.backoff[0] * 1000), "backoff_max", int(spec.backoff[1] * 1000),
+    ]
+    if spec.timeout:
+        f += ["timeout", int(spec.timeout * 1000)]
+    if not spec.idempotent:
+        f += ["idempotent", 0]
+    if spec.owner:
+        f += ["owner", spec.owner]
+    return f
+
+
 @dataclass(frozen=True)
 class Prepared:
     run_id: str
     partition: int
     queue: str
+    spec: TaskSpec
+    may_exist: bool  # an id from an idempotency key (or given): look before creating
     due: str  # absolute ms, or '' for server time + delay_ms
     delay_ms: int
     fields: list[Any]
@@ -89,19 +107,13 @@ class RunStore:
             if delay_ms < 0:
                 raise InvalidInput(f"delay must not be negative, got {delay_ms} ms")
             due = ""
-        fields: list[Any] = [
-            "task", spec.name, "queue", queue, "payload", payload,
-            "max_attempts", spec.max_attempts,
-            "backoff_base", int(spec.backoff[0] * 1000), "backoff_max", int(spec.backoff[1] * 1000),
-            "timeout", int((spec.timeout or 0) * 1000), "idempotent", int(spec.idempotent),
-        ]
-        if spec.owner:
-            fields += ["owner", spec.owner]
+        fields: list[Any] = ["payload", payload]
         if req.key:
             fields += ["key", req.key]
         for k, v in req.extra.items():
             fields += [k, v]
-        return Prepared(run_id, self.keys.partition_of_run(run_id), queue, due, delay_ms, fields)
+        return Prepared(run_id, self.keys.partition_of_run(run_id), queue, spec,
+                        bool(req.key or req.run_id), due, delay_ms, fields)
 
     def enqueue(self, req: EnqueueRequest) -> str:
         return self.enqueue_many([req])[0]
@@ -110,18 +122,19 @@ class RunStore:
         """Validates everything first (nothing is written if one request is bad), then sends
         one enqueue.lua call per (partition, queue) chunk, all pipelined."""
         prepared = [self._prepare(r) for r in reqs]
-        groups: dict[tuple[int, str], list[Prepared]] = {}
+        groups: dict[tuple[int, str, str], list[Prepared]] = {}
         for pr in prepared:
-            groups.setdefault((pr.partition, pr.queue), []).append(pr)
+            groups.setdefault((pr.partition, pr.queue, pr.spec.name), []).append(pr)
         client = self.ready()
         with translated(self.url):
-            pipe = client.pipeline(transaction=False)
-            pending = 0
-            for (p, queue), items in groups.items():
+            pipe, pending = client.pipeline(transaction=False), 0
+            for (p, queue, _), items in groups.items():
+                shared = task_fields(items[0].spec, queue)
                 for i in range(0, len(items), SCRIPT_CHUNK):
                     chunk = items[i : i + SCRIPT_CHUNK]
-                    keys, args = tr.enqueue(self.keys, p, queue,
-                                            [(x.run_id, x.due, x.delay_ms, x.fields) for x in chunk])
+                    keys, args = tr.enqueue(self.keys, p, queue, shared,
+                                            [(x.run_id, x.due, x.delay_ms, x.may_exist, x.fields)
+                                             for x in chunk])
                     self.scripts.enqueue(keys=keys, args=args, client=pipe)
                     pending += len(chunk)
                     if pending >= PIPELINE_RUNS:
@@ -143,7 +156,7 @@ class RunStore:
             h, attempts = pipe.execute()
         if not h:
             raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
-        return Run.decode(h, attempts)
+        return Run.decode(run_id, h, attempts)
 
     def close(self) -> None:
         self.client.close()

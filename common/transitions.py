@@ -68,13 +68,16 @@ def complete(k: Keyspace, p: int, done: list[tuple[str, int]]) -> Call:
     return keys, args
 
 
-def enqueue(k: Keyspace, p: int, queue: str, runs: list[tuple[str, str, int, list[Any]]]) -> Call:
-    """runs: (run id, due ms or '', delay ms, record field/value list) of one partition and queue."""
+def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
+            runs: list[tuple[str, str, int, bool, list[Any]]]) -> Call:
+    """shared: field/value pairs common to every run of the call; runs: (run id, due ms or '',
+    delay ms, may the id exist already, the run's own field/value pairs) of one partition and
+    queue."""
     keys = [k.due(p, queue)]
-    args: list[Any] = [k.wake_channel, f"{p}|{queue}"]
-    for run_id, due, delay_ms, fields in runs:
+    args: list[Any] = [k.wake_channel, f"{p}|{queue}", len(shared), *shared]
+    for run_id, due, delay_ms, may_exist, fields in runs:
         keys.append(k.run(p, run_id))
-        args += [run_id, due, delay_ms, len(fields), *fields]
+        args += [run_id, due, delay_ms, int(may_exist), len(fields), *fields]
     return keys, args
 
 

@@ -71,14 +71,14 @@ for _, p in ipairs(picked) do
   local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
     'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key')
   local state, deadline, sched = f[1], tonumber(f[2]), f[3]
-  if f[5] ~= '0' then deadline = nil end  -- a starting deadline: retries are not late starts
+  local fence, attempt = tonumber(f[5]) or 0, tonumber(f[6]) or 0
+  if fence > 0 then deadline = nil end  -- a starting deadline: retries are not late starts
   if state == 'scheduled' or state == 'retrying' then
     if deadline and deadline > 0 and now > deadline then
       finish_unstarted(prefix, id, 'missed', 'not started before its starting deadline', now,
         done_key, deadlines_key, events_key)
     elseif not sched or sched == '' or overlap_allows(id, run_key, sched, f[4] or '') then
-      local fence = tonumber(f[5]) + 1
-      local attempt = tonumber(f[6]) + 1
+      fence, attempt = fence + 1, attempt + 1
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence, 'attempt', attempt,
         'worker', worker, 'started', now, 'lease_expires', now + lease)
       if deadline then redis.call('ZREM', deadlines_key, id) end

@@ -57,7 +57,7 @@ for _, id in ipairs(redis.call('ZRANGE', deadlines_key, '-inf', now, 'BYSCORE', 
   local run_key = prefix .. 'run:' .. id
   local f = redis.call('HMGET', run_key, 'state', 'queue', 'schedule', 'fence')
   redis.call('ZREM', deadlines_key, id)
-  if (f[1] == 'scheduled' or f[1] == 'retrying') and f[4] == '0' then
+  if (f[1] == 'scheduled' or f[1] == 'retrying') and (tonumber(f[4]) or 0) == 0 then
     missed = missed + 1
     redis.call('ZREM', prefix .. 'due:' .. f[2], id)
     if f[3] and f[3] ~= '' then
