@@ -1,0 +1,73 @@
+"""W2-style precision: N runs due at instants spread over a window, one worker process;
+start lateness (claim time on the server clock minus due time) percentiles, early starts.
+
+    .venv/bin/python -m bench.precision --runs 1000 --window 10 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import redis
+
+from bench.apps import app, noop
+from duetime.embedded import EmbeddedServer
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def one_round(url: str, n: int, window: float) -> dict[str, float]:
+    ns = f"prec{uuid.uuid4().hex[:6]}"
+    app.configure(redis_url=url, namespace=ns)
+    r = redis.Redis.from_url(url)
+    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns}
+    proc = subprocess.Popen([sys.executable, "-m", "duetime", "--log-level", "WARNING", "worker",
+                             "--app", "bench.apps:app", "--concurrency", "64"], env=env)
+    time.sleep(1.0)  # the worker is up and idle before the first run is due
+    sec, usec = r.time()
+    start = datetime.fromtimestamp(sec + usec / 1e6, tz=UTC) + timedelta(seconds=1)
+    ids = app.enqueue_many([{"task": noop, "args": [i],
+                             "at": start + timedelta(seconds=window * i / n)} for i in range(n)])
+    deadline = time.monotonic() + window + 30
+    while time.monotonic() < deadline:
+        if all(app.get_run(i).state == "succeeded" for i in ids[-5:]):
+            break
+        time.sleep(0.2)
+    lateness = []
+    for run_id in ids:
+        run = app.get_run(run_id)
+        lateness.append((run.started - run.due).total_seconds() * 1000)
+    proc.terminate()
+    proc.wait(30)
+    app.close()
+    return {"p50_ms": pct(lateness, 0.5), "p95_ms": pct(lateness, 0.95), "p99_ms": pct(lateness, 0.99),
+            "max_ms": max(lateness), "early": float(sum(1 for x in lateness if x < 0))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--window", type=float, default=10.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
+    args = ap.parse_args()
+    with EmbeddedServer(args.server) as server:
+        rounds = [one_round(server.url, args.runs, args.window) for _ in range(args.repeat)]
+    print(f"server={args.server} runs={args.runs} window={args.window}s repeat={args.repeat}")
+    for key in rounds[0]:
+        vals = [x[key] for x in rounds]
+        print(f"  {key:<8} median {statistics.median(vals):8.2f}   min {min(vals):8.2f}   max {max(vals):8.2f}")
+
+
+if __name__ == "__main__":
+    main()
