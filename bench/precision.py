@@ -50,8 +50,9 @@ def one_round(url: str, n: int, window: float) -> dict[str, float]:
     proc.terminate()
     proc.wait(30)
     app.close()
-    return {"p50_ms": pct(lateness, 0.5), "p95_ms": pct(lateness, 0.95), "p99_ms": pct(lateness, 0.99),
-            "max_ms": max(lateness), "early": float(sum(1 for x in lateness if x < 0))}
+    return {"p50_ms": pct(lateness, 0.5), "p95_ms": pct(lateness, 0.95),
+            "p99_ms": pct(lateness, 0.99), "max_ms": max(lateness),
+            "early": float(sum(1 for x in lateness if x < 0))}
 
 
 def main() -> None:
@@ -66,7 +67,8 @@ def main() -> None:
     print(f"server={args.server} runs={args.runs} window={args.window}s repeat={args.repeat}")
     for key in rounds[0]:
         vals = [x[key] for x in rounds]
-        print(f"  {key:<8} median {statistics.median(vals):8.2f}   min {min(vals):8.2f}   max {max(vals):8.2f}")
+        print(f"  {key:<8} median {statistics.median(vals):8.2f}   min {min(vals):8.2f}"
+              f"   max {max(vals):8.2f}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,9 +15,9 @@ from common.errors import DuetimeError, InvalidInput
 from common.keys import Keyspace
 from common.models import from_ms
 from common.names import check_name
-from common.schedules import ScheduleDef, at_ms, ms, run_id_for
+from common.schedules import TRIGGER_FIELDS, ScheduleDef, at_ms, ms, run_id_for, trigger_from_fields
 from common.scripts import Scripts
-from common.timespec import Trigger, trigger_from_dict
+from common.timespec import Trigger
 
 BACKFILL_CHUNK = 500
 
@@ -62,7 +61,8 @@ class ScheduleInfo:
 
         args, kwargs = unpack_payload(h.get(b"payload"))
         return cls(
-            name=s("name"), trigger=trigger_from_dict(json.loads(s("trigger"))), task=s("task"),
+            name=s("name"), trigger=trigger_from_fields({k: s(k) or None for k in TRIGGER_FIELDS}),
+            task=s("task"),
             queue=s("queue"), args=args, kwargs=kwargs, catchup=s("catchup"),
             max_catchup=i("max_catchup"), lateness_s=i("lateness_ms") / 1000,
             overlap=s("overlap"), jitter_s=i("jitter_ms") / 1000, owner=s("owner") or None,
@@ -91,28 +91,51 @@ class ScheduleStore:
     # -- definition ---------------------------------------------------------------------
     def upsert(self, d: ScheduleDef, paused: bool = False) -> tuple[str, int]:
         """→ ('created' | 'updated' | 'unchanged', version)."""
-        p, key = self._where(d.name)
-        def_hash = d.def_hash()
-        for _ in range(10):  # compare-and-set; another writer may win a round
-            version, last, stored_hash = self._call(self.client.hmget, key, "version", "last_ms",
-                                                    "def_hash")
-            version = int(version or 0)
-            if version and stored_hash and stored_hash.decode() == def_hash:
-                return "unchanged", version
+        return self.upsert_many([d], paused)[0]
+
+    def upsert_many(self, defs: list[ScheduleDef], paused: bool = False) -> list[tuple[str, int]]:
+        """Pipelined upserts: one round trip reads every current version, one writes all
+        changed definitions (compare-and-set on the version; a lost race is redone)."""
+        out: dict[int, tuple[str, int]] = {}
+        todo = list(range(len(defs)))
+        for _ in range(10):
+            if not todo:
+                break
+            where = [self._where(defs[i].name) for i in todo]
+            pipe = self.client.pipeline(transaction=False)
+            for _, key in where:
+                pipe.hmget(key, "version", "last_ms", "def_hash")
+            current = self._call(pipe.execute)
             now = self._call(server_time_ms, self.client)
-            base = max(now, int(last or 0))
-            nxt = d.trigger.next_after(at_ms(base))
-            cursor = "" if nxt is None else str(ms(nxt))
-            flat: list[Any] = []
-            for k, v in d.fields().items():
-                flat += [k, v]
-            status, new_version = self._call(
-                self.scripts.schedule_upsert,
-                keys=[key, self.keys.sched_due(p), self.keys.schedules(p)],
-                args=[d.name, def_hash, version, cursor, int(paused), *flat])
-            if status != b"conflict":
-                return status.decode(), int(new_version)
-        raise DuetimeError(f"schedule {d.name!r} kept changing under us; try again")
+            pipe = self.client.pipeline(transaction=False)
+            sent = []
+            for i, (p, key), (version, last, stored_hash) in zip(todo, where, current, strict=True):
+                d, version = defs[i], int(version or 0)
+                def_hash = d.def_hash()
+                if version and stored_hash and stored_hash.decode() == def_hash:
+                    out[i] = ("unchanged", version)
+                    continue
+                # the next occurrence after the newest one that already has a run (or now)
+                nxt = d.trigger.next_after(at_ms(max(now, int(last or 0))))
+                flat: list[Any] = []
+                for k, v in d.fields().items():
+                    flat += [k, v]
+                self.scripts.schedule_upsert(
+                    keys=[key, self.keys.sched_due(p), self.keys.schedules(p)],
+                    args=[d.name, def_hash, version, "" if nxt is None else ms(nxt), int(paused),
+                          *flat],
+                    client=pipe)
+                sent.append(i)
+            todo = []
+            for i, (status, version) in zip(sent, self._call(pipe.execute) if sent else [],
+                                             strict=True):
+                if status == b"conflict":
+                    todo.append(i)
+                else:
+                    out[i] = (status.decode(), int(version))
+        if todo:
+            raise DuetimeError(f"schedule {defs[todo[0]].name!r} kept changing under us; try again")
+        return [out[i] for i in range(len(defs))]
 
     def get(self, name: str) -> ScheduleInfo:
         _, key = self._where(name)

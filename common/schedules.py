@@ -7,7 +7,6 @@ I/O stays thin and every catch-up rule is unit-testable without Redis.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -44,6 +43,31 @@ def jitter_for(name: str, occurrence_ms: int, jitter_ms: int) -> int:
         return 0
     h = hashlib.sha256(f"{name}@{occurrence_ms}".encode()).digest()
     return int.from_bytes(h[:8], "big") % jitter_ms
+
+
+TRIGGER_PREFIX = "t."
+# every key a trigger's dict form may have (Cron, Every, At), as stored hash fields
+TRIGGER_FIELDS = tuple(TRIGGER_PREFIX + k for k in (
+    "kind", "expr", "tz", "dst_gap", "dst_fold", "seed", "interval_us", "anchor", "instant"))
+
+
+def trigger_fields(trigger: Trigger) -> dict[str, Any]:
+    """A trigger as flat hash fields (`t.kind`, `t.expr`, ...): short values keep the schedule
+    hash in Redis' compact listpack encoding (a JSON blob over 64 bytes would not)."""
+    return {TRIGGER_PREFIX + k: v for k, v in trigger.to_dict().items()}
+
+
+def trigger_from_fields(values: list[bytes | None] | dict[str, Any]) -> Trigger:
+    """From `HMGET key *TRIGGER_FIELDS` values (or a decoded dict of the hash)."""
+    if isinstance(values, dict):
+        values = [values.get(f) for f in TRIGGER_FIELDS]
+    d: dict[str, Any] = {}
+    for f, v in zip(TRIGGER_FIELDS, values, strict=True):
+        if v is not None:
+            text = v.decode() if isinstance(v, bytes) else v
+            key = f[len(TRIGGER_PREFIX):]
+            d[key] = int(text) if key == "interval_us" else text
+    return trigger_from_dict(d)
 
 
 def seeded(trigger: Trigger, name: str) -> Trigger:
@@ -97,8 +121,8 @@ class ScheduleDef:
     def fields(self) -> dict[str, Any]:
         """The definition as hash fields (plain text, payload msgpack)."""
         f: dict[str, Any] = {
-            "name": self.name, "trigger": json.dumps(self.trigger.to_dict(), sort_keys=True),
-            "describe": self.trigger.describe(), "task": self.task, "queue": self.queue,
+            "name": self.name, **trigger_fields(self.trigger), "task": self.task,
+            "queue": self.queue,
             "payload": self.payload, "catchup": self.catchup, "max_catchup": self.max_catchup,
             "lateness_ms": self.lateness_ms, "overlap": self.overlap, "jitter_ms": self.jitter_ms,
             "owner": self.owner, **self.task_options,

@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from common.admin import RunAdmin
 from common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
-from common.connection import DEFAULT_URL
+from common.connection import DEFAULT_URL, translated
 from common.keys import Keyspace
 from common.models import Run
 from common.runs import EnqueueRequest, RunStore
@@ -38,6 +39,7 @@ class App:
         self.registry = Registry()
         self._store: RunStore | None = None
         self._schedules: ScheduleStore | None = None
+        self._queues_seen: set[str] = set()
 
     @property
     def store(self) -> RunStore:
@@ -95,7 +97,9 @@ class App:
     ) -> str:
         """Create one run; returns its id. A repeated `key` returns the first run's id."""
         req = EnqueueRequest(self.registry.resolve(task), args, kwargs or {}, at, delay, key, queue)
-        return self.store.enqueue(req)
+        run_id = self.store.enqueue(req)
+        self._remember_queues({req.spec.queue if req.queue is None else req.queue})
+        return run_id
 
     def enqueue_many(self, items: Iterable[dict[str, Any] | tuple]) -> list[str]:
         """Bulk enqueue, pipelined. Items are dicts of `enqueue`'s arguments or
@@ -110,10 +114,31 @@ class App:
             else:
                 task, *rest = it
                 reqs.append(EnqueueRequest(self.registry.resolve(task), *rest))
-        return self.store.enqueue_many(reqs)
+        ids = self.store.enqueue_many(reqs)
+        self._remember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
+        return ids
+
+    def _remember_queues(self, queues: set[str]) -> None:
+        """Record queue names in `<ns>:queues`, which `top` and the gauges read: one SADD per
+        new name per process, after the runs were written (a refused name is never recorded)."""
+        new = queues - self._queues_seen
+        if new:
+            with translated(self.redis_url):
+                self.store.client.sadd(self.keys.queues, *new)
+            self._queues_seen |= new
 
     def get_run(self, run_id: str) -> Run:
         return self.store.get_run(run_id)
+
+    def cancel(self, run_id: str, reason: str = "cancelled by the application") -> str:
+        """Cancel a run → 'cancelled' (it had not started) or 'requested' (it is running; its
+        worker stops it at the next heartbeat). Finished runs raise InvalidState."""
+        return RunAdmin(self.store.client, self.keys, self.redis_url).cancel(run_id, reason)[0]
+
+    def replay(self, run_id: str, force: bool = False) -> str:
+        """A new run doing a finished run's work again, linked to it → its id. A succeeded run
+        needs `force`; a run replayed before gives that replay's id."""
+        return RunAdmin(self.store.client, self.keys, self.redis_url).replay(run_id, force)[0]
 
     # -- schedules ------------------------------------------------------------------------
     def schedule(
@@ -138,9 +163,35 @@ class App:
         changed one takes effect from the next occurrence that has no run yet. `paused`
         applies only when the schedule is created, so a redeploy never undoes an operator's
         pause."""
+        d = self.schedule_def(name, trigger, task, args, kwargs, queue, catchup, max_catchup,
+                              lateness, overlap, jitter, owner)
+        status = self.schedules.upsert(d, paused)[0]
+        self._remember_queues({d.queue})
+        return status
+
+    def schedule_many(self, defs: Iterable[ScheduleDef], paused: bool = False) -> list[str]:
+        """Bulk `schedule` (pipelined) for definitions made with `schedule_def`."""
+        return [status for status, _ in self.schedules.upsert_many(list(defs), paused)]
+
+    def schedule_def(
+        self,
+        name: str,
+        trigger: Trigger,
+        task: TaskRef,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        queue: str | None = None,
+        catchup: str = "latest",
+        max_catchup: int = 100,
+        lateness: timedelta | float | None = None,
+        overlap: str = "allow",
+        jitter: timedelta | float | None = None,
+        owner: str | None = None,
+    ) -> ScheduleDef:
+        """A validated schedule definition (see `schedule` for the arguments)."""
         spec = self.registry.resolve(task)
         lateness_ms, jitter_ms = ScheduleDef.durations(lateness, jitter)
-        d = ScheduleDef(
+        return ScheduleDef(
             name=name, trigger=seeded(trigger, name), task=spec.name,
             queue=spec.queue if queue is None else queue,
             payload=pack_payload(args, kwargs or {}, self.max_payload), catchup=catchup,
@@ -152,7 +203,6 @@ class App:
                 "idempotent": int(spec.idempotent),
             },
         )
-        return self.schedules.upsert(d, paused)[0]
 
     def get_schedule(self, name: str) -> ScheduleInfo:
         return self.schedules.get(name)
@@ -179,6 +229,7 @@ class App:
 
     def close(self) -> None:
         self._schedules = None
+        self._queues_seen = set()
         if self._store is not None:
             self._store.close()
             self._store = None

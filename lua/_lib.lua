@@ -65,11 +65,13 @@ local function retry_or_dead(run_key, retry_key, dead_key, run_id, now, force_de
 end
 
 -- A run of a schedule stops running (any outcome): forget it, and make the schedule's
--- buffered successor (overlap buffer_one / cancel_other) due now, if it has one.
+-- buffered successor (overlap buffer_one / cancel_other) due now, if it has one. Runs of
+-- schedules with overlap 'allow' are not tracked (claim.lua does not add them).
 -- Schedule keys are built from the partition prefix: they share the run's hash tag.
 local function leave_running(prefix, run_key, run_id, now, channel, partition)
-  local sched = redis.call('HGET', run_key, 'schedule')
-  if not sched or sched == '' then return end
+  local f = redis.call('HMGET', run_key, 'schedule', 'overlap')
+  local sched, overlap = f[1], f[2]
+  if not sched or sched == '' or not overlap or overlap == 'allow' then return end
   local running = prefix .. 'sched_running:' .. sched
   redis.call('SREM', running, run_id)
   if redis.call('SCARD', running) > 0 then return end

@@ -33,8 +33,9 @@ end
 
 -- The overlap policy of a scheduled run; returns true when the run may start now.
 local function overlap_allows(id, run_key, sched, overlap)
+  if overlap == 'allow' or overlap == '' then return true end  -- nothing to track
   local running = prefix .. 'sched_running:' .. sched
-  if overlap == 'allow' or overlap == '' or redis.call('SCARD', running) == 0 then
+  if redis.call('SCARD', running) == 0 then
     redis.call('SADD', running, id)
     return true
   end

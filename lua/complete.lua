@@ -20,7 +20,7 @@ for i = 0, (#ARGV - 3) / 2 - 1 do
   local run_key = prefix .. 'run:' .. run_id
   local lease_key, attempts_key = prefix .. 'lease:' .. run_id, prefix .. 'attempts:' .. run_id
   local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
-    'schedule', 'queue')
+    'schedule', 'queue', 'overlap')
   local state = f[1]
   local result
   if not state then
@@ -34,7 +34,7 @@ for i = 0, (#ARGV - 3) / 2 - 1 do
     unleased[#unleased + 1] = run_id
     redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now)
     push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now, nil)
-    if f[6] and f[6] ~= '' then leave_running(prefix, run_key, run_id, now, channel, partition) end
+    if f[8] and f[8] ~= 'allow' then leave_running(prefix, run_key, run_id, now, channel, partition) end
     result = 'ok'
   else
     -- late success of a reaped attempt that nobody claimed again: it finishes the run

@@ -9,7 +9,6 @@ racing over one schedule create each run once. Ownership only splits the work.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import socket
@@ -23,14 +22,14 @@ from common import metrics
 from common.connection import server_time_ms, sync_client, unavailable
 from common.keys import Keyspace
 from common.logs import get as get_logger
-from common.schedules import MISS_TOLERANCE_MS, plan, run_id_for
+from common.schedules import MISS_TOLERANCE_MS, TRIGGER_FIELDS, plan, run_id_for, trigger_from_fields
 from common.scripts import Scripts
-from common.timespec import Trigger, trigger_from_dict
+from common.timespec import Trigger
 
 log = get_logger("duetime.scheduler")
 
-SCHED_FIELDS = ("version", "next_ms", "trigger", "queue", "catchup", "max_catchup",
-                "jitter_ms", "paused")
+SCHED_FIELDS = ("version", "next_ms", "queue", "catchup", "max_catchup", "jitter_ms", "paused",
+                *TRIGGER_FIELDS)
 BATCH = 200
 
 
@@ -99,13 +98,14 @@ class Evaluator:
         self._triggers: dict[tuple[str, bytes], Trigger] = {}
         self.materialized = 0
 
-    def _trigger(self, name: str, version: bytes, raw: bytes) -> Trigger:
+    def _trigger(self, name: str, version: bytes, raw: list[bytes | None]) -> Trigger:
+        """Parsed triggers are cached per (schedule, version): a cron parses once."""
         key = (name, version)
         t = self._triggers.get(key)
         if t is None:
             if len(self._triggers) > 200_000:
                 self._triggers.clear()
-            t = self._triggers[key] = trigger_from_dict(json.loads(raw))
+            t = self._triggers[key] = trigger_from_fields(raw)
         return t
 
     def tick(self) -> int:
@@ -131,11 +131,11 @@ class Evaluator:
         pipe = self.client.pipeline(transaction=False)
         calls = 0
         for (p, name), f in zip(due, records, strict=True):
-            version, next_ms, trig, queue, catchup, max_catchup, jitter_ms, paused = f
+            version, next_ms, queue, catchup, max_catchup, jitter_ms, paused = f[:7]
             if version is None or next_ms is None or paused == b"1":
                 continue  # deleted, finished or paused meanwhile: upsert/pause fix the index
             q = queue.decode()
-            pl = plan(self._trigger(name, version, trig), int(next_ms), now, self.lead_ms,
+            pl = plan(self._trigger(name, version, f[7:]), int(next_ms), now, self.lead_ms,
                       name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
                       jitter_ms=int(jitter_ms or 0), tolerance_ms=self.miss_tolerance_ms)
             runs: list[Any] = []

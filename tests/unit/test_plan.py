@@ -62,3 +62,15 @@ def test_jitter_is_stable_and_bounded():
     assert all(0 <= v < 30_000 for v in vals) and len(set(vals)) > 150
     p = plan(every_min, T0, T0, 2000, name="s", catchup="all", max_catchup=3, jitter_ms=30_000)
     assert p.runs[0].due_ms == T0 + jitter_for("s", T0, 30_000)
+
+
+def test_triggers_round_trip_through_hash_fields():
+    from common.schedules import trigger_fields, trigger_from_fields
+    from common.timespec import Cron
+
+    for t in (Cron("H 9 * * MON-FRI", tz="Europe/Paris", dst_gap="skip", seed="x"),
+              Every(timedelta(minutes=90)), At(datetime(2026, 5, 1, tzinfo=UTC))):
+        f = trigger_fields(t)
+        assert all(len(str(v)) <= 64 for v in f.values())  # keeps the hash compact in Redis
+        raw = {k: str(v).encode() for k, v in f.items()}
+        assert trigger_from_fields(raw) == t

@@ -1,0 +1,144 @@
+"""Schedules at scale (issue 3's measurements), on an embedded Redis:
+
+1. register N schedules (bulk `schedule_many`): schedules/s and Redis memory per schedule;
+2. materialisation: one evaluator pass over M schedules all due at once: runs/s;
+3. a herd: K schedules firing at the same instant, one scheduler + W worker processes:
+   start lateness (claim on the server clock minus due time) p50/p99/max, plain and with jitter.
+
+    .venv/bin/python -m bench.schedules --register 100000 --materialize 10000 --herd 1000,10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import redis
+
+import duetime
+from bench.apps import app, noop
+from duetime.embedded import EmbeddedServer
+from scheduler.evaluator import Evaluator
+
+CHUNK = 5000
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def fresh(url: str) -> str:
+    ns = f"sb{uuid.uuid4().hex[:6]}"
+    app.configure(redis_url=url, namespace=ns)
+    app.store.ready()
+    return ns
+
+
+def register(url: str, n: int) -> None:
+    fresh(url)
+    r = redis.Redis.from_url(url)
+    mem0 = r.info("memory")["used_memory"]
+    t0 = time.perf_counter()
+    for i in range(0, n, CHUNK):
+        defs = [app.schedule_def(f"job-{j:06d}", duetime.Cron("H H * * *"), noop, args=[j])
+                for j in range(i, min(n, i + CHUNK))]
+        app.schedule_many(defs)
+    dt = time.perf_counter() - t0
+    mem = r.info("memory")["used_memory"] - mem0
+    print(f"register: {n} schedules in {dt:.2f} s = {n / dt:,.0f}/s; "
+          f"Redis memory {mem / n:,.0f} bytes/schedule ({mem / 2**20:,.1f} MiB)")
+    t0 = time.perf_counter()
+    app.schedule_many([app.schedule_def(f"job-{j:06d}", duetime.Cron("H H * * *"), noop, args=[j])
+                       for j in range(min(n, CHUNK))])
+    print(f"  re-registering {min(n, CHUNK)} unchanged: {time.perf_counter() - t0:.2f} s (no writes)")
+
+
+def materialize(url: str, n: int) -> None:
+    fresh(url)
+    r = redis.Redis.from_url(url)
+    sec, _ = r.time()
+    at = datetime.fromtimestamp(sec + 3, tz=UTC)
+    for i in range(0, n, CHUNK):
+        app.schedule_many([app.schedule_def(f"m-{j:06d}", duetime.At(at), noop)
+                           for j in range(i, min(n, i + CHUNK))])
+    ev = Evaluator(url, app.keys, lead_ms=10_000)
+    t0 = time.perf_counter()
+    created = 0
+    while created < n:
+        created += ev.tick()
+    dt = time.perf_counter() - t0
+    print(f"materialize: {created} runs in {dt:.2f} s = {created / dt:,.0f} runs/s (one evaluator)")
+
+
+def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int) -> None:
+    ns = fresh(url)
+    r = redis.Redis.from_url(url)
+    sec, _ = r.time()
+    at = datetime.fromtimestamp(sec + 8, tz=UTC)
+    for i in range(0, n, CHUNK):
+        app.schedule_many([app.schedule_def(f"h-{j:06d}", duetime.At(at), noop,
+                                            jitter=timedelta(seconds=jitter_s) if jitter_s else None)
+                           for j in range(i, min(n, i + CHUNK))])
+    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns}
+    cmd = [sys.executable, "-m", "duetime", "--log-level", "WARNING"]
+    procs = [subprocess.Popen([*cmd, "scheduler", "--lead", "2s"], env=env)]
+    procs += [subprocess.Popen([*cmd, "worker", "--app", "bench.apps:app",
+                                "--concurrency", str(args_concurrency)], env=env)
+              for _ in range(workers)]
+    done_keys = [app.keys.done(p) for p in range(app.keys.partitions)]
+    deadline = time.monotonic() + 60 + jitter_s
+    while time.monotonic() < deadline:
+        pipe = r.pipeline(transaction=False)
+        for k in done_keys:
+            pipe.zcard(k)
+        if sum(pipe.execute()) >= n:
+            break
+        time.sleep(0.2)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(30)
+    late = []
+    for p in range(app.keys.partitions):
+        ids = [x.decode() for x in r.zrange(app.keys.done(p), 0, -1)]
+        pipe = r.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hmget(app.keys.run(p, run_id), "started", "due")
+        part = [int(s) - int(d) for s, d in pipe.execute()]
+        if os.environ.get("BENCH_DEBUG") and part:
+            print(f"  partition {p}: {len(part)} runs, lateness {min(part)}..{max(part)} ms")
+        late += part
+    label = f"jitter {jitter_s:g}s" if jitter_s else "no jitter"
+    print(f"herd: {n} schedules at one instant, {label}, {workers} worker process(es) x "
+          f"concurrency {args_concurrency}: "
+          f"{len(late)} runs; start lateness p50 {pct(late, .5):.0f} ms, p99 {pct(late, .99):.0f} ms, "
+          f"max {max(late):.0f} ms, early {sum(1 for x in late if x < 0)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--register", type=int, default=100_000)
+    ap.add_argument("--materialize", type=int, default=10_000)
+    ap.add_argument("--herd", default="1000,10000")
+    ap.add_argument("--jitter", type=float, default=10.0)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--concurrency", type=int, default=2000)
+    args = ap.parse_args()
+    with EmbeddedServer("redis") as server:
+        if args.register:
+            register(server.url, args.register)
+        if args.materialize:
+            materialize(server.url, args.materialize)
+        for n in [int(x) for x in args.herd.split(",") if x]:
+            herd(server.url, n, 0, args.workers, args.concurrency)
+            herd(server.url, n, args.jitter, args.workers, args.concurrency)
+
+
+if __name__ == "__main__":
+    main()
