@@ -1,6 +1,7 @@
 -- reap.lua: recovery pass over one partition.
 -- 1. Runs whose lease expired (the worker died or stalled): the attempt's outcome is
---    recorded as unknown; the run is retried with backoff (idempotent task), parked as
+--    recorded as unknown; the run is retried (idempotent task: at once after a first expiry,
+--    with backoff after repeated ones), parked as
 --    `uncertain` (non-idempotent task: an operator decides) or dead-lettered (no attempts left).
 -- 2. Runs never started before their starting deadline become `missed`, also when no
 --    worker is running to claim them.
@@ -43,9 +44,17 @@ for n, id in ipairs(ids) do
         redis.call('ZADD', uncertain_key, now, id)
         emit(events_key, id, 'uncertain', 'lease expired')
       else
+        -- the expired lease already made the run wait a lease length: the first expiry is
+        -- retried at once, repeated ones (a crash loop) back off as failures do
         local jitter = (seed + n * 0.6180339887) % 1
+        local delay = 0
+        local attempt = tonumber(f[5]) or 1
+        if attempt > 1 then
+          local b = redis.call('HMGET', run_key, 'backoff_base', 'backoff_max')
+          delay = backoff_ms(b[1], b[2], attempt - 1, jitter)
+        end
         local state = retry_or_dead(run_key, prefix .. 'retry:' .. f[4], dead_key, id, now,
-          false, nil, jitter, 'lease expired', channel, partition .. '|' .. f[4])
+          false, delay, jitter, 'lease expired', channel, partition .. '|' .. f[4])
         emit(events_key, id, state, 'lease expired')
       end
     end

@@ -212,3 +212,23 @@ def test_running_attempt_is_shown_from_the_run_record(app, lc):
     lc.claim(worker="w7")
     [a] = app.get_run(run_id).attempts
     assert a.outcome == "running" and a.worker == "w7" and a.number == 1 and a.ended is None
+
+
+def test_first_lease_expiry_retries_at_once_repeated_ones_back_off(app, r, lc):
+    run_id = app.enqueue(basic.slow, [0])  # backoff (0.1 s, 0.2 s)
+    p = app.keys.partition_of_run(run_id)
+    r.hset(app.keys.run(p, run_id), mapping={"backoff_base": 10_000, "backoff_max": 10_000})
+    lc.claim()
+    lc.expire(p, run_id)
+    lc.reap()
+    run = app.get_run(run_id)
+    assert run.state == "retrying"
+    first_delay = (run.retry_at - run.attempts[0].ended).total_seconds()
+    assert first_delay == 0  # the lease itself was the wait
+    [(_, c)] = lc.claim()
+    assert c.fence == 2
+    lc.expire(p, run_id)
+    lc.reap()
+    run = app.get_run(run_id)
+    second_delay = (run.retry_at - run.attempts[1].ended).total_seconds()
+    assert 5 <= second_delay <= 10  # a crash loop backs off (equal jitter on a 10 s base)
