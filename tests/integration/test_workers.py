@@ -186,3 +186,35 @@ def test_delayed_run_is_not_started_early(app, r, procs):
     run = app.get_run(run_id)
     lateness = (run.started - run.due).total_seconds()
     assert 0 <= lateness < 0.5, lateness
+
+
+def test_lost_lease_cancels_an_async_run(app, r, procs):
+    """Another owner takes the run (here: the reaper after a simulated stall, then a claim by
+    someone else); the original worker's next heartbeat finds the lease lost and cancels."""
+    from common import transitions as tr
+    from common.scripts import Scripts
+
+    run_id = app.enqueue(basic.sched_slow, [6.0])
+    procs.worker("--lease", "1500ms")
+    wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
+    k, p = app.keys, app.keys.partition_of_run(run_id)
+    scripts = Scripts(r)
+    # the reaper takes the run (a long backoff keeps the worker from claiming it back) ...
+    r.hset(k.run(p, run_id), mapping={"attempt": 2, "backoff_base": 600_000,
+                                      "backoff_max": 600_000, "max_attempts": 9})
+    r.delete(k.lease(p, run_id))
+    r.zadd(k.leases(p), {run_id: 0})
+    keys, args = tr.reap(k, p, 10, 0.5, 0)
+    assert scripts.reap(keys=keys, args=args)[0] == 1
+    # ... and someone else claims it
+    r.zadd(k.retry(p, "default"), {run_id: 0})
+    keys, args = tr.claim(k, p, "default", "thief", 1, 60_000)
+    _, runs = tr.parse_claim(scripts.claim(keys=keys, args=args))
+    assert [c.run_id for c in runs] == [run_id]
+    wait_for(lambda: r.llen(basic.intervals_key()) == 1, 10, what="the original execution to stop")
+    _, start, end = r.lrange(basic.intervals_key(), 0, -1)[0].decode().split("|")
+    assert float(end) - float(start) < 4.0  # cancelled, not run to its 6 s end
+    run = app.get_run(run_id)
+    assert run.state == "running" and run.worker == "thief" and run.fence == 2
+    assert [a.outcome for a in run.attempts] == ["unknown", "running"]
+    assert not run.attempts[0].late  # the cancelled execution reported nothing
