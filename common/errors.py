@@ -41,3 +41,7 @@ class Retry(Exception):  # noqa: N818 - raised by tasks, read as a verb
 
 class Fatal(Exception):  # noqa: N818 - raised by tasks, read as a verb
     """Raised by a task: do not retry; the run goes to dead-letter."""
+
+
+class InvalidState(DuetimeError):
+    """The run's current state does not allow the operation (e.g. replaying a running run)."""

@@ -124,6 +124,11 @@ class Keyspace:
         return f"{self.namespace}:worker:{worker_id}"
 
     @cached_property
+    def queues(self) -> str:
+        """SET of every queue name ever used in the namespace (for `top` and the gauges)."""
+        return f"{self.namespace}:queues"
+
+    @cached_property
     def schedulers(self) -> str:
         return f"{self.namespace}:schedulers"
 

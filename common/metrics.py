@@ -34,6 +34,28 @@ SKIPPED = Counter("duetime_runs_skipped_total", "Occurrences skipped by catch-up
 MATERIALIZED = Counter("duetime_runs_materialized_total", "Runs created from schedules")
 PARTITIONS_OWNED = Gauge("duetime_scheduler_partitions_owned", "Partitions this scheduler evaluates")
 INFLIGHT = Gauge("duetime_worker_inflight_runs", "Runs executing in this worker")
+QUEUE_DELAY = Histogram(
+    "duetime_queue_delay_seconds",
+    "Attempt start minus the time the attempt became claimable (due time; retry time for retries)",
+    ["queue"], buckets=LATENCY_BUCKETS,
+)
+RETRIES = Counter("duetime_retries_total", "Failed attempts a worker reported that will be retried",
+                  ["task"])
+DEAD_LETTERS = Counter("duetime_dead_letters_total", "Runs a worker's report sent to dead-letter",
+                       ["task"])
+
+# Namespace-level gauges, exported by every scheduler process (aggregate with max()).
+QUEUE_BACKLOG = Gauge("duetime_queue_backlog", "Runs claimable now (due or retry time passed)",
+                      ["queue"])
+QUEUE_OLDEST_DUE = Gauge("duetime_queue_oldest_due_age_seconds",
+                         "Age of the oldest claimable run (0 when none is waiting)", ["queue"])
+QUEUE_SCHEDULED = Gauge("duetime_queue_scheduled", "Runs due later", ["queue"])
+QUEUE_RETRYING = Gauge("duetime_queue_retrying", "Runs waiting for a retry", ["queue"])
+LEASES_ACTIVE = Gauge("duetime_leases_active", "Runs running under a lease")
+DEAD_RUNS = Gauge("duetime_dead_letter_runs", "Dead-lettered runs not yet replayed or purged")
+UNCERTAIN_RUNS = Gauge("duetime_uncertain_runs", "Runs whose outcome is unknown (await an operator)")
+PARTITIONS_UNOWNED = Gauge("duetime_partitions_unowned", "Partitions no scheduler evaluates")
+WORKERS_LIVE = Gauge("duetime_workers_live", "Workers that heartbeated recently")
 
 
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}

@@ -21,6 +21,10 @@ SCRIPT_NAMES = (
     "schedule_pause",
     "schedule_delete",
     "partition_lease",
+    "cancel",
+    "replay",
+    "resolve",
+    "purge",
 )
 
 
@@ -51,3 +55,7 @@ class Scripts:
     schedule_pause: Any
     schedule_delete: Any
     partition_lease: Any
+    cancel: Any
+    replay: Any
+    resolve: Any
+    purge: Any

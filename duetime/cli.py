@@ -3,69 +3,32 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib
-import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 import click
 
 from common import logs, metrics
-from common.errors import DuetimeError, InvalidInput
 from duetime.app import App
-
-ENV_URL, ENV_NS = "DUETIME_REDIS_URL", "DUETIME_NAMESPACE"
-
-
-def fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """duetime's own errors become one line on stderr and exit code 1, not a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*a: Any, **kw: Any) -> Any:
-        try:
-            return fn(*a, **kw)
-        except DuetimeError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-
-    return wrapper
+from duetime.cli_common import (
+    ENV_NS,
+    ENV_URL,
+    DuetimeGroup,
+    fail_cleanly,
+    load_app,
+    parse_instant,
+    parse_payload,
+    parse_seconds,
+)
+from duetime.cli_common import (
+    app_for as _app_or_plain,
+)
 
 
-def load_app(ref: str, url: str | None, namespace: str | None) -> App:
-    """`package.module:attr` → the App object (operator configuration, never data)."""
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise click.BadParameter(f"expected module:attribute, got {ref!r}", param_hint="--app")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="--app") from None
-    app = getattr(module, attr, None)
-    if not isinstance(app, App):
-        raise click.BadParameter(f"{ref!r} is not a duetime App", param_hint="--app")
-    app.configure(redis_url=url, namespace=namespace)
-    return app
-
-
-def parse_seconds(text: str) -> float:
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-    for suffix in ("ms", "s", "m", "h"):
-        if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).isdigit():
-            return float(text[: -len(suffix)]) * units[suffix]
-    try:
-        return float(text)
-    except ValueError:
-        raise click.BadParameter(f"not a duration: {text!r} (e.g. 500ms, 10s, 2m)") from None
-
-
-@click.group()
+@click.group(cls=DuetimeGroup)
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=f"Redis URL (env {ENV_URL}).")
 @click.option("--namespace", envvar=ENV_NS, default=None, help=f"Key namespace (env {ENV_NS}).")
 @click.option("--log-level", default="INFO", show_default=True)
@@ -105,7 +68,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
         from common.names import check_name
 
         check_name("queue", q)
-    app.store.ready()  # clear error now if Redis is down or the partition count differs
+    app.store.ready().sadd(app.keys.queues, *qs)  # clear error now if Redis is down
     metrics.serve(metrics_port)
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=int(parse_seconds(lease) * 1000),
                        grace_s=parse_seconds(grace))
@@ -190,11 +153,14 @@ def reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: str,
 @click.option("--miss-tolerance", default="10s", show_default=True,
               help="An occurrence evaluated later than this after its instant was missed and "
               "follows the schedule's catch-up policy.")
+@click.option("--gauges-every", default="5s", show_default=True,
+              help="How often the queue gauges (backlog, oldest due, ...) are recomputed.")
 @click.option("--metrics-port", default=None, type=int)
 @click.pass_context
 @fail_cleanly
 def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, reap_tick: str,
-              retention: str, miss_tolerance: str, metrics_port: int | None) -> None:
+              retention: str, miss_tolerance: str, gauges_every: str,
+              metrics_port: int | None) -> None:
     """Evaluate schedules into runs, and recover expired leases (run two or more)."""
     from scheduler.service import run_scheduler
 
@@ -204,14 +170,11 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, rea
     run_scheduler(app.redis_url, app.keys, lead_ms=int(parse_seconds(lead) * 1000),
                   tick_s=parse_seconds(tick), reap_tick_s=parse_seconds(reap_tick),
                   miss_tolerance_ms=int(parse_seconds(miss_tolerance) * 1000),
-                  retention_ms=int(parse_seconds(retention) * 1000))
+                  retention_ms=int(parse_seconds(retention) * 1000),
+                  gauge_interval_s=parse_seconds(gauges_every))
 
 
 # -- client commands --------------------------------------------------------------------
-def _app_or_plain(ctx: click.Context, app_ref: str | None) -> App:
-    if app_ref:
-        return load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
-    return App(redis_url=ctx.obj["url"], namespace=ctx.obj["namespace"])
 
 
 @main.command()
@@ -228,42 +191,14 @@ def _app_or_plain(ctx: click.Context, app_ref: str | None) -> App:
 def enqueue(ctx: click.Context, task: str, app_ref: str, args_json: str, kwargs_json: str,
             at: str | None, delay: str | None, key: str | None, queue: str | None) -> None:
     """Create one run of TASK and print its id."""
-    try:
-        args, kwargs = json.loads(args_json), json.loads(kwargs_json)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"bad JSON: {exc}") from None
-    if not isinstance(args, list) or not isinstance(kwargs, dict):
-        raise click.BadParameter("--args must be a JSON list and --kwargs a JSON object")
-    when = None
-    if at:
-        try:
-            when = datetime.fromisoformat(at)
-        except ValueError:
-            raise click.BadParameter(f"not an ISO-8601 instant: {at!r}") from None
-        if when.tzinfo is None:
-            raise InvalidInput(f"--at {at!r} has no UTC offset; add one (e.g. +00:00)")
+    args, kwargs = parse_payload(args_json, kwargs_json)
+    if at and delay:
+        raise click.UsageError("give either --at or --delay, not both")
+    when = parse_instant(at, "--at") if at else None
     app = _app_or_plain(ctx, app_ref)
     run_id = app.enqueue(task, args=args, kwargs=kwargs, at=when,
                          delay=parse_seconds(delay) if delay else None, key=key, queue=queue)
     click.echo(run_id)
-
-
-@main.group()
-def runs() -> None:
-    """Inspect runs."""
-
-
-@runs.command("show")
-@click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@fail_cleanly
-def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
-    """A run's record and every attempt."""
-    from duetime.render import run_to_dict, run_to_text
-
-    run = _app_or_plain(ctx, None).get_run(run_id)
-    click.echo(json.dumps(run_to_dict(run), indent=2) if as_json else run_to_text(run))
 
 
 # -- demo -------------------------------------------------------------------------------
@@ -280,6 +215,19 @@ def demo(ctx: click.Context, count: int, workers: int) -> None:
 
     run_demo(ctx.obj["url"], count, workers)
 
+
+def _register() -> None:
+    """The operator command groups live in their own modules (duetime/cli_*.py)."""
+    from duetime.cli_dev import dev
+    from duetime.cli_ops import doctor, keys, leases, top, workers
+    from duetime.cli_runs import dead, runs, uncertain
+    from duetime.cli_schedule import schedule
+
+    for command in (schedule, runs, dead, uncertain, leases, workers, top, doctor, keys, dev):
+        main.add_command(command)
+
+
+_register()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

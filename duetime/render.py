@@ -1,33 +1,45 @@
-"""Runs as stable JSON dicts (the `--json` contract) and as readable text."""
+"""Records as stable JSON dicts (the `--json` contract, see README "JSON output") and as
+readable text. Field names and meanings here only ever gain new keys."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
+from common.inspect import LeaseInfo, RunSummary, SchedulerInfo, WorkerInfo
 from common.models import Run
+from common.schedule_store import ScheduleInfo
+from common.timespec import Cron
 
 
 def _iso(dt: datetime | None) -> str | None:
     return dt.isoformat().replace("+00:00", "Z") if dt else None
 
 
+def _secs(a: datetime | None, b: datetime | None) -> float | None:
+    return (a - b).total_seconds() if a and b else None
+
+
 def run_to_dict(run: Run) -> dict[str, Any]:
-    lateness = None
-    if run.started and run.due:
-        lateness = (run.started - run.due).total_seconds()
+    # lateness is the first attempt's: a retry starts late on purpose
+    first = run.attempts[0].started if run.attempts else run.started
     return {
         "id": run.id, "task": run.task, "queue": run.queue, "state": run.state,
         "args": run.args, "kwargs": run.kwargs, "created": _iso(run.created),
         "due": _iso(run.due), "started": _iso(run.started), "finished": _iso(run.finished),
-        "start_lateness_s": lateness, "attempt": run.attempt, "max_attempts": run.max_attempts,
+        "start_lateness_s": _secs(first, run.due), "attempt": run.attempt,
+        "max_attempts": run.max_attempts,
         "fence": run.fence, "worker": run.worker, "error": run.error, "reason": run.reason,
         "owner": run.owner, "idempotency_key": run.idempotency_key, "schedule": run.schedule,
-        "retry_at": _iso(run.retry_at),
+        "retry_at": _iso(run.retry_at), "replay_of": run.replay_of, "replayed_by": run.replayed_by,
+        "cancel_requested": _iso(run.cancel_requested), "resolved_as": run.resolved_as,
+        "heartbeat": _iso(run.heartbeat), "lease_expires": _iso(run.lease_expires),
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
              "started": _iso(a.started), "ended": _iso(a.ended), "outcome": a.outcome,
-             "error": a.error, "late": a.late, "late_outcome": a.late_outcome}
+             "error": a.error, "late": a.late, "late_outcome": a.late_outcome,
+             "duration_s": _secs(a.ended, a.started)}
             for a in run.attempts
         ],
     }
@@ -37,7 +49,8 @@ def run_to_text(run: Run) -> str:
     d = run_to_dict(run)
     lines = [f"run {run.id}  {run.state}  task={run.task} queue={run.queue}"]
     for k in ("due", "started", "finished", "start_lateness_s", "attempt", "max_attempts",
-              "owner", "schedule", "reason", "retry_at"):
+              "owner", "schedule", "reason", "retry_at", "replay_of", "replayed_by",
+              "cancel_requested", "resolved_as", "heartbeat"):
         if d[k] not in (None, ""):
             lines.append(f"  {k:<17} {str(d[k]).splitlines()[0]}")
     if run.error:
@@ -48,4 +61,85 @@ def run_to_text(run: Run) -> str:
         err = f"  {a['error'].splitlines()[0]}" if a["error"] else ""
         lines.append(f"    #{a['number']} fence={a['fence']} {a['outcome']}{late} "
                      f"worker={a['worker']} {a['started']} → {a['ended']}{err}")
+    return "\n".join(lines)
+
+
+def summary_to_dict(s: RunSummary) -> dict[str, Any]:
+    return {
+        "id": s.id, "state": s.state, "task": s.task, "queue": s.queue, "schedule": s.schedule,
+        "due": _iso(s.due), "created": _iso(s.created), "started": _iso(s.started),
+        "finished": _iso(s.finished), "attempt": s.attempt, "max_attempts": s.max_attempts,
+        "worker": s.worker, "error": s.error, "reason": s.reason, "owner": s.owner,
+        "retry_at": _iso(s.retry_at), "replay_of": s.replay_of, "replayed_by": s.replayed_by,
+        "cancel_requested": s.cancel_requested,
+    }
+
+
+def lease_to_dict(lease: LeaseInfo) -> dict[str, Any]:
+    return {
+        "run_id": lease.run_id, "task": lease.task, "queue": lease.queue,
+        "schedule": lease.schedule, "worker": lease.worker, "fence": lease.fence,
+        "attempt": lease.attempt, "lease_left_s": lease.lease_left_s,
+        "last_heartbeat": _iso(lease.heartbeat), "heartbeat_age_s": lease.heartbeat_age_s,
+        "started": _iso(lease.started), "running_s": lease.running_s,
+        "cancel_requested": lease.cancel_requested,
+    }
+
+
+def worker_to_dict(w: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": w.id, "host": w.host, "pid": w.pid, "queues": w.queues,
+        "concurrency": w.concurrency, "inflight": w.inflight, "processed": w.processed,
+        "last_seen": _iso(w.last_seen), "last_seen_age_s": w.last_seen_age_s, "live": w.live,
+    }
+
+
+def scheduler_to_dict(s: SchedulerInfo) -> dict[str, Any]:
+    return {"id": s.id, "last_seen": _iso(s.last_seen), "last_seen_age_s": s.last_seen_age_s,
+            "partitions": s.partitions}
+
+
+def schedule_zone(info: ScheduleInfo) -> str:
+    return info.trigger.tz if isinstance(info.trigger, Cron) else "UTC"
+
+
+def next_fires(info: ScheduleInfo, now: datetime, n: int = 5) -> list[dict[str, str | None]]:
+    """The next `n` fire instants after `now`, in the schedule's zone and in UTC."""
+    zone = ZoneInfo(schedule_zone(info))
+    out: list[dict[str, str | None]] = []
+    t = now
+    while len(out) < n:
+        nxt = info.trigger.next_after(t)
+        if nxt is None:
+            break
+        out.append({"utc": _iso(nxt), "local": nxt.astimezone(zone).isoformat()})
+        t = nxt
+    return out
+
+
+def schedule_to_dict(info: ScheduleInfo) -> dict[str, Any]:
+    return {
+        "name": info.name, "trigger": info.trigger.to_dict(), "describe": info.trigger.describe(),
+        "zone": schedule_zone(info), "task": info.task, "queue": info.queue, "args": info.args,
+        "kwargs": info.kwargs, "catchup": info.catchup, "max_catchup": info.max_catchup,
+        "lateness_s": info.lateness_s, "overlap": info.overlap, "jitter_s": info.jitter_s,
+        "owner": info.owner, "paused": info.paused, "pause_note": info.pause_note,
+        "version": info.version, "next_fire": _iso(info.next_fire),
+        "last_occurrence": _iso(info.last_occurrence), "skipped_count": info.skipped_count,
+        "missed_count": info.missed_count, "materialized_count": info.materialized_count,
+        "created": _iso(info.created), "updated": _iso(info.updated),
+    }
+
+
+def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, str | None]]) -> str:
+    d = schedule_to_dict(info)
+    lines = [f"schedule {info.name}  {'PAUSED' if info.paused else 'active'}  {d['describe']}"]
+    for k in ("task", "queue", "args", "kwargs", "catchup", "max_catchup", "lateness_s", "overlap",
+              "jitter_s", "owner", "pause_note", "version", "next_fire", "last_occurrence",
+              "materialized_count", "skipped_count", "missed_count", "created", "updated"):
+        if d[k] not in (None, "", [], {}):
+            lines.append(f"  {k:<19} {d[k]}")
+    lines.append(f"  next {len(fires)} fire times ({d['zone']} / UTC):")
+    for f in fires:
+        lines.append(f"    {f['local']}   {f['utc']}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import os
 import random
 import signal
@@ -99,6 +100,8 @@ class Worker:
         self._subscribed = asyncio.Event()
         self._reports: asyncio.Queue[tuple[str, Execution, list[Any]] | None] = asyncio.Queue()
         self._bg: list[asyncio.Task[None]] = []
+        self._side: set[asyncio.Task[None]] = set()  # fire-and-forget metric reads
+        self._debug = log.is_enabled_for(logging.DEBUG)
         self.processed = 0
 
     # -- lifecycle ------------------------------------------------------------------
@@ -289,8 +292,32 @@ class Worker:
         )
         ex = Execution(ctx, p)
         self.inflight[c.run_id] = ex
-        metrics.child(metrics.START_LATENESS, queue).observe(max(0.0, (now - c.due_ms) / 1000))
+        if c.attempt == 1:
+            # a first attempt is claimable from its scheduled time: lateness = queue delay
+            late = max(0.0, (now - c.due_ms) / 1000)
+            metrics.child(metrics.START_LATENESS, queue).observe(late)
+            metrics.child(metrics.QUEUE_DELAY, queue).observe(late)
+        else:
+            self._observe_retry_delay(p, queue, c.run_id, now)
+        if self._debug:
+            log.debug("run started", run_id=c.run_id, task=c.task, attempt=c.attempt,
+                      worker_id=self.id, schedule=c.schedule, queue=queue, fence=c.fence)
         ex.task = asyncio.create_task(self._execute(ex, c.payload, c.timeout_ms))
+
+    def _observe_retry_delay(self, p: int, queue: str, run_id: str, claimed_ms: float) -> None:
+        """A retry waited from its retry time, which the claim reply does not carry: read it
+        in the background (retries only), off the claim path."""
+
+        async def observe() -> None:
+            with contextlib.suppress(*REDIS_ERRORS):
+                retry_at = await self.client.hget(self.keys.run(p, run_id), "retry_at")
+                if retry_at:
+                    metrics.child(metrics.QUEUE_DELAY, queue).observe(
+                        max(0.0, (claimed_ms - int(retry_at)) / 1000))
+
+        t = asyncio.create_task(observe())
+        self._side.add(t)
+        t.add_done_callback(self._side.discard)
 
     # -- execution ------------------------------------------------------------------
     async def _execute(self, ex: Execution, payload: bytes, timeout_ms: int) -> None:
@@ -333,6 +360,9 @@ class Worker:
         if outcome in ("released", "lease_lost"):
             return
         if outcome == "succeeded":
+            if self._debug:
+                log.debug("run succeeded", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
+                          worker_id=self.id, schedule=ctx.schedule, duration_s=round(elapsed, 6))
             self._reports.put_nowait(("complete", ex, []))
         else:
             log.info("run failed", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
@@ -398,7 +428,10 @@ class Worker:
         for (kind, ex, _), res in zip(others, results[len(successes):], strict=True):
             judged.append((kind, ex, res if isinstance(res, bytes) else res[0]))
         for kind, ex, res in judged:
-            if res in (b"stale", b"missing"):
+            if kind == "fail" and res in (b"retrying", b"dead"):
+                metrics.child(metrics.RETRIES if res == b"retrying" else metrics.DEAD_LETTERS,
+                              ex.ctx.task).inc()
+            elif res in (b"stale", b"missing"):
                 metrics.LATE_REJECTED.inc()
                 log.warning("late result rejected", run_id=ex.ctx.run_id, task=ex.ctx.task,
                             attempt=ex.ctx.attempt, worker_id=self.id, report=kind,

@@ -1,0 +1,190 @@
+"""`duetime doctor`: which guarantees a deployment actually has, and what to fix.
+
+Each check returns findings with a level: `ok`, `info`, `warn` (works, with a weaker
+guarantee) or `fatal` (duetime must not run like this: runs could be lost or misrouted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+
+from common.errors import RedisUnavailable
+from common.inspect import Inspector
+from common.keys import Keyspace
+
+LEVELS = ("ok", "info", "warn", "fatal")
+MIN_REDIS = (7, 0)
+MIN_VALKEY = (7, 2)
+CLOCK_WARN_S = 1.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    level: str
+    message: str
+    advice: str = ""
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(".")[:3] if x.isdigit())
+
+
+def _info(client: redis.Redis, section: str) -> dict[str, Any]:
+    info = client.info(section)
+    if isinstance(client, RedisCluster) and info and isinstance(next(iter(info.values())), dict):
+        return next(iter(info.values()))  # one node's view
+    return info
+
+
+def check_server(client: redis.Redis) -> list[Finding]:
+    info = _info(client, "server")
+    if "valkey_version" in info or info.get("server_name") == "valkey":
+        version = str(info.get("valkey_version", info.get("redis_version")))
+        name, minimum = "Valkey", MIN_VALKEY
+    else:
+        name, version, minimum = "Redis", str(info.get("redis_version", "0")), MIN_REDIS
+    want = ".".join(map(str, minimum))
+    if _version(version) < minimum:
+        return [Finding("server", "fatal", f"{name} {version} is older than {want}",
+                        f"upgrade to {name} >= {want} (duetime's scripts need its commands)")]
+    return [Finding("server", "ok", f"{name} {version} (>= {want})")]
+
+
+def check_memory(client: redis.Redis) -> list[Finding]:
+    policy = str(_info(client, "memory").get("maxmemory_policy", "unknown"))
+    if policy != "noeviction":
+        return [Finding("maxmemory-policy", "fatal",
+                        f"maxmemory-policy is {policy!r}: under memory pressure Redis would "
+                        "silently delete run records and indexes",
+                        "set `maxmemory-policy noeviction` (CONFIG SET and in redis.conf); "
+                        "writes then fail loudly instead")]
+    return [Finding("maxmemory-policy", "ok", "maxmemory-policy is noeviction")]
+
+
+def check_persistence(client: redis.Redis) -> list[Finding]:
+    info = _info(client, "persistence")
+    try:
+        cfg = client.config_get("appendfsync")
+        save = client.config_get("save").get("save", "")
+        fsync = cfg.get("appendfsync", "")
+    except redis.ResponseError:  # CONFIG is often disabled on managed services
+        save, fsync = None, ""
+    if int(info.get("aof_enabled", 0)):
+        if fsync == "no":
+            return [Finding("persistence", "warn", "AOF is on with appendfsync no: a crash can "
+                            "lose the last ~30 s of writes", "set `appendfsync everysec`")]
+        return [Finding("persistence", "ok", f"AOF is on (appendfsync {fsync or 'unknown'})")]
+    if save is None or save:
+        return [Finding("persistence", "warn", "RDB snapshots only: a crash loses every run "
+                        "created or finished since the last snapshot",
+                        "turn on AOF: `appendonly yes`, `appendfsync everysec`")]
+    return [Finding("persistence", "warn", "no persistence (AOF off, no RDB snapshots): a "
+                    "restart loses every run and schedule",
+                    "for anything but development: `appendonly yes`, `appendfsync everysec`")]
+
+
+def check_cluster(client: redis.Redis) -> list[Finding]:
+    if isinstance(client, RedisCluster):
+        state = client.cluster_info().get("cluster_state", "unknown")
+        if state != "ok":
+            return [Finding("cluster", "fatal", f"cluster_state is {state!r}",
+                            "fix the cluster (CLUSTER INFO / redis-cli --cluster check)")]
+        return [Finding("cluster", "ok", "Redis Cluster, cluster_state ok")]
+    if int(_info(client, "cluster").get("cluster_enabled", 0)):
+        return [Finding("cluster", "fatal", "the server is a cluster node but the URL is not a "
+                        "cluster URL: keys of other slots would fail",
+                        "use a redis+cluster:// URL")]
+    return [Finding("cluster", "ok", "standalone server")]
+
+
+def check_clock(client: redis.Redis) -> list[Finding]:
+    t0 = time.time()
+    sec, usec = client.time()
+    t1 = time.time()
+    offset = sec + usec / 1e6 - (t0 + t1) / 2
+    text = f"this host's clock is {abs(offset):.3f}s {'behind' if offset > 0 else 'ahead of'} the server's"
+    if abs(offset) > CLOCK_WARN_S:
+        return [Finding("clock", "warn", text + " (due times and leases use only the server's "
+                        "clock, so runs are unaffected; log times and 'last seen' ages are off)",
+                        "run NTP (chrony/systemd-timesyncd) on this host and the server")]
+    return [Finding("clock", "ok", text)]
+
+
+def check_partitions(client: redis.Redis, keys: Keyspace, configured: int | None) -> list[Finding]:
+    stored = client.hget(keys.meta, "partitions")
+    if stored is None:
+        return [Finding("partitions", "info", f"namespace {keys.namespace!r} has no meta record "
+                        "yet (nothing was written to it)",
+                        "check --namespace / DUETIME_NAMESPACE if you expected data here")]
+    if configured is not None and int(stored) != configured:
+        return [Finding("partitions", "fatal", f"namespace {keys.namespace!r} was created with "
+                        f"{int(stored)} partitions, the app is configured with {configured}: its "
+                        "keys would be routed to the wrong partitions",
+                        f"configure App(partitions={int(stored)}) or use a new namespace")]
+    return [Finding("partitions", "ok", f"{int(stored)} partitions (duetime:meta)")]
+
+
+def check_processes(insp: Inspector) -> list[Finding]:
+    out = []
+    schedulers = insp.schedulers()
+    owned = {p for s in schedulers for p in s.partitions}
+    unowned = insp.keys.partitions - len(owned)
+    if not schedulers:
+        out.append(Finding("schedulers", "warn", "no live scheduler: schedules do not fire and "
+                           "expired leases are not recovered",
+                           "run `duetime scheduler` (two or more for availability)"))
+    elif unowned:
+        out.append(Finding("schedulers", "warn", f"{len(schedulers)} live scheduler(s), but "
+                           f"{unowned} partition(s) have no owner right now",
+                           "normal for a few seconds after a scheduler starts or dies; "
+                           "otherwise check the schedulers' logs"))
+    else:
+        out.append(Finding("schedulers", "ok", f"{len(schedulers)} live scheduler(s) own all "
+                           f"{insp.keys.partitions} partitions"))
+    workers = insp.workers()
+    if workers:
+        out.append(Finding("workers", "ok", f"{len(workers)} live worker(s)"))
+    else:
+        out.append(Finding("workers", "info", "no live worker", "run `duetime worker --app ...`"))
+    ov = insp.overview(queues=[])
+    if ov.uncertain:
+        out.append(Finding("uncertain", "warn", f"{ov.uncertain} uncertain run(s) await a decision",
+                           "`duetime uncertain list`, then `duetime uncertain resolve`"))
+    if ov.dead:
+        out.append(Finding("dead letters", "info", f"{ov.dead} dead-lettered run(s)",
+                           "`duetime dead list`; replay or purge them"))
+    return out
+
+
+def run_checks(client: redis.Redis, keys: Keyspace, url: str,
+               configured_partitions: int | None = None) -> list[Finding]:
+    """Every check; a server that cannot be reached is itself a fatal finding."""
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        from common.connection import unavailable
+
+        return [Finding("connection", "fatal", str(unavailable(url, exc)),
+                        "check the URL, the network and the server")]
+    findings: list[Finding] = []
+    checks: list[Callable[[], list[Finding]]] = [
+        lambda: check_server(client), lambda: check_memory(client),
+        lambda: check_persistence(client), lambda: check_cluster(client),
+        lambda: check_clock(client),
+        lambda: check_partitions(client, keys, configured_partitions),
+        lambda: check_processes(Inspector(client, keys, url)),
+    ]
+    for check in checks:
+        try:
+            findings += check()
+        except (redis.ConnectionError, redis.TimeoutError, RedisUnavailable) as exc:
+            findings.append(Finding("connection", "fatal", f"lost the server mid-check: {exc}"))
+            break
+    return findings

@@ -1,0 +1,213 @@
+"""What every `duetime` command module shares: one-line errors, app loading, parsing and
+output helpers (tables, JSON, progress bars on stderr so stdout stays parseable)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+import redis
+
+from common.admin import RunAdmin
+from common.connection import translated
+from common.errors import DuetimeError, InvalidInput
+from common.inspect import Inspector
+from common.timespec import InvalidSchedule
+from duetime.app import App
+
+ENV_URL, ENV_NS = "DUETIME_REDIS_URL", "DUETIME_NAMESPACE"
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+class DuetimeGroup(click.Group):
+    """Usage errors as one line on stderr (exit 2) instead of click's three-line block."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
+            sys.exit(EXIT_USAGE)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            click.echo(f"error: {_one_line(exc.format_message())}{hint}", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as exc:
+            click.echo(f"error: {_one_line(exc.format_message())}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(EXIT_FAILED)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """duetime's own errors become one line on stderr, not a traceback: bad input exits 2
+    (like a usage error), anything else that failed (not found, refused, Redis down) exits 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        try:
+            return fn(*a, **kw)
+        except (InvalidInput, InvalidSchedule) as exc:
+            click.echo(f"error: {_one_line(str(exc))}", err=True)
+            sys.exit(EXIT_USAGE)
+        except DuetimeError as exc:
+            click.echo(f"error: {_one_line(str(exc))}", err=True)
+            sys.exit(EXIT_FAILED)
+        except redis.RedisError as exc:
+            click.echo(f"error: redis: {_one_line(str(exc))}", err=True)
+            sys.exit(EXIT_FAILED)
+
+    return wrapper
+
+
+# -- apps -------------------------------------------------------------------------------
+def load_app(ref: str, url: str | None, namespace: str | None) -> App:
+    """`package.module:attr` → the App object (operator configuration, never data)."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise click.BadParameter(f"expected module:attribute, got {ref!r}", param_hint="--app")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="--app") from None
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise click.BadParameter(f"{ref!r} is not a duetime App", param_hint="--app")
+    app.configure(redis_url=url, namespace=namespace)
+    return app
+
+
+def plain_app(ctx: click.Context) -> App:
+    """An App without tasks, for commands that only read or manage records. Its partition
+    count is the namespace's own (from `<ns>:meta`), so any namespace can be inspected; it
+    writes nothing until a command changes something."""
+    url, ns = ctx.obj["url"], ctx.obj["namespace"]
+    app = App(redis_url=url, namespace=ns)
+    with translated(app.redis_url):
+        stored = app.store.client.hget(app.keys.meta, "partitions")
+    if stored is not None and int(stored) != app.keys.partitions:
+        app.close()
+        app = App(redis_url=url, namespace=ns, partitions=int(stored))
+    return app
+
+
+def app_for(ctx: click.Context, app_ref: str | None) -> App:
+    return load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"]) if app_ref else plain_app(ctx)
+
+
+def inspector(app: App) -> Inspector:
+    return Inspector(app.store.client, app.keys, app.redis_url)
+
+
+def admin(app: App) -> RunAdmin:
+    return RunAdmin(app.store.client, app.keys, app.redis_url)
+
+
+# -- parsing ----------------------------------------------------------------------------
+def parse_seconds(text: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    for suffix in ("ms", "s", "m", "h"):
+        if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).isdigit():
+            return float(text[: -len(suffix)]) * units[suffix]
+    try:
+        return float(text)
+    except ValueError:
+        raise click.BadParameter(f"not a duration: {text!r} (e.g. 500ms, 10s, 2m)") from None
+
+
+def parse_instant(text: str, option: str) -> datetime:
+    """An ISO-8601 instant with a UTC offset (`Z` accepted); a naive one is ambiguous."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"not an ISO-8601 instant: {text!r}", param_hint=option) from None
+    if when.tzinfo is None:
+        raise click.BadParameter(f"{text!r} has no UTC offset; add one (e.g. +00:00 or Z)",
+                                 param_hint=option)
+    return when
+
+
+def parse_payload(args_json: str, kwargs_json: str) -> tuple[list[Any], dict[str, Any]]:
+    try:
+        args = json.loads(args_json)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"bad JSON: {exc}", param_hint="--args") from None
+    try:
+        kwargs = json.loads(kwargs_json)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"bad JSON: {exc}", param_hint="--kwargs") from None
+    if not isinstance(args, list):
+        raise click.BadParameter("must be a JSON list", param_hint="--args")
+    if not isinstance(kwargs, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--kwargs")
+    return args, kwargs
+
+
+# -- output -----------------------------------------------------------------------------
+def iso(dt: datetime | None) -> str | None:
+    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z") if dt else None
+
+
+def short_time(dt: datetime | None) -> str:
+    return dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if dt else "-"
+
+
+def human_s(seconds: float | None) -> str:
+    """12ms, 3.4s, 5m10s, 2h3m, 4d: short and unambiguous in a table."""
+    if seconds is None:
+        return "-"
+    s = abs(seconds)
+    sign = "-" if seconds < 0 else ""
+    if s < 1:
+        return f"{sign}{s * 1000:.0f}ms"
+    if s < 60:
+        return f"{sign}{s:.1f}s"
+    if s < 3600:
+        return f"{sign}{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 86400:
+        return f"{sign}{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{sign}{s / 86400:.1f}d"
+
+
+def echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [["-" if c in (None, "") else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr (stdout stays clean for --json and ids); yields `advance(n)`."""
+    with click.progressbar(length=max(total, 1), label=label, file=sys.stderr,
+                           show_pos=True) as bar:
+        yield bar.update
+
+
+def interrupted(done: int, total: int, what: str, again: str) -> None:
+    """Ctrl-C in a bulk operation: every step is atomic, so say where it stopped and exit."""
+    click.echo(f"\ninterrupted after {done} of {total} {what}; each was done completely, "
+               f"none partly. Run `{again}` again to continue.", err=True)
+    sys.exit(EXIT_INTERRUPTED)

@@ -1,0 +1,214 @@
+"""`duetime leases|workers|top|doctor|keys`: the operator's view of a live namespace."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+from common.connection import redact
+from common.doctor import run_checks
+from common.inspect import Overview
+from common.keyguide import KeyGuide
+from common.models import from_ms
+from duetime.cli_common import (
+    app_for,
+    echo_json,
+    fail_cleanly,
+    human_s,
+    inspector,
+    iso,
+    parse_seconds,
+    plain_app,
+    table,
+)
+from duetime.render import lease_to_dict, scheduler_to_dict, worker_to_dict
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@fail_cleanly
+def leases(ctx: click.Context, as_json: bool) -> None:
+    """Who owns which running run: worker, fence, lease time left, last heartbeat."""
+    held = inspector(plain_app(ctx)).leases()
+    if as_json:
+        echo_json([lease_to_dict(lease) for lease in held])
+        return
+    rows = [(lease.run_id, lease.task, lease.queue, lease.worker or "(expired: reaper recovers it)",
+             lease.fence, human_s(lease.lease_left_s), human_s(lease.heartbeat_age_s) + " ago"
+             if lease.heartbeat_age_s is not None else "-", human_s(lease.running_s),
+             "cancel requested" if lease.cancel_requested else "")
+            for lease in held]
+    click.echo(table(("RUN", "TASK", "QUEUE", "WORKER", "FENCE", "LEASE LEFT", "HEARTBEAT",
+                      "RUNNING", "NOTE"), rows))
+
+
+@click.command()
+@click.option("--all", "include_gone", is_flag=True, help="Also workers that stopped heartbeating.")
+@click.option("--wait-for", default=0, type=click.IntRange(0), metavar="N",
+              help="First wait (up to --timeout) until N workers are live; exit 1 if not.")
+@click.option("--timeout", default="30s", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help='{"workers": [...], "schedulers": [...]}')
+@click.pass_context
+@fail_cleanly
+def workers(ctx: click.Context, include_gone: bool, wait_for: int, timeout: str,
+            as_json: bool) -> None:
+    """Live workers (queues, concurrency, in-flight, last seen) and schedulers."""
+    insp = inspector(plain_app(ctx))
+    deadline = time.monotonic() + parse_seconds(timeout)
+    while wait_for and len([w for w in insp.workers() if w.live]) < wait_for:
+        if time.monotonic() > deadline:
+            click.echo(f"error: fewer than {wait_for} live workers after {timeout}", err=True)
+            ctx.exit(1)
+        time.sleep(0.1)
+    ws, ss = insp.workers(include_gone), insp.schedulers()
+    if as_json:
+        echo_json({"workers": [worker_to_dict(w) for w in ws],
+                   "schedulers": [scheduler_to_dict(s) for s in ss]})
+        return
+    click.echo(table(("WORKER", "QUEUES", "CONCURRENCY", "IN-FLIGHT", "PROCESSED", "LAST SEEN", "STATUS"),
+                     [(w.id, ",".join(w.queues), w.concurrency, w.inflight, w.processed,
+                       human_s(w.last_seen_age_s) + " ago", "live" if w.live else "gone")
+                      for w in ws]))
+    click.echo()
+    click.echo(table(("SCHEDULER", "PARTITIONS", "LAST SEEN"),
+                     [(s.id, len(s.partitions), human_s(s.last_seen_age_s) + " ago") for s in ss]))
+
+
+# -- top ------------------------------------------------------------------------------------
+def overview_to_dict(ov: Overview) -> dict[str, Any]:
+    return {
+        "time": iso(from_ms(ov.now_ms)), "window_s": ov.window_s, "sampled": ov.sampled,
+        "workers": ov.workers, "schedulers": ov.schedulers, "partitions": ov.partitions,
+        "unowned_partitions": ov.unowned_partitions, "leases": ov.leases, "dead": ov.dead,
+        "uncertain": ov.uncertain,
+        "queues": [asdict(q) for q in sorted(ov.queues.values(), key=lambda q: q.queue)],
+    }
+
+
+def render_frame(ov: Overview, title: str) -> str:
+    owned = ov.partitions - len(ov.unowned_partitions)
+    head = [
+        f"{title}   {iso(from_ms(ov.now_ms))}",
+        f"workers {ov.workers} live · schedulers {ov.schedulers} ({owned}/{ov.partitions} "
+        f"partitions owned) · running {ov.leases} · uncertain {ov.uncertain} · dead {ov.dead}",
+        "",
+    ]
+    rows = [(q.queue, q.backlog, human_s(q.oldest_due_age_s) if q.backlog else "-",
+             q.scheduled_later, q.running, q.retrying, f"{q.finished_per_s:.1f}",
+             human_s(q.lateness_p50_s), human_s(q.lateness_p99_s), q.dead)
+            for q in sorted(ov.queues.values(), key=lambda q: q.queue)]
+    body = table(("QUEUE", "BACKLOG", "OLDEST DUE", "LATER", "RUNNING", "RETRYING",
+                  f"DONE/s({ov.window_s:g}s)", "LATE p50", "LATE p99", "DEAD"), rows)
+    note = ["", "(rates, lateness and dead per queue are from a sample of recent runs)"] \
+        if ov.sampled else []
+    return "\n".join(head + [body] + note)
+
+
+@click.command()
+@click.option("--interval", default="2s", show_default=True, help="Refresh period.")
+@click.option("--window", default="60s", show_default=True, help="Rate and lateness window.")
+@click.option("--once", is_flag=True, help="Print one frame and exit (no screen control).")
+@click.option("--json", "as_json", is_flag=True, help="With --once: the frame's numbers as JSON.")
+@click.pass_context
+@fail_cleanly
+def top(ctx: click.Context, interval: str, window: str, once: bool, as_json: bool) -> None:
+    """Live view per queue: backlog, running, finish rate, start lateness p50/p99, retries, dead."""
+    app = plain_app(ctx)
+    insp = inspector(app)
+    period, window_s = parse_seconds(interval), parse_seconds(window)
+    title = f"duetime top — namespace {app.keys.namespace!r} on {redact(app.redis_url)}"
+    if once or as_json:
+        ov = insp.overview(activity=True, window_s=window_s)
+        if as_json:
+            echo_json(overview_to_dict(ov))
+        else:
+            click.echo(render_frame(ov, title))
+        return
+    out = sys.stdout
+    out.write("\x1b[?25l")  # hide the cursor while redrawing
+    try:
+        while True:
+            frame = render_frame(insp.overview(activity=True, window_s=window_s),
+                                 title + f"   (every {interval}; Ctrl-C quits)")
+            out.write("\x1b[H" + frame.replace("\n", "\x1b[K\n") + "\x1b[K\n\x1b[J")
+            out.flush()
+            time.sleep(period)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        out.write("\x1b[?25h\n")
+        out.flush()
+
+
+# -- doctor / keys --------------------------------------------------------------------------
+MARK = {"ok": "ok   ", "info": "info ", "warn": "WARN ", "fatal": "FATAL"}
+
+
+@click.command()
+@click.option("--app", "app_ref", default=None, help="module:attribute: also check its partition count.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@fail_cleanly
+def doctor(ctx: click.Context, app_ref: str | None, as_json: bool) -> None:
+    """Check the server and the deployment; exit 1 on a fatal finding."""
+    from duetime.app import App
+
+    app = app_for(ctx, app_ref) if app_ref else App(redis_url=ctx.obj["url"],
+                                                     namespace=ctx.obj["namespace"])
+    findings = run_checks(app.store.client, app.keys, app.redis_url,
+                          app.keys.partitions if app_ref else None)
+    fatal = any(f.level == "fatal" for f in findings)
+    if as_json:
+        echo_json({"url": redact(app.redis_url), "namespace": app.keys.namespace, "fatal": fatal,
+                   "findings": [asdict(f) for f in findings]})
+    else:
+        click.echo(f"duetime doctor: {redact(app.redis_url)} namespace {app.keys.namespace!r}")
+        for f in findings:
+            click.echo(f"  {MARK[f.level]} {f.check}: {f.message}")
+            if f.advice and f.level != "ok":
+                click.echo(f"        → {f.advice}")
+        click.echo("fatal problems found" if fatal else "no fatal problems")
+    ctx.exit(1 if fatal else 0)
+
+
+@click.command()
+@click.option("--run", "run_id", default=None, help="Print the key of this run's record "
+              "(--json: all its keys).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@fail_cleanly
+def keys(ctx: click.Context, run_id: str | None, as_json: bool) -> None:
+    """The key layout of the live namespace, with a redis-cli command for each key type."""
+    app = plain_app(ctx)
+    guide = KeyGuide(app.store.client, app.keys, app.redis_url)
+    if run_id:
+        from common.names import check_name
+
+        check_name("run id", run_id)
+        rk = guide.run_keys(run_id)
+        if as_json:
+            echo_json(rk)
+        else:
+            click.echo(rk["run"])
+        return
+    docs = guide.layout()
+    if as_json:
+        echo_json({
+            "namespace": app.keys.namespace, "partitions": app.keys.partitions,
+            "prefixes": [app.keys.prefix(p) for p in range(app.keys.partitions)],
+            "keys": [{**asdict(d), "redis_cli": guide.redis_cli(d.command)} for d in docs],
+        })
+        return
+    k = app.keys
+    click.echo(f"namespace {k.namespace!r}: {k.partitions} partitions; T = a partition's prefix, "
+               f"{k.prefix(0)} ... {k.prefix(k.partitions - 1)}")
+    click.echo("(every key of a partition shares its {hash tag}: one cluster slot per partition)\n")
+    for d in docs:
+        click.echo(f"{d.pattern:<24} {d.type:<8} {d.holds}")
+        mark = "" if d.live else "   # (no such key right now)"
+        click.echo(f"    {guide.redis_cli(d.command)}{mark}")

@@ -1,0 +1,301 @@
+"""`duetime runs|dead|uncertain`: inspect runs and act on them (cancel, replay, resolve, purge)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from common.errors import InvalidState
+from common.inspect import RunSummary
+from common.models import STATES, TERMINAL
+from duetime.cli_common import (
+    admin,
+    echo_json,
+    fail_cleanly,
+    inspector,
+    interrupted,
+    parse_instant,
+    parse_seconds,
+    plain_app,
+    progress,
+    short_time,
+    table,
+)
+from duetime.render import run_to_dict, run_to_text, summary_to_dict
+
+UNLIMITED = 10**9
+
+
+def _info(s: RunSummary) -> str:
+    text = s.error or s.reason or ""
+    if s.replayed_by:
+        text = f"replayed by {s.replayed_by}" + (f"; {text}" if text else "")
+    if s.cancel_requested and s.state == "running":
+        text = "cancel requested"
+    return text[:80]
+
+
+def _when(s: RunSummary) -> str:
+    if s.state == "running":
+        return f"started {short_time(s.started)}"
+    if s.state == "retrying":
+        return f"retry {short_time(s.retry_at)}"
+    if s.state == "scheduled":
+        return f"due {short_time(s.due)}"
+    return f"ended {short_time(s.finished)}"
+
+
+def _print_runs(runs: list[RunSummary], as_json: bool, truncated: bool) -> None:
+    if as_json:
+        echo_json([summary_to_dict(s) for s in runs])
+        return
+    rows = [(s.id, s.state, s.task, s.queue, s.schedule, _when(s), f"{s.attempt}/{s.max_attempts}",
+             _info(s)) for s in runs]
+    click.echo(table(("ID", "STATE", "TASK", "QUEUE", "SCHEDULE", "WHEN", "ATTEMPT", "INFO"), rows))
+    if truncated:
+        click.echo("(stopped early: too many finished runs to examine; narrow with --state, "
+                   "--schedule or --queue)", err=True)
+
+
+# -- runs -------------------------------------------------------------------------------
+@click.group()
+def runs() -> None:
+    """Inspect runs; cancel, replay or wait for one."""
+
+
+@runs.command("list")
+@click.option("--state", type=click.Choice(STATES), default=None)
+@click.option("--schedule", default=None, help="Only runs of this schedule.")
+@click.option("--queue", default=None)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True, help="A JSON list (fields: see README).")
+@click.pass_context
+@fail_cleanly
+def runs_list(ctx: click.Context, state: str | None, schedule: str | None, queue: str | None,
+              limit: int, as_json: bool) -> None:
+    """Runs: running, retrying and scheduled first (soonest first), then uncertain, dead and
+    finished (newest first)."""
+    listing = inspector(plain_app(ctx)).list_runs(state, schedule, queue, limit)
+    _print_runs(listing.runs, as_json, listing.truncated)
+
+
+@runs.command("show")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@fail_cleanly
+def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """A run's record and every attempt: worker, start, end, outcome, error; lateness."""
+    run = inspector(plain_app(ctx)).get_run(run_id)
+    if as_json:
+        echo_json(run_to_dict(run))
+    else:
+        click.echo(run_to_text(run))
+
+
+@runs.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", default="cancelled by an operator", show_default=True)
+@click.pass_context
+@fail_cleanly
+def runs_cancel(ctx: click.Context, run_id: str, reason: str) -> None:
+    """Cancel a run: at once if it has not started; a running one stops at its worker's next
+    heartbeat."""
+    outcome, detail = admin(plain_app(ctx)).cancel(run_id, reason)
+    if outcome == "cancelled":
+        click.echo(f"cancelled {run_id} (it was {detail})")
+    else:
+        click.echo(f"cancel requested for {run_id}: worker {detail} stops it at its next "
+                   "heartbeat and records it as cancelled")
+
+
+@runs.command("replay")
+@click.argument("run_id")
+@click.option("--force", is_flag=True, help="Also replay a run that succeeded.")
+@click.option("--note", default="", help="Recorded on the old run.")
+@click.pass_context
+@fail_cleanly
+def runs_replay(ctx: click.Context, run_id: str, force: bool, note: str) -> None:
+    """A new run doing a finished run's work again (same task, payload and idempotency key),
+    linked to it; prints the new run's id."""
+    new_id, created = admin(plain_app(ctx)).replay(run_id, force, note)
+    if not created:
+        click.echo(f"{run_id} was already replayed as:", err=True)
+    click.echo(new_id)
+
+
+@runs.command("wait")
+@click.argument("run_id")
+@click.option("--timeout", default="60s", show_default=True)
+@click.pass_context
+@fail_cleanly
+def runs_wait(ctx: click.Context, run_id: str, timeout: str) -> None:
+    """Wait until a run finishes; prints its state. Exit 0 if it succeeded, 1 otherwise."""
+    insp = inspector(plain_app(ctx))
+    deadline = time.monotonic() + parse_seconds(timeout)
+    while True:
+        state = insp.get_run(run_id).state
+        if state in TERMINAL or state == "uncertain":
+            click.echo(state)
+            ctx.exit(0 if state == "succeeded" else 1)
+        if time.monotonic() > deadline:
+            click.echo(f"error: run {run_id} still {state} after {timeout}", err=True)
+            ctx.exit(1)
+        time.sleep(0.1)
+
+
+# -- dead letters -------------------------------------------------------------------------
+@click.group()
+def dead() -> None:
+    """Dead-lettered runs: failed for good (fatal error or attempts exhausted)."""
+
+
+def _dead_rows(runs: list[RunSummary]) -> list[tuple]:
+    return [(s.id, s.task, s.queue, s.owner, short_time(s.finished), s.attempt,
+             (s.error or s.reason or "")[:80]) for s in runs]
+
+
+@dead.command("list")
+@click.option("--queue", default=None)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@fail_cleanly
+def dead_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
+    """Dead letters not yet replayed or purged, newest first."""
+    listing = inspector(plain_app(ctx)).list_runs("dead", None, queue, limit)
+    if as_json:
+        echo_json([summary_to_dict(s) for s in listing.runs])
+    else:
+        click.echo(table(("ID", "TASK", "QUEUE", "OWNER", "DIED", "ATTEMPTS", "ERROR"),
+                         _dead_rows(listing.runs)))
+
+
+@dead.command("show")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@fail_cleanly
+def dead_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """A dead run's record, its error and every attempt."""
+    run = inspector(plain_app(ctx)).get_run(run_id)
+    if run.state != "dead":
+        raise InvalidState(f"run {run_id} is not dead (state {run.state}); see `duetime runs show`")
+    if as_json:
+        echo_json(run_to_dict(run))
+    else:
+        click.echo(run_to_text(run))
+        if run.error:
+            click.echo("  full error:\n    " + run.error.replace("\n", "\n    "))
+
+
+@dead.command("replay")
+@click.argument("run_id", required=False)
+@click.option("--all", "replay_all", is_flag=True, help="Every dead run (of --queue / --task).")
+@click.option("--queue", default=None, help="With --all: only this queue.")
+@click.option("--task", default=None, help="With --all: only this task.")
+@click.option("--json", "as_json", is_flag=True, help="Print {old, new} pairs as JSON.")
+@click.pass_context
+@fail_cleanly
+def dead_replay(ctx: click.Context, run_id: str | None, replay_all: bool, queue: str | None,
+                task: str | None, as_json: bool) -> None:
+    """Replay one dead run, or all of them; prints the new run ids."""
+    if bool(run_id) == replay_all:
+        raise click.UsageError("give a RUN_ID or --all (not both)")
+    app = plain_app(ctx)
+    adm = admin(app)
+    if run_id:
+        run = inspector(app).get_run(run_id)
+        if run.state != "dead":
+            raise InvalidState(f"run {run_id} is not dead (state {run.state}); "
+                               "use `duetime runs replay`")
+        ids = [run_id]
+    else:
+        listing = inspector(app).list_runs("dead", None, queue, UNLIMITED, UNLIMITED)
+        ids = [s.id for s in listing.runs if task is None or s.task == task]
+    pairs: list[dict[str, str]] = []
+    try:
+        with progress(len(ids), "replaying") as advance:
+            for old in ids:
+                new, _ = adm.replay(old)
+                pairs.append({"old": old, "new": new})
+                advance(1)
+    except KeyboardInterrupt:
+        interrupted(len(pairs), len(ids), "dead runs replayed", "duetime dead replay --all")
+    if as_json:
+        echo_json(pairs)
+    else:
+        for pair in pairs:
+            click.echo(f"{pair['old']} -> {pair['new']}")
+        click.echo(f"replayed {len(pairs)} dead run(s)", err=True)
+
+
+@dead.command("purge")
+@click.option("--before", default=None, help="Only runs dead-lettered before this ISO instant.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+@fail_cleanly
+def dead_purge(ctx: click.Context, before: str | None, yes: bool) -> None:
+    """Delete dead runs for good (records and attempt histories)."""
+    before_ms = int(parse_instant(before, "--before").timestamp() * 1000) if before else None
+    adm = admin(plain_app(ctx))
+    total = adm.count_dead(before_ms)
+    if total == 0:
+        click.echo("no dead runs to purge")
+        return
+    if not yes:
+        click.confirm(f"delete {total} dead run(s) for good?", abort=True, err=True)
+    done = 0
+
+    def advance_and_count(n: int) -> None:
+        nonlocal done
+        done += n
+        advance(n)
+
+    try:
+        with progress(total, "purging") as advance:
+            purged = adm.purge_dead(before_ms, advance_and_count)
+    except KeyboardInterrupt:
+        interrupted(done, total, "dead runs purged", "duetime dead purge")
+    click.echo(f"purged {purged} dead run(s)")
+
+
+# -- uncertain ----------------------------------------------------------------------------
+@click.group()
+def uncertain() -> None:
+    """Runs whose outcome is unknown (non-idempotent task, worker lost): an operator decides."""
+
+
+@uncertain.command("list")
+@click.option("--queue", default=None)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@fail_cleanly
+def uncertain_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
+    """Uncertain runs, newest first."""
+    listing = inspector(plain_app(ctx)).list_runs("uncertain", None, queue, limit)
+    if as_json:
+        echo_json([summary_to_dict(s) for s in listing.runs])
+        return
+    rows = [(s.id, s.task, s.queue, s.owner, short_time(s.finished), s.worker, (s.reason or "")[:80])
+            for s in listing.runs]
+    click.echo(table(("ID", "TASK", "QUEUE", "OWNER", "SINCE", "LAST WORKER", "REASON"), rows))
+
+
+@uncertain.command("resolve")
+@click.argument("run_id")
+@click.option("--as", "verdict", required=True, type=click.Choice(("succeeded", "failed", "replay")),
+              help="succeeded: it happened; failed: dead-letter it; replay: run it again.")
+@click.option("--note", default="", help="Recorded on the run.")
+@click.pass_context
+@fail_cleanly
+def uncertain_resolve(ctx: click.Context, run_id: str, verdict: str, note: str) -> None:
+    """Record what happened to an uncertain run."""
+    result = admin(plain_app(ctx)).resolve(run_id, verdict, note)
+    if verdict == "replay":
+        click.echo(f"resolved {run_id}: replayed as", err=True)
+        click.echo(result)
+    else:
+        click.echo(f"resolved {run_id}: now {result}")

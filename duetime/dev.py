@@ -1,0 +1,93 @@
+"""`duetime dev`: a whole deployment on one machine for trying things out — an embedded
+server (unless a Redis URL is configured), a scheduler (evaluator, reaper, gauges), worker
+processes and sample schedules of the demo app — running until Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from contextlib import ExitStack
+from datetime import timedelta
+
+import click
+
+from common import metrics
+from common.timespec import Cron, Every
+from duetime.app import App
+
+SAMPLES = (
+    ("dev.thumbnails", Every(timedelta(seconds=5)), "demo.resize", ["thumb.png", 128]),
+    ("dev.flaky-import", Every(timedelta(seconds=15)), "demo.flaky", [0]),
+    ("dev.nightly-report", Cron("30 2 * * *", tz="Europe/Paris"), "demo.resize", ["report.png", 2048]),
+)
+
+
+def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: int | None) -> None:
+    from scheduler.evaluator import Evaluator
+    from scheduler.gauges import Gauges
+    from scheduler.reaper import Reaper
+
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with ExitStack() as stack:
+        if not url:
+            from duetime.embedded import EmbeddedServer
+
+            url = stack.enter_context(EmbeddedServer("valkey")).url
+            click.echo(f"started an embedded Valkey server at {url}")
+        from duetime import demo_app
+
+        app: App = demo_app.app
+        app.configure(redis_url=url, namespace=namespace)
+        app.store.ready()
+        ns = app.keys.namespace
+        for name, trigger, task, args in SAMPLES:
+            status = app.schedule(name, trigger, task, args, catchup="latest")
+            click.echo(f"schedule {name}: {trigger.describe()} ({status})")
+        metrics.serve(metrics_port)
+        parts = [Evaluator(url, app.keys, lead_ms=1000), Reaper(url, app.keys, tick_s=0.5),
+                 Gauges(url, app.keys, interval_s=2.0)]
+        threads = [threading.Thread(target=x.run, name=type(x).__name__, daemon=True) for x in parts]
+        for t in threads:
+            t.start()
+        env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns}
+        procs = []
+        for i in range(workers):
+            extra = ["--metrics-port", str(metrics_port + 1 + i)] if metrics_port else []
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "duetime", "--log-level", "WARNING", "worker", "--app",
+                 "duetime.demo_app:app", "--concurrency", "16", "--grace", "5s", *extra],
+                env=env, start_new_session=True))
+        click.echo(f"scheduler running here; {workers} worker process(es): {[p.pid for p in procs]}")
+        click.echo("\nin another shell:\n"
+                   f"  export DUETIME_REDIS_URL={url} DUETIME_NAMESPACE={ns}\n"
+                   "  duetime top            # live view\n"
+                   "  duetime runs list      # what ran, what is due\n"
+                   "  duetime schedule list\n"
+                   "Ctrl-C stops everything.", err=False)
+        try:
+            while not stop.wait(0.5):
+                for p in procs:
+                    if p.poll() is not None:
+                        click.echo(f"worker {p.pid} exited with {p.returncode}", err=True)
+                        stop.set()
+        finally:
+            click.echo("stopping workers and the scheduler ...")
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            for x in parts:
+                x.stop()
+            for t in threads:
+                t.join(5)
+            app.close()
+        click.echo("stopped")

@@ -1,0 +1,148 @@
+"""`duetime leases|workers|top|doctor|dev|demo` against real servers and real processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import redis
+
+from common.inspect import Inspector
+from common.keys import Keyspace
+from duetime.embedded import EmbeddedServer, free_port
+from tests.apps import basic
+from tests.conftest import ROOT, Procs, wait_for
+from tests.integration.opkit import Driver, as_json, cli, ok, one_line_error
+
+
+def test_leases_workers_and_top_show_live_work(app, url, namespace, procs):
+    [dead] = Driver(app).dead(basic.fatal, 1)
+    waiting = [app.enqueue(basic.noop, [i], queue="low") for i in range(2)]  # nobody serves 'low'
+    later = [app.enqueue(basic.noop, [i], delay=3600) for i in range(3)]
+    slow = [app.enqueue(basic.aslow, [30]) for _ in range(2)]
+    procs.worker("--lease", "3s", "--concurrency", "4")
+    wait_for(lambda: all(app.get_run(r).heartbeat for r in slow), 20, what="heartbeats")
+
+    found = as_json(cli(url, namespace, "workers", "--json"))
+    [w] = found["workers"]
+    assert w["queues"] == ["default"] and w["concurrency"] == 4 and w["live"] is True
+    assert w["inflight"] == 2 and w["pid"] and w["last_seen_age_s"] < 10
+    assert found["schedulers"] == []
+    assert w["id"] in ok(cli(url, namespace, "workers"))
+
+    held = as_json(cli(url, namespace, "leases", "--json"))
+    assert sorted(x["run_id"] for x in held) == sorted(slow)
+    for x in held:
+        assert x["worker"] == w["id"] and x["fence"] == 1 and x["attempt"] == 1
+        assert 0 < x["lease_left_s"] <= 3 and x["last_heartbeat"] and x["heartbeat_age_s"] < 3
+        assert x["task"] == "aslow" and x["running_s"] >= 0 and x["cancel_requested"] is False
+    text = ok(cli(url, namespace, "leases"))
+    assert "LEASE LEFT" in text and slow[0] in text and w["id"] in text
+
+    frame = as_json(cli(url, namespace, "top", "--once", "--json"))
+    queues = {q["queue"]: q for q in frame["queues"]}
+    assert set(queues) == {"default", "low"} and frame["workers"] == 1
+    assert queues["low"]["backlog"] == 2 and queues["low"]["oldest_due_age_s"] > 0
+    assert queues["default"]["running"] == 2 and queues["default"]["scheduled_later"] == 3
+    assert queues["default"]["dead"] == 1 and queues["default"]["finished_per_s"] > 0
+    assert queues["default"]["lateness_p50_s"] is not None and frame["dead"] == 1
+    assert frame["leases"] == 2 and len(frame["unowned_partitions"]) == 16
+    text = ok(cli(url, namespace, "top", "--once"))
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("QUEUE"))
+    assert lines[header].split()[:3] == ["QUEUE", "BACKLOG", "OLDEST"]
+    assert lines[header + 2].split()[:2] == ["low", "2"]
+    assert waiting and later and dead
+
+
+def test_top_redraws_in_place_until_ctrl_c(app, procs):
+    app.enqueue(basic.noop, queue="q1", delay=60)
+    top = procs.duetime("top", "--interval", "100ms")
+    time.sleep(1.5)
+    top.send_signal(signal.SIGINT)
+    out, err = top.communicate(timeout=15)
+    assert top.returncode == 0, err
+    assert out.count(b"\x1b[H") >= 2 and b"q1" in out and b"Traceback" not in err
+
+
+def test_doctor_reports_a_healthy_dev_server(app, url, namespace):
+    app.store.ready()
+    res = cli(url, namespace, "doctor", "--json")
+    report = as_json(res)
+    levels = {f["check"]: f["level"] for f in report["findings"]}
+    assert report["fatal"] is False
+    assert levels["server"] == levels["maxmemory-policy"] == levels["cluster"] == "ok"
+    assert levels["persistence"] == "warn"  # the test servers run without AOF/RDB
+    assert levels["clock"] == "ok" and levels["partitions"] == "ok"
+    assert levels["schedulers"] == "warn"  # none running
+    text = ok(cli(url, namespace, "doctor", "--app", "tests.apps.basic:app"))
+    assert "WARN  persistence" in text and "→ for anything but development" in text
+    assert text.rstrip().endswith("no fatal problems")
+
+
+def test_doctor_fatal_findings_exit_non_zero(namespace):
+    with EmbeddedServer("redis", extra=["--maxmemory-policy", "allkeys-lru"]) as bad:
+        res = cli(bad.url, namespace, "doctor")
+        assert res.exit_code == 1
+        assert "FATAL maxmemory-policy" in res.stdout and "noeviction" in res.stdout
+        report = cli(bad.url, namespace, "doctor", "--json")
+        assert report.exit_code == 1
+        body = json.loads(report.stdout)
+        assert body["fatal"] is True
+        assert [f["check"] for f in body["findings"] if f["level"] == "fatal"] == ["maxmemory-policy"]
+        # a namespace made with another partition count than the app's
+        bad_client = redis.Redis.from_url(bad.url)
+        bad_client.hset(f"{namespace}:meta", mapping={"partitions": 8, "version": 1})
+        res = cli(bad.url, namespace, "doctor", "--app", "tests.apps.basic:app")
+        assert res.exit_code == 1 and "created with 8 partitions" in res.stdout
+        bad_client.close()
+    port = free_port()
+    res = cli(f"redis://:hunter2@127.0.0.1:{port}/0", namespace, "doctor")
+    assert res.exit_code == 1 and "FATAL connection: cannot reach Redis" in res.stdout
+    assert "hunter2" not in res.stdout + res.stderr
+
+
+def test_usage_errors_are_one_line_with_exit_2(url, namespace):
+    for args in (["runs", "show"], ["runs", "list", "--limit", "x"], ["top", "--bogus"],
+                 ["nosuchcommand"], ["schedule", "add", "x", "--every", "1m"]):
+        err = one_line_error(cli(url, namespace, *args), 2)
+        assert "--help" in err
+    p = subprocess.run([sys.executable, "-m", "duetime", "runs", "list", "--state", "nope"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: ")
+
+
+@pytest.fixture
+def valkey_procs(servers):
+    """dev/demo start whole deployments: once, on Valkey, is enough."""
+    ps = Procs(servers["valkey"].url, f"t{uuid.uuid4().hex[:10]}")
+    yield ps
+    ps.stop_all()
+
+
+def test_dev_runs_scheduler_workers_and_samples_until_ctrl_c(valkey_procs):
+    dev = valkey_procs.duetime("dev", "--workers", "1", log="WARNING")
+    client = redis.Redis.from_url(valkey_procs.url)
+    insp = Inspector(client, Keyspace(valkey_procs.namespace), valkey_procs.url)
+    wait_for(lambda: insp.list_runs("succeeded", schedule="dev.thumbnails").runs, 30,
+             what="a sample schedule's run to succeed")
+    assert [w.queues for w in insp.workers()] == [["default"]]
+    dev.send_signal(signal.SIGINT)
+    out, err = dev.communicate(timeout=30)
+    assert dev.returncode == 0, err
+    assert b"stopped" in out and b"duetime top" in out and b"Traceback" not in err
+    wait_for(lambda: not insp.workers(), 10, what="the worker to deregister")
+    client.close()
+
+
+def test_demo_drains_its_runs(valkey_procs):
+    p = subprocess.run([sys.executable, "-m", "duetime", "--log-level", "WARNING", "demo",
+                        "--runs", "30", "--workers", "1"], env=valkey_procs.env(), cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "all 31 runs finished" in p.stdout and "a dead-lettered run" in p.stdout

@@ -1,0 +1,105 @@
+"""`/metrics` scraped over HTTP from a running worker and scheduler after known work."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Callable
+from datetime import timedelta
+
+from prometheus_client.parser import text_string_to_metric_families
+
+import duetime
+from duetime.embedded import free_port
+from tests.apps import basic
+from tests.conftest import wait_for
+from tests.integration.opkit import Driver
+
+Samples = dict[tuple[str, frozenset], float]
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def test_worker_and_scheduler_metrics_after_known_work(app, procs):
+    sched_port, worker_port = free_port(), free_port()
+    procs.duetime("scheduler", "--metrics-port", str(sched_port), "--gauges-every", "100ms",
+                  "--tick", "100ms", "--reap-tick", "100ms")
+    waiting = app.enqueue_many([(basic.noop, [i]) for i in range(5)])
+
+    def sched(name: str, **labels: str) -> float | None:
+        return value(scrape(sched_port), name, **labels)
+
+    # no worker yet: the backlog gauge sees the 5 runs, the oldest one ageing
+    wait_for(lambda: _try(lambda: sched("duetime_queue_backlog", queue="default") == 5), 20,
+             what="backlog gauge = 5")
+    assert sched("duetime_queue_oldest_due_age_seconds", queue="default") > 0
+    assert sched("duetime_scheduler_partitions_owned") == 16
+    wait_for(lambda: sched("duetime_partitions_unowned") == 0, 10, what="no unowned partition")
+    app.schedule("metrics-every-second", duetime.Every(timedelta(seconds=1)), basic.anoop)
+
+    # a lease that expires (nobody serves 'orphan'): the scheduler's reaper recovers it
+    orphan = app.enqueue(basic.noop, queue="orphan")
+    assert [c.run_id for _, c in Driver(app).claim_all(queue="orphan", lease_ms=100)] == [orphan]
+    wait_for(lambda: app.get_run(orphan).state == "retrying", 20, what="reaper")
+
+    procs.worker("--metrics-port", str(worker_port), "--queues", "default")
+    fatal = app.enqueue(basic.fatal)
+    flaky = app.enqueue(basic.always_fails)  # 3 attempts, 2 retries, then dead
+    retried = app.enqueue(basic.retry_later, [0.2])  # Retry once, then succeeds
+    wait_for(lambda: [app.get_run(r).state for r in (*waiting, fatal, flaky, retried)]
+             == ["succeeded"] * 5 + ["dead", "dead", "succeeded"], 30, what="known work done")
+
+    def worker_ready() -> bool:
+        s = scrape(worker_port)
+        lateness = value(s, "duetime_start_lateness_seconds_count", queue="default") or 0
+        delay = value(s, "duetime_queue_delay_seconds_count", queue="default") or 0
+        return value(s, "duetime_retries_total", task="flaky") == 2 and delay - lateness == 3
+
+    wait_for(worker_ready, 10, what="worker counters")
+    w = scrape(worker_port)
+    assert value(w, "duetime_runs_finished_total", task="noop", outcome="succeeded") == 5
+    assert value(w, "duetime_runs_finished_total", task="fatal", outcome="dead") == 1
+    assert value(w, "duetime_runs_finished_total", task="flaky", outcome="failed") == 3
+    assert value(w, "duetime_runs_finished_total", task="retry_later", outcome="retry") == 1
+    assert value(w, "duetime_retries_total", task="retry_later") == 1
+    assert value(w, "duetime_dead_letters_total", task="flaky") == 1
+    assert value(w, "duetime_dead_letters_total", task="fatal") == 1
+    assert value(w, "duetime_execution_duration_seconds_count", task="noop") == 5
+    assert value(w, "duetime_execution_duration_seconds_bucket", task="noop", le="+Inf") == 5
+    # first attempts: 5 noop + fatal + flaky + retry_later + the schedule's anoop runs
+    lateness = value(w, "duetime_start_lateness_seconds_count", queue="default")
+    anoops = value(w, "duetime_runs_finished_total", task="anoop", outcome="succeeded") or 0
+    assert lateness == 8 + anoops
+    assert value(w, "duetime_start_lateness_seconds_sum", queue="default") >= 0
+    # the retries waited their backoff before they were claimed, not since the due time
+    retry_delay_sum = (value(w, "duetime_queue_delay_seconds_sum", queue="default")
+                       - value(w, "duetime_start_lateness_seconds_sum", queue="default"))
+    assert 0 <= retry_delay_sum < 5
+    assert value(w, "duetime_runs_claimed_total", queue="default") >= 10 + anoops
+    assert value(w, "duetime_late_results_rejected_total") == 0
+    assert value(w, "duetime_leases_lost_total") == 0
+
+    wait_for(lambda: _try(lambda: sched("duetime_dead_letter_runs") == 2), 10, what="gauges")
+    s = scrape(sched_port)
+    assert value(s, "duetime_queue_backlog", queue="default") == 0
+    assert value(s, "duetime_queue_retrying", queue="orphan") == 1
+    assert value(s, "duetime_lease_expiries_total", result="recovered") == 1
+    assert value(s, "duetime_runs_materialized_total") >= 1
+    assert value(s, "duetime_workers_live") == 1
+    assert value(s, "duetime_uncertain_runs") == 0
+
+
+def _try(fn: Callable[[], object]) -> bool:
+    """A scrape may race the server starting."""
+    try:
+        return bool(fn())
+    except (OSError, TypeError):
+        return False
