@@ -12,7 +12,8 @@ from typing import Any
 from common.keys import Keyspace
 
 Call = tuple[list[str], list[Any]]
-CLAIM_FIELDS = 10
+CLAIM_FIELDS = 11
+CLAIM_HEADER = 3
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,15 @@ class Claimed:
     idempotent: bool
     key: str | None
     schedule: str | None
+    ready_ms: int  # when it became claimable: its due time, or its retry time
+
+
+@dataclass(frozen=True)
+class ClaimReply:
+    next_due_ms: int | None  # earliest due/retry time left in the set
+    runs: list[Claimed]
+    missed: int  # runs this claim found past their starting deadline
+    skipped: int  # runs this claim skipped by their schedule's overlap policy
 
 
 def _s(b: bytes | None) -> str:
@@ -41,18 +51,18 @@ def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms:
             [k.prefix(p), worker_id, limit, lease_ms])
 
 
-def parse_claim(res: list[Any]) -> tuple[int | None, list[Claimed]]:
-    """→ (earliest due time left in the set, or None; the claimed runs)."""
+def parse_claim(res: list[Any]) -> ClaimReply:
     nxt = int(res[0])
     runs = []
-    for i in range(1, len(res), CLAIM_FIELDS):
+    for i in range(CLAIM_HEADER, len(res), CLAIM_FIELDS):
         f = res[i : i + CLAIM_FIELDS]
         runs.append(Claimed(
             run_id=_s(f[0]), fence=int(f[1]), attempt=int(f[2]), task=_s(f[3]),
             payload=f[4] or b"", due_ms=int(f[5] or 0), timeout_ms=int(f[6] or 0),
             idempotent=f[7] != b"0", key=_s(f[8]) or None, schedule=_s(f[9]) or None,
+            ready_ms=int(f[10]),
         ))
-    return (None if nxt < 0 else nxt), runs
+    return ClaimReply(None if nxt < 0 else nxt, runs, int(res[1]), int(res[2]))
 
 
 def _run_keys(k: Keyspace, p: int, run_id: str) -> list[str]:

@@ -10,8 +10,10 @@
 --         per-schedule keys (sched:, sched_running:) are built from it; they carry the
 --         same hash tag, so they live in this partition's slot
 -- ARGV[2] worker id    ARGV[3] max runs to claim    ARGV[4] lease ms
--- Returns {next_due_ms or -1, run fields...}: 10 fields per run (see common/transitions.py).
--- next_due_ms is the earliest due/retry time left in this partition and queue.
+-- A run with a pending cancel request (its worker died before honouring it) is cancelled.
+-- Returns {next_due_ms or -1, missed, skipped, run fields...}: 11 fields per run (see
+-- common/transitions.py). next_due_ms is the earliest due/retry time left in this partition
+-- and queue; missed/skipped count the runs this call finished instead of starting.
 local due_key, retry_key, leases_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local deadlines_key, events_key = KEYS[5], KEYS[6]
 local prefix, worker = ARGV[1], ARGV[2]
@@ -25,11 +27,13 @@ local r = redis.call('ZRANGE', retry_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, li
 local picked, i, j = {}, 1, 1
 while #picked < limit and (i <= #d or j <= #r) do
   if j > #r or (i <= #d and tonumber(d[i + 1]) <= tonumber(r[j + 1])) then
-    picked[#picked + 1] = {d[i], due_key}; i = i + 2
+    picked[#picked + 1] = {d[i], due_key, d[i + 1]}; i = i + 2
   else
-    picked[#picked + 1] = {r[j], retry_key}; j = j + 2
+    picked[#picked + 1] = {r[j], retry_key, r[j + 1]}; j = j + 2
   end
 end
+
+local skipped = 0
 
 -- The overlap policy of a scheduled run; returns true when the run may start now.
 local function overlap_allows(id, run_key, sched, overlap)
@@ -42,6 +46,7 @@ local function overlap_allows(id, run_key, sched, overlap)
   if overlap == 'skip' then
     finish_unstarted(prefix, id, 'skipped', 'overlap: previous run still running', now,
       done_key, deadlines_key, events_key)
+    skipped = skipped + 1
     return false
   end
   -- buffer_one / cancel_other: wait (out of the due set) until the running one has left
@@ -50,6 +55,7 @@ local function overlap_allows(id, run_key, sched, overlap)
   if buffered and buffered ~= '' and buffered ~= id then
     finish_unstarted(prefix, id, 'skipped', 'overlap: a run is already buffered', now,
       done_key, deadlines_key, events_key)
+    skipped = skipped + 1
     return false
   end
   redis.call('HSET', sched_key, 'buffered', id)
@@ -63,21 +69,25 @@ local function overlap_allows(id, run_key, sched, overlap)
   return false
 end
 
-local out = {-1}
+local out = {-1, 0, 0}
 local leased, from_due, from_retry = {}, {}, {}
 for _, p in ipairs(picked) do
   local id = p[1]
   if p[2] == due_key then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
   local run_key = prefix .. 'run:' .. id
   local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
-    'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key')
+    'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested')
   local state, deadline, sched = f[1], tonumber(f[2]), f[3]
   local fence, attempt = tonumber(f[5]) or 0, tonumber(f[6]) or 0
   if fence > 0 then deadline = nil end  -- a starting deadline: retries are not late starts
   if state == 'scheduled' or state == 'retrying' then
-    if deadline and deadline > 0 and now > deadline then
+    if f[13] then
+      finish_unstarted(prefix, id, 'cancelled', 'cancel requested before it could run again', now,
+        done_key, deadlines_key, events_key)
+    elseif deadline and deadline > 0 and now > deadline then
       finish_unstarted(prefix, id, 'missed', 'not started before its starting deadline', now,
         done_key, deadlines_key, events_key)
+      out[2] = out[2] + 1
     elseif not sched or sched == '' or overlap_allows(id, run_key, sched, f[4] or '') then
       fence, attempt = fence + 1, attempt + 1
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence, 'attempt', attempt,
@@ -97,6 +107,7 @@ for _, p in ipairs(picked) do
       out[n + 8] = f[11] or ''
       out[n + 9] = f[12] or ''
       out[n + 10] = sched or ''
+      out[n + 11] = p[3]
     end
   end
   -- any other state: a stale index entry (cancelled, deleted); it is removed below
@@ -111,4 +122,5 @@ local nxt = -1
 if nd[2] then nxt = tonumber(nd[2]) end
 if nr[2] and (nxt == -1 or tonumber(nr[2]) < nxt) then nxt = tonumber(nr[2]) end
 out[1] = nxt
+out[3] = skipped
 return out

@@ -32,13 +32,19 @@ for n, id in ipairs(ids) do
     redis.call('ZREM', leases_key, id)
     redis.call('DEL', lease_key)
     local f = redis.call('HMGET', run_key, 'state', 'fence', 'idempotent', 'queue', 'attempt',
-      'worker', 'started')
+      'worker', 'started', 'cancel_requested')
     if f[1] == 'running' then
       reaped = reaped + 1
       push_attempt(prefix .. 'attempts:' .. id, f[5], f[2], f[6], f[7], 'unknown', now,
         'lease expired')
       leave_running(prefix, run_key, id, now, channel, partition)
-      if f[3] == '0' then
+      if f[8] then
+        -- its worker died before honouring a cancel request: the cancel wins over a retry
+        redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now,
+          'reason', 'cancel requested; the lease expired before the worker stopped it')
+        redis.call('ZADD', done_key, now, id)
+        emit(events_key, id, 'cancelled', 'lease expired')
+      elseif f[3] == '0' then
         redis.call('HSET', run_key, 'state', 'uncertain', 'finished', now,
           'reason', 'lease expired; task is not idempotent, outcome unknown')
         redis.call('ZADD', uncertain_key, now, id)

@@ -100,7 +100,6 @@ class Worker:
         self._subscribed = asyncio.Event()
         self._reports: asyncio.Queue[tuple[str, Execution, list[Any]] | None] = asyncio.Queue()
         self._bg: list[asyncio.Task[None]] = []
-        self._side: set[asyncio.Task[None]] = set()  # fire-and-forget metric reads
         self._debug = log.is_enabled_for(logging.DEBUG)
         self.processed = 0
 
@@ -275,13 +274,17 @@ class Worker:
         now = self.clock.now_ms()
         claimed = 0
         for ((p, q), _), res in zip(plan, results, strict=True):
-            nxt, runs = tr.parse_claim(res)
-            self._set_due((p, q), nxt, seq)
-            for c in runs:
+            reply = tr.parse_claim(res)
+            self._set_due((p, q), reply.next_due_ms, seq)
+            for c in reply.runs:
                 self._start(p, q, c, now)
-            claimed += len(runs)
-            if runs:
-                metrics.child(metrics.CLAIMED, q).inc(len(runs))
+            claimed += len(reply.runs)
+            if reply.runs:
+                metrics.child(metrics.CLAIMED, q).inc(len(reply.runs))
+            if reply.missed:
+                metrics.MISSED.inc(reply.missed)
+            if reply.skipped:
+                metrics.SKIPPED.inc(reply.skipped)
         return claimed
 
     def _start(self, p: int, queue: str, c: tr.Claimed, now: float) -> None:
@@ -292,32 +295,15 @@ class Worker:
         )
         ex = Execution(ctx, p)
         self.inflight[c.run_id] = ex
+        delay = max(0.0, (now - c.ready_ms) / 1000)
+        metrics.child(metrics.QUEUE_DELAY, queue).observe(delay)
         if c.attempt == 1:
             # a first attempt is claimable from its scheduled time: lateness = queue delay
-            late = max(0.0, (now - c.due_ms) / 1000)
-            metrics.child(metrics.START_LATENESS, queue).observe(late)
-            metrics.child(metrics.QUEUE_DELAY, queue).observe(late)
-        else:
-            self._observe_retry_delay(p, queue, c.run_id, now)
+            metrics.child(metrics.START_LATENESS, queue).observe(delay)
         if self._debug:
             log.debug("run started", run_id=c.run_id, task=c.task, attempt=c.attempt,
                       worker_id=self.id, schedule=c.schedule, queue=queue, fence=c.fence)
         ex.task = asyncio.create_task(self._execute(ex, c.payload, c.timeout_ms))
-
-    def _observe_retry_delay(self, p: int, queue: str, run_id: str, claimed_ms: float) -> None:
-        """A retry waited from its retry time, which the claim reply does not carry: read it
-        in the background (retries only), off the claim path."""
-
-        async def observe() -> None:
-            with contextlib.suppress(*REDIS_ERRORS):
-                retry_at = await self.client.hget(self.keys.run(p, run_id), "retry_at")
-                if retry_at:
-                    metrics.child(metrics.QUEUE_DELAY, queue).observe(
-                        max(0.0, (claimed_ms - int(retry_at)) / 1000))
-
-        t = asyncio.create_task(observe())
-        self._side.add(t)
-        t.add_done_callback(self._side.discard)
 
     # -- execution ------------------------------------------------------------------
     async def _execute(self, ex: Execution, payload: bytes, timeout_ms: int) -> None:

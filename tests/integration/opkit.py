@@ -48,7 +48,7 @@ class Driver:
         out = []
         for p in range(self.k.partitions):
             keys, args = tr.claim(self.k, p, queue, worker, 1000, lease_ms)
-            out += [(p, c) for c in tr.parse_claim(self.scripts.claim(keys=keys, args=args))[1]]
+            out += [(p, c) for c in tr.parse_claim(self.scripts.claim(keys=keys, args=args)).runs]
         return out
 
     def fail(self, p: int, c: Any, mode: str = "fatal", error: str = "Fatal: broken",

@@ -24,7 +24,7 @@ def lc(app, r):
             out = []
             for part in ([p] if p is not None else range(self.k.partitions)):
                 keys, args = tr.claim(self.k, part, queue, worker, n, lease_ms)
-                out += [(part, c) for c in tr.parse_claim(self.scripts.claim(keys=keys, args=args))[1]]
+                out += [(part, c) for c in tr.parse_claim(self.scripts.claim(keys=keys, args=args)).runs]
             return out
 
         def complete(self, p, c):
@@ -139,7 +139,8 @@ def test_claim_takes_due_runs_in_due_order_and_never_early(app, r, lc):
     assert late not in claimed
     p = app.keys.partition_of_run(late)
     keys, args = tr.claim(app.keys, p, "default", "w", 10, 1000)
-    nxt, runs = tr.parse_claim(Scripts(r).claim(keys=keys, args=args))
+    reply = tr.parse_claim(Scripts(r).claim(keys=keys, args=args))
+    nxt, runs = reply.next_due_ms, reply.runs
     assert runs == [] and nxt == int(app.get_run(late).due.timestamp() * 1000)
 
 
@@ -232,3 +233,25 @@ def test_first_lease_expiry_retries_at_once_repeated_ones_back_off(app, r, lc):
     run = app.get_run(run_id)
     second_delay = (run.retry_at - run.attempts[1].ended).total_seconds()
     assert 5 <= second_delay <= 10  # a crash loop backs off (equal jitter on a 10 s base)
+
+
+def test_a_cancel_request_outlives_a_dead_worker(app, r, lc):
+    """Cancel asked while running, then the worker dies: the reaper cancels instead of
+    retrying; a retrying run with a pending request is cancelled at its next claim."""
+    run_id = app.enqueue(basic.noop)
+    p = app.keys.partition_of_run(run_id)
+    lc.claim()
+    r.hset(app.keys.run(p, run_id), "cancel_requested", 1)
+    lc.expire(p, run_id)
+    assert lc.reap() == 1
+    run = app.get_run(run_id)
+    assert run.state == "cancelled" and run.attempts[0].outcome == "unknown"
+    assert lc.claim() == []
+
+    other = app.enqueue(basic.noop)
+    q = app.keys.partition_of_run(other)
+    [(_, c)] = lc.claim()
+    assert lc.fail(q, c, mode="retry", delay_ms=0) == "retrying"
+    r.hset(app.keys.run(q, other), "cancel_requested", 1)
+    assert lc.claim() == []
+    assert app.get_run(other).state == "cancelled"

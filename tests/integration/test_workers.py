@@ -209,7 +209,7 @@ def test_lost_lease_cancels_an_async_run(app, r, procs):
     # ... and someone else claims it
     r.zadd(k.retry(p, "default"), {run_id: 0})
     keys, args = tr.claim(k, p, "default", "thief", 1, 60_000)
-    _, runs = tr.parse_claim(scripts.claim(keys=keys, args=args))
+    runs = tr.parse_claim(scripts.claim(keys=keys, args=args)).runs
     assert [c.run_id for c in runs] == [run_id]
     wait_for(lambda: r.llen(basic.intervals_key()) == 1, 10, what="the original execution to stop")
     _, start, end = r.lrange(basic.intervals_key(), 0, -1)[0].decode().split("|")
