@@ -16,6 +16,7 @@ import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
+from common import scripts
 from common.errors import PartitionMismatch, RedisUnavailable
 from common.keys import Keyspace
 
@@ -42,19 +43,26 @@ def _split(url: str) -> tuple[str, bool]:
 
 
 def sync_client(url: str, **kw: Any) -> redis.Redis:
+    """Every connection it opens loads duetime's scripts first (common.scripts)."""
     real, cluster = _split(url)
     kw.setdefault("socket_connect_timeout", 5)
-    if cluster:
-        return RedisCluster.from_url(real, **kw)  # type: ignore[return-value]
-    return redis.Redis.from_url(real, **kw)
+    if cluster:  # the cluster client runs its own handshake, then calls ours
+        return RedisCluster.from_url(  # type: ignore[return-value]
+            real, redis_connect_func=scripts.load_scripts, **kw)
+    return redis.Redis.from_url(real, redis_connect_func=scripts.connect_and_load, **kw)
 
 
 def async_client(url: str, **kw: Any) -> aredis.Redis:
     real, cluster = _split(url)
     kw.setdefault("socket_connect_timeout", 5)
     if cluster:
-        return AsyncRedisCluster.from_url(real, **kw)  # type: ignore[return-value]
-    return aredis.Redis.from_url(real, **kw)
+        client = AsyncRedisCluster.from_url(real, **kw)
+        # redis-py's asyncio cluster client takes no connect hook: give it to the connection
+        # settings every node (present and discovered) is made from
+        for target in (client, client.nodes_manager, *client.get_nodes()):
+            target.connection_kwargs["redis_connect_func"] = scripts.aconnect_and_load
+        return client  # type: ignore[return-value]
+    return aredis.Redis.from_url(real, redis_connect_func=scripts.aconnect_and_load, **kw)
 
 
 def unavailable(url: str, exc: BaseException) -> RedisUnavailable:

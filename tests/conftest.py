@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from common.connection import sync_client
 from duetime.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ def namespace() -> str:
 
 @pytest.fixture
 def r(url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(url)
+    client = sync_client(url)  # loads duetime's scripts on connect, like every duetime client
     yield client
     client.close()
 

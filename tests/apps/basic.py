@@ -9,6 +9,7 @@ import time
 import redis
 
 import duetime
+from common.connection import sync_client
 
 app = duetime.App()
 _client: dict[str, redis.Redis] = {}
@@ -16,7 +17,7 @@ _client: dict[str, redis.Redis] = {}
 
 def r() -> redis.Redis:
     if app.redis_url not in _client:
-        _client[app.redis_url] = redis.Redis.from_url(app.redis_url)
+        _client[app.redis_url] = sync_client(app.redis_url)  # standalone or cluster
     return _client[app.redis_url]
 
 

@@ -218,3 +218,28 @@ def test_lost_lease_cancels_an_async_run(app, r, procs):
     assert run.state == "running" and run.worker == "thief" and run.fence == 2
     assert [a.outcome for a in run.attempts] == ["unknown", "running"]
     assert not run.attempts[0].late  # the cancelled execution reported nothing
+
+
+def test_worker_carries_on_after_a_redis_restart(namespace):
+    """Redis restarts under a running worker (script cache and data gone): it reconnects,
+    reloads the scripts on its new connections, resubscribes, and runs new work."""
+    from duetime.embedded import EmbeddedServer
+    from tests.conftest import Procs
+
+    with EmbeddedServer("redis") as server:
+        basic.app.configure(redis_url=server.url, namespace=namespace)
+        procs = Procs(server.url, namespace)
+        try:
+            procs.worker()
+            first = basic.app.enqueue(basic.noop)
+            wait_for(lambda: basic.app.get_run(first).state == "succeeded", 20, what="first run")
+            server.kill()
+            time.sleep(0.5)
+            server.start()
+            basic.app.close()
+            second = basic.app.enqueue(basic.anoop)
+            wait_for(lambda: basic.app.get_run(second).state == "succeeded", 30,
+                     what="a run after the restart")
+        finally:
+            procs.stop_all()
+            basic.app.close()

@@ -1,0 +1,103 @@
+"""Scale-out on Redis Cluster and Valkey cluster: three primaries, the same scripts.
+
+Every script touches one partition, i.e. one hash slot, so it runs on whichever primary owns
+that slot; the partitions spread over the shards."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import redis
+
+import duetime
+from common.connection import sync_client
+from duetime.embedded import EmbeddedCluster
+from tests.apps import basic
+from tests.conftest import ROOT, Procs, wait_for
+
+
+@pytest.fixture(scope="module", params=["redis", "valkey"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster(request.param) as c:
+        yield c
+
+
+@pytest.fixture
+def capp(cluster: EmbeddedCluster):
+    basic.app.configure(redis_url=cluster.url, namespace=f"c{uuid.uuid4().hex[:8]}")
+    yield basic.app
+    basic.app.close()
+
+
+@pytest.fixture
+def cprocs(cluster: EmbeddedCluster, capp) -> Iterator[Procs]:
+    ps = Procs(cluster.url, capp.keys.namespace)
+    yield ps
+    ps.stop_all()
+
+
+def test_partitions_spread_over_every_shard(cluster, capp):
+    """Each primary owns the slots of some partitions (partition tags spread over slots)."""
+    from redis.crc import key_slot
+
+    slots = {key_slot(capp.keys.run(p, "x").encode()) for p in range(capp.keys.partitions)}
+    owners = set()
+    for lo, hi, primary, *_ in redis.Redis(port=cluster.nodes[0].port).execute_command(
+            "CLUSTER SLOTS"):
+        if any(lo <= s <= hi for s in slots):
+            owners.add(int(primary[1]))
+    assert owners == {n.port for n in cluster.nodes}
+
+
+def test_two_workers_exactly_once_on_a_cluster(capp, cprocs):
+    ids = capp.enqueue_many([(basic.noop, [i]) for i in range(600)]
+                            + [(basic.anoop, [i]) for i in range(600)])
+    cprocs.worker("--concurrency", "32")
+    cprocs.worker("--concurrency", "32")
+    r = sync_client(capp.redis_url)
+    wait_for(lambda: r.hlen(basic.count_key()) >= 1200, 60, what="1200 executions")
+    wait_for(lambda: all(capp.get_run(i).state == "succeeded" for i in ids[::37]), 20,
+             what="runs to succeed")
+    counts = {k.decode(): int(v) for k, v in r.hgetall(basic.count_key()).items()}
+    assert set(counts) == set(ids) and max(counts.values()) == 1
+
+
+def test_crash_recovery_and_schedules_on_a_cluster(capp, cprocs):
+    run_id = capp.enqueue(basic.slow, [2.0])
+    victim = cprocs.worker("--lease", "1s")
+    r = sync_client(capp.redis_url)
+    wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    capp.schedule("tick", duetime.Every(timedelta(seconds=1)), basic.noop)
+    cprocs.duetime("scheduler", "--lead", "300ms")
+    cprocs.worker("--lease", "1s")
+    wait_for(lambda: capp.get_run(run_id).state == "succeeded", 30, what="rerun")
+    assert [a.outcome for a in capp.get_run(run_id).attempts] == ["unknown", "succeeded"]
+    wait_for(lambda: capp.get_schedule("tick").materialized_count >= 3, 15, what="3 scheduled runs")
+
+
+def test_cli_reads_a_cluster(capp, cluster):
+    run_id = capp.enqueue(basic.noop)
+    out = subprocess.run([sys.executable, "-m", "duetime", "--redis-url", cluster.url,
+                          "--namespace", capp.keys.namespace, "runs", "show", run_id, "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f'"id": "{run_id}"' in out.stdout
+
+
+def test_new_connections_load_the_scripts_themselves(cluster, capp, cprocs):
+    """An empty script cache on every node (as after restarts): a worker's fresh connections
+    load the scripts when they open; no NOSCRIPT reaches a pipeline."""
+    for node in cluster.nodes:
+        redis.Redis(port=node.port).script_flush()
+    capp.close()  # the app reconnects too
+    run_id = capp.enqueue(basic.anoop)
+    cprocs.worker()
+    wait_for(lambda: capp.get_run(run_id).state == "succeeded", 20, what="run after flush")
