@@ -1,0 +1,78 @@
+"""What every adapter shares: settings from the environment and the side counter.
+
+Environment (set by the harness for every process of a run):
+  BENCH_URL        the system's own Redis (db 0 of the fresh server of this run)
+  BENCH_COUNT_URL  the side counter: db 1 of a SEPARATE loopback server, so that the
+                   counting never shows in the system server's INFO commandstats / cpu (W4)
+  BENCH_TAG        key tag for this system and round, e.g. "rq:w1:2"
+  BENCH_MODE       "default" or "aggressive" (W3 recovery settings)
+  BENCH_VARIANT    an adapter's variant, e.g. rq "simple" (SimpleWorker)
+
+Every task execution calls start(i) first thing (RPUSH "<i> <time.time()>" on
+bench:<tag>:starts) and done(i) at its end (HINCRBY bench:<tag>:count <i> 1). For a no-op job
+both go in one pipelined round trip (record(i)). Counting happens in the job itself, so losses
+(fields missing) and duplicates (values > 1) are visible whatever the system believes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import redis
+
+URL = os.environ.get("BENCH_URL", "redis://127.0.0.1:6399/0")
+COUNT_URL = os.environ.get("BENCH_COUNT_URL", "redis://127.0.0.1:6398/1")
+TAG = os.environ.get("BENCH_TAG", "dev")
+MODE = os.environ.get("BENCH_MODE", "default")
+VARIANT = os.environ.get("BENCH_VARIANT", "")
+LONG_SECONDS = float(os.environ.get("BENCH_LONG_SECONDS", "5"))
+
+_local = threading.local()
+
+
+def _client() -> redis.Redis:
+    c = getattr(_local, "client", None)
+    if c is None:
+        c = _local.client = redis.Redis.from_url(COUNT_URL)
+    return c
+
+
+def starts_key(tag: str = TAG) -> str:
+    return f"bench:{tag}:starts"
+
+
+def count_key(tag: str = TAG) -> str:
+    return f"bench:{tag}:count"
+
+
+def record(i: int) -> None:
+    """A no-op job's whole body: its start time and its count, one round trip."""
+    t = time.time()
+    pipe = _client().pipeline(transaction=False)
+    pipe.rpush(starts_key(), f"{int(i)} {t:.6f}")
+    pipe.hincrby(count_key(), str(int(i)), 1)
+    pipe.execute()
+
+
+def start(i: int) -> None:
+    _client().rpush(starts_key(), f"{int(i)} {time.time():.6f}")
+
+
+def done(i: int) -> None:
+    _client().hincrby(count_key(), str(int(i)), 1)
+
+
+def long_sync(i: int, seconds: float) -> None:
+    start(i)
+    time.sleep(seconds)
+    done(i)
+
+
+async def long_async(i: int, seconds: float) -> None:
+    import asyncio
+
+    start(i)
+    await asyncio.sleep(seconds)
+    done(i)

@@ -1,0 +1,60 @@
+"""duetime adapter (runs in the project's .venv). JSON/msgpack payloads, no pickle."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+
+import duetime
+from bench.peers import common
+
+CONCURRENCY = 100
+app = duetime.App(redis_url=common.URL, namespace="bench")
+
+
+@app.task(name="bench.count")
+async def count(i: int) -> None:
+    common.record(i)
+
+
+@app.task(name="bench.long", retries=3)
+async def long(i: int, seconds: float) -> None:
+    await common.long_async(i, seconds)
+
+
+def describe() -> dict:
+    return {
+        "enqueue": "app.enqueue_many([(count, [i]) ...]) (pipelined bulk enqueue)",
+        "enqueue_at": "app.enqueue_many([{'task': count, 'args': [i], 'at': datetime}, ...])",
+        "worker": f"one `duetime worker` process, --concurrency {CONCURRENCY} (async tasks)",
+        "recovery": {
+            "default": "worker --lease 10s (default), reaper --tick 500ms (default); task retries=3",
+            "aggressive": "worker --lease 2s, reaper --tick 100ms; task retries=3",
+        },
+    }
+
+
+def enqueue_burst(n: int, first: int = 0) -> None:
+    app.enqueue_many([(count, [i]) for i in range(first, first + n)])
+
+
+def enqueue_at(instants: list[float]) -> None:
+    app.enqueue_many([{"task": count, "args": [k], "at": datetime.fromtimestamp(t, UTC)}
+                      for k, t in enumerate(instants)])
+
+
+def enqueue_long(seconds: float) -> None:
+    app.enqueue(long, [0, seconds])
+
+
+def worker_procs(workload: str) -> list[list[str]]:
+    py = sys.executable
+    base = [py, "-m", "duetime", "--log-level", "WARNING"]
+    worker = [*base, "worker", "--app", "bench.peers.duetime:app", "--concurrency", str(CONCURRENCY)]
+    reaper = [*base, "reaper", "--app", "bench.peers.duetime:app"]
+    if workload != "W3":
+        return [worker]
+    if common.MODE == "aggressive":
+        return [[*worker, "--lease", "2s"], [*reaper, "--tick", "100ms"]]
+    return [worker, reaper]
+

@@ -1,0 +1,33 @@
+"""Pure helpers for the peer benchmark: percentiles and median/min/max summaries."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100) of a non-empty sequence: the smallest value with at
+    least p % of the values at or below it; p=0 gives the minimum, p=100 the maximum."""
+    if not values:
+        raise ValueError("percentile of no values")
+    s = sorted(values)
+    if p <= 0:
+        return s[0]
+    k = math.ceil(p / 100 * len(s))
+    return s[min(len(s), max(1, k)) - 1]
+
+
+def summary(values: Sequence[float | None]) -> dict[str, float] | None:
+    """median, min, max and count of the values that are not None; None when there are none."""
+    vs = [v for v in values if v is not None]
+    if not vs:
+        return None
+    return {"median": statistics.median(vs), "min": min(vs), "max": max(vs), "n": len(vs)}
+
+
+def ratios(ours: Sequence[float | None], theirs: Sequence[float | None]) -> list[float]:
+    """Per-round ratios ours[r] / theirs[r], only for rounds where both were measured and the
+    divisor is not zero (a ratio is only taken between numbers measured in the same round)."""
+    return [a / b for a, b in zip(ours, theirs, strict=False) if a is not None and b not in (None, 0)]
