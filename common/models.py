@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -22,10 +23,12 @@ def from_ms(ms: int | float | str | bytes | None) -> datetime | None:
     return datetime.fromtimestamp(int(float(ms)) / 1000, tz=UTC)
 
 
-def to_ms(dt: datetime) -> int:
+def to_ms(dt: datetime, *, ceil: bool = False) -> int:
+    """Epoch ms; `ceil` for due times, so a run is never due before its instant."""
     if dt.tzinfo is None:
         raise ValueError(f"naive datetime {dt!r}: give an aware datetime (e.g. tzinfo=UTC)")
-    return int(dt.timestamp() * 1000)
+    ms = dt.timestamp() * 1000
+    return math.ceil(ms) if ceil else int(ms)
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ class RunStore:
         payload = pack_payload(req.args, req.kwargs, self.max_payload)
         run_id = req.run_id or (keyed_run_id(spec.name, req.key) if req.key else new_run_id())
         if req.at is not None:
-            due, delay_ms = str(to_ms(req.at)), 0
+            due, delay_ms = str(to_ms(req.at, ceil=True)), 0
         else:
             d = req.delay or 0
             delay_ms = int((d.total_seconds() if isinstance(d, timedelta) else float(d)) * 1000)

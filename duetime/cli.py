@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from common import logs, metrics
+from common.connection import DEFAULT_URL, redact
 from duetime.app import App
 from duetime.cli_common import (
     ENV_NS,
@@ -37,6 +38,17 @@ def main(ctx: click.Context, redis_url: str | None, namespace: str | None, log_l
     """duetime: a Redis-backed distributed job scheduler."""
     logs.configure(log_level)
     ctx.obj = {"url": redis_url, "namespace": namespace}
+
+
+def announce(ctx: click.Context, app: App, role: str) -> None:
+    """Long-running processes say which Redis and namespace they act on; falling back to the
+    default URL is a warning, since a reaper on the wrong server reaps someone else's runs."""
+    log = logs.get("duetime.cli")
+    where = {"redis": redact(app.redis_url), "namespace": app.keys.namespace, "role": role}
+    if not ctx.obj["url"] and not os.environ.get(ENV_URL) and app.redis_url == DEFAULT_URL:
+        log.warning(f"no --redis-url or {ENV_URL} given: using the default server", **where)
+    else:
+        log.info("connected", **where)
 
 
 # -- worker -------------------------------------------------------------------------------
@@ -69,6 +81,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
 
         check_name("queue", q)
     app.store.ready().sadd(app.keys.queues, *qs)  # clear error now if Redis is down
+    announce(ctx, app, "worker")
     metrics.serve(metrics_port)
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=int(parse_seconds(lease) * 1000),
                        grace_s=parse_seconds(grace))
@@ -122,6 +135,7 @@ def _run_reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: s
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"]) if app_ref else App(
         redis_url=ctx.obj["url"], namespace=ctx.obj["namespace"])
     app.store.ready()
+    announce(ctx, app, "reaper")
     metrics.serve(metrics_port)
     reaper = Reaper(app.redis_url, app.keys, tick_s=parse_seconds(tick),
                     retention_ms=int(parse_seconds(retention) * 1000))
@@ -166,6 +180,7 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, rea
 
     app = _app_or_plain(ctx, app_ref)
     app.store.ready()
+    announce(ctx, app, "scheduler")
     metrics.serve(metrics_port)
     run_scheduler(app.redis_url, app.keys, lead_ms=int(parse_seconds(lead) * 1000),
                   tick_s=parse_seconds(tick), reap_tick_s=parse_seconds(reap_tick),

@@ -55,7 +55,7 @@ class WorkerConfig:
     concurrency: int = 16
     lease_ms: int = 10_000
     grace_s: float = 30.0
-    refresh_s: float = 2.0
+    refresh_s: float = 5.0  # safety net only: wake notices and claim replies carry due times
     worker_id: str = field(default_factory=default_worker_id)
 
 
