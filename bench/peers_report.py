@@ -27,8 +27,11 @@ How it runs:
 - Jobs count themselves: the first thing a job does is `RPUSH` its number and `time.time()`, and
   it `HINCRBY`s its number when it ends, on db 1 of a *separate* loopback counter server (so the
   counting never shows in the measured server's `INFO commandstats` / `INFO cpu`). Lost = numbers
-  never counted; duplicates = counts above 1. All job code uses the same synchronous redis-py
-  call, also in the asyncio systems (one loopback round trip, ~0.1 ms).
+  never counted; duplicates = counts above 1. A no-op job (W1, W2) records its number and start
+  time in an in-process buffer that a background thread sends every 2 ms, the same code for
+  every system, so counting costs a job microseconds rather than a blocking round trip (rq's
+  default worker forks a child per job that exits at once: it counts with one synchronous
+  round trip instead). W3's long job counts synchronously at its start and end.
 - Workers: one worker process (or the system's single worker command with its supervisor
   process) per run; thread pools of 8 for the threaded systems, 100 concurrent jobs for the
   asyncio ones (duetime included); logging at WARNING where the CLI allows it.

@@ -82,6 +82,16 @@ def record(i: int) -> None:
             _flusher.start()
 
 
+def record_now(i: int) -> None:
+    """record(i) in one blocking round trip: for a process that exits right after the job
+    (rq's default worker forks one per job), where a buffer would die unsent."""
+    t = time.time()
+    pipe = _client().pipeline(transaction=False)
+    pipe.rpush(starts_key(), f"{int(i)} {t:.6f}")
+    pipe.hincrby(count_key(), str(int(i)), 1)
+    pipe.execute()
+
+
 def start(i: int) -> None:
     _client().rpush(starts_key(), f"{int(i)} {time.time():.6f}")
 
