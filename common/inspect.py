@@ -17,10 +17,10 @@ from datetime import datetime
 import redis
 
 from common.connection import server_time_ms, translated
-from common.errors import InvalidInput, RunNotFound
+from common.errors import InvalidInput
 from common.keys import Keyspace
 from common.models import STATES, Run, from_ms
-from common.names import check_name
+from common.runs import read_run
 
 SUMMARY_FIELDS = (
     "state", "task", "queue", "schedule", "due", "created", "started", "finished",
@@ -199,15 +199,8 @@ class Inspector:
     # -- runs -------------------------------------------------------------------------
     def get_run(self, run_id: str) -> Run:
         """One run with its attempt history (reads only; never writes the namespace's meta)."""
-        check_name("run id", run_id)
-        p = self.keys.partition_of_run(run_id)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.run(p, run_id))
-        pipe.lrange(self.keys.attempts(p, run_id), 0, -1)
-        h, attempts = self._exec(pipe)
-        if not h:
-            raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
-        return Run.decode(run_id, h, attempts)
+        with translated(self.url):
+            return read_run(self.client, self.keys, run_id)
 
     def _index_keys(self, index: str, parts: Iterable[int], queues: list[str]) -> list[str]:
         k = self.keys

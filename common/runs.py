@@ -34,6 +34,19 @@ def keyed_run_id(task: str, key: str) -> str:
     return "k" + hashlib.sha256(f"{task}\0{key}".encode()).hexdigest()[:24]
 
 
+def read_run(client: redis.Redis, keys: Keyspace, run_id: str) -> Run:
+    """One run with its attempt history: one round trip, reads only."""
+    check_name("run id", run_id)
+    p = keys.partition_of_run(run_id)
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.run(p, run_id))
+    pipe.lrange(keys.attempts(p, run_id), 0, -1)
+    h, attempts = pipe.execute()
+    if not h:
+        raise RunNotFound(f"no run {run_id!r} in namespace {keys.namespace!r}")
+    return Run.decode(run_id, h, attempts)
+
+
 @dataclass
 class EnqueueRequest:
     spec: TaskSpec
@@ -146,17 +159,9 @@ class RunStore:
 
     # -- read -------------------------------------------------------------------------
     def get_run(self, run_id: str) -> Run:
-        check_name("run id", run_id)
-        p = self.keys.partition_of_run(run_id)
         client = self.ready()
         with translated(self.url):
-            pipe = client.pipeline(transaction=False)
-            pipe.hgetall(self.keys.run(p, run_id))
-            pipe.lrange(self.keys.attempts(p, run_id), 0, -1)
-            h, attempts = pipe.execute()
-        if not h:
-            raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
-        return Run.decode(run_id, h, attempts)
+            return read_run(client, self.keys, run_id)
 
     def close(self) -> None:
         self.client.close()
