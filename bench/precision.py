@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 import redis
 
 from bench.apps import app, noop
+from bench.stats import print_rounds
 from duetime.embedded import EmbeddedServer
 
 
@@ -65,11 +65,7 @@ def main() -> None:
     with EmbeddedServer(args.server) as server:
         rounds = [one_round(server.url, args.runs, args.window) for _ in range(args.repeat)]
     print(f"server={args.server} runs={args.runs} window={args.window}s repeat={args.repeat}")
-    for key in rounds[0]:
-        vals = [x[key] for x in rounds]
-        print(f"  {key:<8} median {statistics.median(vals):8.2f}   min {min(vals):8.2f}"
-              f"   max {max(vals):8.2f}")
-
+    print_rounds(rounds)
 
 if __name__ == "__main__":
     main()

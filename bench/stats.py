@@ -31,3 +31,11 @@ def ratios(ours: Sequence[float | None], theirs: Sequence[float | None]) -> list
     """Per-round ratios ours[r] / theirs[r], only for rounds where both were measured and the
     divisor is not zero (a ratio is only taken between numbers measured in the same round)."""
     return [a / b for a, b in zip(ours, theirs, strict=False) if a is not None and b not in (None, 0)]
+
+
+def print_rounds(rounds: list[dict[str, float]], width: int = 24) -> None:
+    """One line per measure: median and min-max over the rounds (the duetime-only benches)."""
+    for key in rounds[0]:
+        vals = [r[key] for r in rounds]
+        print(f"  {key:<{width}} median {statistics.median(vals):10.2f}   min {min(vals):10.2f}"
+              f"   max {max(vals):10.2f}")

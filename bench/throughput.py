@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import uuid
 import redis
 
 from bench.apps import app, noop
+from bench.stats import print_rounds
 from duetime.embedded import EmbeddedServer
 
 
@@ -85,11 +85,7 @@ def main() -> None:
     with EmbeddedServer(args.server) as server:
         rounds = [one_round(server.url, args.runs, args.concurrency) for _ in range(args.repeat)]
     print(f"server={args.server} runs={args.runs} repeat={args.repeat} concurrency={args.concurrency}")
-    for key in rounds[0]:
-        vals = [r[key] for r in rounds]
-        print(f"  {key:<24} median {statistics.median(vals):10.2f}   min {min(vals):10.2f}"
-              f"   max {max(vals):10.2f}")
-
+    print_rounds(rounds)
 
 if __name__ == "__main__":
     main()
