@@ -1,5 +1,7 @@
 """W1-style burst: enqueue N no-op runs with enqueue_many, then drain them with ONE worker
-process; report runs/s for both and Redis commands per run (INFO commandstats deltas).
+process; report runs/s for both, and per run: Redis commands (INFO commandstats deltas, script
+calls included), socket reads (INFO stats total_reads_processed: the round trips the server
+served), time inside scripts and server CPU (INFO cpu).
 
     .venv/bin/python -m bench.throughput --runs 20000 --repeat 3 [--server redis|valkey]
 """
@@ -20,8 +22,14 @@ from bench.stats import print_rounds
 from duetime.embedded import EmbeddedServer
 
 
-def commandstats(r: redis.Redis) -> dict[str, int]:
-    return {k: v["calls"] for k, v in r.info("commandstats").items()}
+def commandstats(r: redis.Redis) -> dict[str, float]:
+    """Command calls, plus three pseudo-entries: reads, CPU µs and µs inside EVALSHA."""
+    info = r.info("all")
+    out: dict[str, float] = {k: v["calls"] for k, v in info.items() if k.startswith("cmdstat_")}
+    out["@reads"] = info["total_reads_processed"]
+    out["@cpu_us"] = (info["used_cpu_sys"] + info["used_cpu_user"]) * 1e6
+    out["@evalsha_us"] = info.get("cmdstat_evalsha", {}).get("usec", 0)
+    return out
 
 
 def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
@@ -58,20 +66,33 @@ def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
     proc.terminate()
     proc.wait(30)
     # worker start-up (interpreter + imports) is part of t_drain; measure it to report both
-    def delta(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
-        return {k: b.get(k, 0) - a.get(k, 0) for k in b if b.get(k, 0) - a.get(k, 0) > 0}
+    def delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+        d = {k: b.get(k, 0) - a.get(k, 0) for k in b if b.get(k, 0) - a.get(k, 0) > 0}
+        d.pop("cmdstat_info", None)  # the bench's own INFO: one read each
+        d["@reads"] = d.get("@reads", 0) - 1
+        return d
 
-    enq_cmds, drain_cmds = delta(stats0, stats1), delta(stats1, stats2)
-    drain_cmds.pop("cmdstat_zcard", None)  # the bench's own polling
+    enq, drain = delta(stats0, stats1), delta(stats1, stats2)
+    polls = drain.pop("cmdstat_zcard", 0) / len(done_keys)  # the bench's own polling
+    drain["@reads"] -= polls
+    pseudo = ("@reads", "@cpu_us", "@evalsha_us")
+
+    def cmds(d: dict[str, float]) -> float:
+        return sum(v for k, v in d.items() if k not in pseudo)
+
     app.close()
     r.close()
     return {
         "enqueue_per_s": n / t_enq,
         "drain_per_s": n / t_drain,
         "worker_startup_s": t_wall - t_drain,
-        "enqueue_cmds_per_run": sum(enq_cmds.values()) / n,
-        "drain_cmds_per_run": sum(drain_cmds.values()) / n,
-        "drain_evalsha_per_run": drain_cmds.get("cmdstat_evalsha", 0) / n,
+        "enqueue_cmds_per_run": cmds(enq) / n,
+        "drain_cmds_per_run": cmds(drain) / n,
+        "drain_evalsha_per_run": drain.get("cmdstat_evalsha", 0) / n,
+        "reads_per_run": (enq["@reads"] + drain["@reads"]) / n,
+        "script_us_per_run": (enq["@evalsha_us"] + drain["@evalsha_us"]) / n,
+        "enqueue_script_us_per_run": enq["@evalsha_us"] / n,
+        "redis_cpu_us_per_run": (enq["@cpu_us"] + drain["@cpu_us"]) / n,
     }
 
 

@@ -43,6 +43,8 @@ log = get_logger("duetime.worker")
 
 MAX_ERROR = 4000
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+CLAIMS_IN_FLIGHT = 2
+CLAIM_MIN_SHARE = 16
 
 
 def default_worker_id() -> str:
@@ -102,6 +104,10 @@ class Worker:
         self._bg: list[asyncio.Task[None]] = []
         self._debug = log.is_enabled_for(logging.DEBUG)
         self.processed = 0
+        self._claims: set[asyncio.Task[None]] = set()
+        self._reserved = 0  # slots promised to claims in flight
+        self._hold_until = 0.0  # monotonic time before which nothing is claimed
+        self._claim_backoff = 0.1
 
     # -- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -221,42 +227,74 @@ class Worker:
         return [k for _, _, k in due]
 
     async def _claim_loop(self) -> None:
+        """Claims run as tasks, up to CLAIMS_IN_FLIGHT at once, each reserving the slots it
+        asked for: the next claim travels while the previous batch starts and runs, so Redis
+        time and Python time overlap instead of adding up."""
         last_refresh = time.monotonic()
         last_clock = time.monotonic()
-        backoff = 0.1
         while not self._stopping.is_set():
-            free = self.cfg.concurrency - len(self.inflight)
-            due = self._due_now() if free > 0 else []
+            free = self.cfg.concurrency - len(self.inflight) - self._reserved
+            hold = self._hold_until - time.monotonic()
+            can_claim = free > 0 and len(self._claims) < CLAIMS_IN_FLIGHT and hold <= 0
+            due = self._due_now() if can_claim else []
+            if due:
+                self._spawn_claim(due, free)
+                continue
             try:
-                if due:
-                    if not await self._claim(due, free):
-                        # our estimate of server time ran ahead of the server's by a hair
-                        await asyncio.sleep(0.001)
-                    backoff = 0.1
-                    continue
                 if time.monotonic() - last_refresh >= self.cfg.refresh_s:
                     await self._refresh_heads()
                     last_refresh = time.monotonic()
-                    backoff = 0.1
                     continue
                 if time.monotonic() - last_clock >= 60:
                     await self.clock.sync(self.client)
                     last_clock = time.monotonic()
             except REDIS_ERRORS as exc:
-                log.warning("redis unavailable while claiming", error=str(exc), retry_in=backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                self._claim_failed(exc)
                 continue
             timeout = self.cfg.refresh_s - (time.monotonic() - last_refresh)
-            if free > 0 and self.next_due:
+            if hold > 0:
+                timeout = min(timeout, hold)
+            elif free > 0 and self.next_due and len(self._claims) < CLAIMS_IN_FLIGHT:
                 timeout = min(timeout, (min(self.next_due.values()) - self.clock.now_ms()) / 1000)
             self._wake.clear()
             if timeout > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
+        if self._claims:
+            await asyncio.gather(*self._claims, return_exceptions=True)
+
+    def _spawn_claim(self, due: list[tuple[int, str]], free: int) -> None:
+        # a claim takes at most its share of the slots, so another can be in flight meanwhile
+        free = min(free, -(-self.cfg.concurrency // CLAIMS_IN_FLIGHT))
+        self._reserved += free
+        task = asyncio.create_task(self._claim_task(due, free))
+        self._claims.add(task)
+        task.add_done_callback(self._claims.discard)
+
+    async def _claim_task(self, due: list[tuple[int, str]], free: int) -> None:
+        try:
+            if not await self._claim(due, free):
+                # our estimate of server time ran ahead of the server's by a hair
+                self._hold_until = time.monotonic() + 0.001
+            else:
+                self._claim_backoff = 0.1
+        except REDIS_ERRORS as exc:
+            self._claim_failed(exc)
+        finally:
+            self._reserved -= free
+            self._wake.set()
+
+    def _claim_failed(self, exc: BaseException) -> None:
+        """Redis is unreachable: claim nothing for a while (doubling, up to 5 s)."""
+        log.warning("redis unavailable while claiming", error=str(exc),
+                    retry_in=self._claim_backoff)
+        self._hold_until = time.monotonic() + self._claim_backoff
+        self._claim_backoff = min(self._claim_backoff * 2, 5.0)
 
     async def _claim(self, due: list[tuple[int, str]], free: int) -> int:
-        share = max(1, -(-free // len(due)))
+        # earliest-due keys first; at least CLAIM_MIN_SHARE runs each, so a backlog spread over
+        # many partitions is claimed in a few calls rather than one call per partition
+        share = max(min(free, CLAIM_MIN_SHARE), -(-free // len(due)))
         plan: list[tuple[tuple[int, str], int]] = []
         left = free
         for key in due:

@@ -58,6 +58,24 @@ async def aslow(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
+_running = 0
+
+
+@app.task(name="overlapping")
+async def overlapping(seconds: float) -> None:
+    """Keeps the highest number of runs executing at once in this process (one event loop)."""
+    global _running
+    record()
+    _running += 1
+    try:
+        r().execute_command("EVAL", "local n = tonumber(ARGV[1]) if n > tonumber("
+                            "redis.call('GET', KEYS[1]) or 0) then redis.call('SET', KEYS[1], n)"
+                            " end", 1, f"{app.keys.namespace}:test:max_running", _running)
+        await asyncio.sleep(seconds)
+    finally:
+        _running -= 1
+
+
 @app.task(name="flaky", retries=2, backoff=(0.2, 0.4))
 def always_fails() -> None:
     record()

@@ -38,6 +38,15 @@ def test_two_workers_race_over_2000_runs_each_runs_exactly_once(app, r, procs):
     assert len(workers) == 2  # both workers took part
 
 
+def test_concurrency_caps_runs_executing_at_once(app, r, procs):
+    """Claims overlap (one travels while another batch starts): the cap must still hold."""
+    ids = app.enqueue_many([(basic.overlapping, [0.05]) for _ in range(120)])
+    procs.worker("--concurrency", "7")
+    wait_for(lambda: states(app, ids) == {"succeeded": 120}, 60, what="120 succeeded")
+    assert max(counts(r, app).values()) == 1
+    assert int(r.get(f"{app.keys.namespace}:test:max_running")) == 7
+
+
 def test_sigkill_mid_run_reruns_after_lease_expiry(app, r, procs):
     run_id = app.enqueue(basic.slow, [2.0])
     victim = procs.worker("--lease", "1s")
