@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import msgpack
@@ -11,9 +12,15 @@ from common.errors import InvalidInput, PayloadTooLarge
 DEFAULT_MAX_PAYLOAD = 512 * 1024
 
 
+_local = threading.local()
+
+
 def pack_payload(args: tuple | list, kwargs: dict, limit: int = DEFAULT_MAX_PAYLOAD) -> bytes:
+    packer = getattr(_local, "packer", None)
+    if packer is None:  # one Packer per thread: packb() builds a new one per call
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
     try:
-        data = msgpack.packb([list(args), dict(kwargs)], use_bin_type=True)
+        data = packer.pack([list(args), dict(kwargs)])
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidInput(f"payload is not msgpack-serialisable: {exc}") from None
     if len(data) > limit:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -22,7 +24,7 @@ from common.scripts import Scripts
 from common.tasks import TaskSpec
 
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call
-PIPELINE_RUNS = 5000  # runs per round trip
+PIPELINE_RUNS = 2000  # runs per round trip
 
 
 def new_run_id() -> str:
@@ -76,8 +78,7 @@ def task_fields(spec: TaskSpec, queue: str) -> list[Any]:
     return f
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     run_id: str
     partition: int
     queue: str
@@ -102,60 +103,93 @@ class RunStore:
         return self.client
 
     # -- enqueue ------------------------------------------------------------------
-    def _prepare(self, req: EnqueueRequest) -> Prepared:
-        """Validate and encode one request; raises before anything is written."""
-        spec = req.spec
-        queue = check_name("queue", spec.queue if req.queue is None else req.queue)
-        if req.key is not None:
-            check_name("idempotency key", req.key)
-        if req.at is not None and req.delay is not None:
-            raise InvalidInput("give either at= or delay=, not both")
-        payload = pack_payload(req.args, req.kwargs, self.max_payload)
-        run_id = req.run_id or (keyed_run_id(spec.name, req.key) if req.key else new_run_id())
-        if req.at is not None:
-            due, delay_ms = str(to_ms(req.at, ceil=True)), 0
-        else:
-            d = req.delay or 0
-            delay_ms = int((d.total_seconds() if isinstance(d, timedelta) else float(d)) * 1000)
-            if delay_ms < 0:
-                raise InvalidInput(f"delay must not be negative, got {delay_ms} ms")
-            due = ""
-        fields: list[Any] = ["payload", payload]
-        if req.key:
-            fields += ["key", req.key]
-        for k, v in req.extra.items():
-            fields += [k, v]
-        return Prepared(run_id, self.keys.partition_of_run(run_id), queue, spec,
-                        bool(req.key or req.run_id), due, delay_ms, fields)
+    def _prepare_all(self, reqs: Iterable[EnqueueRequest]) -> list[Prepared]:
+        """Validate and encode every request; raises before anything is written. Names are
+        checked once per distinct value and random ids are drawn in one go (a bulk call
+        spends microseconds per run here)."""
+        reqs = list(reqs)
+        entropy = os.urandom(10 * len(reqs)).hex()
+        queues_ok: set[str] = set()
+        partition_of_run, limit = self.keys.partition_of_run, self.max_payload
+        out = []
+        for i, req in enumerate(reqs):
+            spec = req.spec
+            queue = spec.queue if req.queue is None else req.queue
+            if queue not in queues_ok:
+                queues_ok.add(check_name("queue", queue))
+            if req.key is not None:
+                check_name("idempotency key", req.key)
+            payload = pack_payload(req.args, req.kwargs, limit)
+            if req.run_id:
+                run_id = req.run_id
+            elif req.key:
+                run_id = keyed_run_id(spec.name, req.key)
+            else:
+                run_id = entropy[20 * i : 20 * i + 20]
+            due, delay_ms = "", 0
+            if req.at is not None:
+                if req.delay is not None:
+                    raise InvalidInput("give either at= or delay=, not both")
+                due = str(to_ms(req.at, ceil=True))
+            elif req.delay:
+                d = req.delay
+                delay_ms = int((d.total_seconds() if isinstance(d, timedelta) else float(d)) * 1000)
+                if delay_ms < 0:
+                    raise InvalidInput(f"delay must not be negative, got {delay_ms} ms")
+            fields: list[Any] = ["payload", payload]
+            if req.key:
+                fields += ["key", req.key]
+            for k, v in req.extra.items():
+                fields += [k, v]
+            out.append(Prepared(run_id, partition_of_run(run_id), queue, spec,
+                                bool(req.key or req.run_id), due, delay_ms, fields))
+        return out
 
     def enqueue(self, req: EnqueueRequest) -> str:
         return self.enqueue_many([req])[0]
 
     def enqueue_many(self, reqs: Iterable[EnqueueRequest]) -> list[str]:
         """Validates everything first (nothing is written if one request is bad), then sends
-        one enqueue.lua call per (partition, queue) chunk, all pipelined."""
-        prepared = [self._prepare(r) for r in reqs]
+        one enqueue.lua call per (partition, queue) chunk, pipelined PIPELINE_RUNS runs per
+        round trip. With several round trips, one thread sends while this one builds the
+        next pipeline, so Redis's time and ours overlap (the GIL is free while it waits)."""
+        prepared = self._prepare_all(reqs)
+        client = self.ready()
+        with translated(self.url):
+            pipes = self._pipelines(client, prepared)
+            first = next(pipes, None)
+            second = next(pipes, None)
+            if second is None:
+                if first is not None:
+                    first.execute()
+                return [pr.run_id for pr in prepared]
+            with ThreadPoolExecutor(1, thread_name_prefix="duetime-enqueue") as sender:
+                sent = sender.submit(first.execute)
+                for pipe in itertools.chain([second], pipes):
+                    sent.result()
+                    sent = sender.submit(pipe.execute)
+                sent.result()
+        return [pr.run_id for pr in prepared]
+
+    def _pipelines(self, client: redis.Redis, prepared: list[Prepared]) -> Iterator[Any]:
         groups: dict[tuple[int, str, str], list[Prepared]] = {}
         for pr in prepared:
             groups.setdefault((pr.partition, pr.queue, pr.spec.name), []).append(pr)
-        client = self.ready()
-        with translated(self.url):
-            pipe, pending = client.pipeline(transaction=False), 0
-            for (p, queue, _), items in groups.items():
-                shared = task_fields(items[0].spec, queue)
-                for i in range(0, len(items), SCRIPT_CHUNK):
-                    chunk = items[i : i + SCRIPT_CHUNK]
-                    keys, args = tr.enqueue(self.keys, p, queue, shared,
-                                            [(x.run_id, x.due, x.delay_ms, x.may_exist, x.fields)
-                                             for x in chunk])
-                    self.scripts.enqueue(keys=keys, args=args, client=pipe)
-                    pending += len(chunk)
-                    if pending >= PIPELINE_RUNS:
-                        pipe.execute()
-                        pipe, pending = client.pipeline(transaction=False), 0
-            if pending:
-                pipe.execute()
-        return [pr.run_id for pr in prepared]
+        pipe, pending = client.pipeline(transaction=False), 0
+        for (p, queue, _), items in groups.items():
+            shared = task_fields(items[0].spec, queue)
+            for i in range(0, len(items), SCRIPT_CHUNK):
+                chunk = items[i : i + SCRIPT_CHUNK]
+                keys, args = tr.enqueue(self.keys, p, queue, shared,
+                                        [(x.run_id, x.due, x.delay_ms, x.may_exist, x.fields)
+                                         for x in chunk])
+                self.scripts.enqueue(keys=keys, args=args, client=pipe)
+                pending += len(chunk)
+                if pending >= PIPELINE_RUNS:
+                    yield pipe
+                    pipe, pending = client.pipeline(transaction=False), 0
+        if pending:
+            yield pipe
 
     # -- read -------------------------------------------------------------------------
     def get_run(self, run_id: str) -> Run:

@@ -83,12 +83,10 @@ def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
     """shared: field/value pairs common to every run of the call; runs: (run id, due ms or '',
     delay ms, may the id exist already, the run's own field/value pairs) of one partition and
     queue."""
-    keys = [k.due(p, queue)]
-    args: list[Any] = [k.wake_channel, f"{p}|{queue}", len(shared), *shared]
+    args: list[Any] = [k.prefix(p), k.wake_channel, f"{p}|{queue}", len(shared), *shared]
     for run_id, due, delay_ms, may_exist, fields in runs:
-        keys.append(k.run(p, run_id))
         args += [run_id, due, delay_ms, int(may_exist), len(fields), *fields]
-    return keys, args
+    return [k.due(p, queue)], args
 
 
 def fail(k: Keyspace, p: int, queue: str, run_id: str, fence: int, error: str, mode: str,

@@ -1,9 +1,10 @@
 -- enqueue.lua: create runs of one partition and queue, each once (state: scheduled).
 -- A run id that exists already is left alone (idempotency key): its due time is returned.
 -- KEYS[1] due zset  T:due:<queue>
--- KEYS[2..] one run hash T:run:<id> per run, in ARGV order
--- ARGV[1] wake channel   ARGV[2] wake tag '<partition>|<queue>'
--- ARGV[3] count S of shared values, then S values: field, value pairs every run of the call
+-- ARGV[1] partition prefix 'ns:{tag}:' -- each run's hash T:run:<id> is built from it (same
+--         hash tag, so the same slot), as in the other batch scripts
+-- ARGV[2] wake channel   ARGV[3] wake tag '<partition>|<queue>'
+-- ARGV[4] count S of shared values, then S values: field, value pairs every run of the call
 --         gets (task, queue, retry policy: the same for a batch of one task)
 -- then per run: run id, due ms ('' = server time + delay), delay ms, may-exist flag (1 for
 --         ids derived from an idempotency key; random ids are never looked up), field count F,
@@ -11,24 +12,30 @@
 -- Fields left at their defaults are not stored: attempt/fence absent = 0, idempotent absent =
 -- yes, timeout absent = none; the id is the key's suffix.
 -- Returns per run {created 1/0, due ms}, flattened.
-local due_key = KEYS[1]
+local due_key, prefix = KEYS[1], ARGV[1]
 local now = now_ms()
 local out = {}
-local shared_n = tonumber(ARGV[3])
-local i, k = 4 + shared_n, 2
+local shared_n = tonumber(ARGV[4])
+local i = 5 + shared_n
 local added, earliest = {}, nil
+-- one field list reused for every run (no table per run): state, created, due, the shared
+-- fields, then the run's own fields from position base_n + 1
+local fields = {'state', 'scheduled', 'created', now, 'due', 0}
+for j = 5, 4 + shared_n do fields[#fields + 1] = ARGV[j] end
+local base_n = #fields
 while i <= #ARGV do
-  local run_key, run_id = KEYS[k], ARGV[i]
+  local run_id = ARGV[i]
+  local run_key = prefix .. 'run:' .. run_id
   local due = tonumber(ARGV[i + 1]) or (now + tonumber(ARGV[i + 2]))
   local nf = tonumber(ARGV[i + 4])
   if ARGV[i + 3] == '1' and redis.call('EXISTS', run_key) == 1 then
     out[#out + 1] = 0
     out[#out + 1] = tonumber(redis.call('HGET', run_key, 'due')) or 0
   else
-    local fields = {'state', 'scheduled', 'created', now, 'due', due}
-    for j = 4, 3 + shared_n do fields[#fields + 1] = ARGV[j] end
-    for j = i + 5, i + 4 + nf do fields[#fields + 1] = ARGV[j] end
-    redis.call('HSET', run_key, unpack(fields))
+    fields[6] = due
+    local n = base_n
+    for j = i + 5, i + 4 + nf do n = n + 1; fields[n] = ARGV[j] end
+    redis.call('HSET', run_key, unpack(fields, 1, n))
     added[#added + 1] = due
     added[#added + 1] = run_id
     if earliest == nil or due < earliest then earliest = due end
@@ -36,13 +43,12 @@ while i <= #ARGV do
     out[#out + 1] = due
   end
   i = i + 5 + nf
-  k = k + 1
 end
 if earliest ~= nil then
   local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
   redis.call('ZADD', due_key, unpack(added))
   if head[2] == nil or earliest < tonumber(head[2]) then
-    redis.call('PUBLISH', ARGV[1], ARGV[2] .. '|' .. earliest)
+    redis.call('PUBLISH', ARGV[2], ARGV[3] .. '|' .. earliest)
   end
 end
 return out

@@ -25,6 +25,11 @@ def test_oversized_payload_is_refused_and_writes_nothing(app, r):
     with pytest.raises(PayloadTooLarge):
         app.enqueue_many([(basic.noop, [1]), (basic.noop, ["x" * (600 * 1024)])])
     assert ns_keys(r, app) == []
+    # also when the bad one comes after several round trips' worth of good ones
+    with pytest.raises(PayloadTooLarge):
+        app.enqueue_many([(basic.noop, [i]) for i in range(5000)]
+                         + [(basic.noop, ["x" * (600 * 1024)])])
+    assert ns_keys(r, app) == []
 
 
 def test_payload_cap_is_configurable(url, namespace):

@@ -68,6 +68,14 @@ def test_two_workers_exactly_once_on_a_cluster(capp, cprocs):
     assert set(counts) == set(ids) and max(counts.values()) == 1
 
 
+def test_bulk_enqueue_over_several_round_trips_on_a_cluster(capp):
+    ids = capp.enqueue_many([(basic.noop, [i]) for i in range(4500)])
+    r = sync_client(capp.redis_url)
+    k = capp.keys
+    assert sum(r.zcard(k.due(p, "default")) for p in range(k.partitions)) == 4500
+    assert capp.get_run(ids[4499]).args == [4499]
+
+
 def test_crash_recovery_and_schedules_on_a_cluster(capp, cprocs):
     run_id = capp.enqueue(basic.slow, [2.0])
     victim = cprocs.worker("--lease", "1s")

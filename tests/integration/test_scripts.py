@@ -255,3 +255,22 @@ def test_a_cancel_request_outlives_a_dead_worker(app, r, lc):
     r.hset(app.keys.run(q, other), "cancel_requested", 1)
     assert lc.claim() == []
     assert app.get_run(other).state == "cancelled"
+
+
+def test_bulk_enqueue_over_several_round_trips_creates_each_run_once(app, r):
+    """5,500 runs take three pipelines (sent by a thread while the next is built)."""
+    from common.runs import PIPELINE_RUNS
+
+    n = 5500
+    assert n > 2 * PIPELINE_RUNS
+    ids = app.enqueue_many([(basic.noop, [i]) for i in range(n)]
+                           + [{"task": basic.noop, "key": f"k{i}"} for i in range(10)])
+    assert len(set(ids)) == n + 10
+    k = app.keys
+    queued = sum(r.zcard(k.due(p, "default")) for p in range(k.partitions))
+    assert queued == n + 10
+    assert app.get_run(ids[-1]).state == "scheduled"
+    assert [app.get_run(i).args for i in (ids[0], ids[n - 1])] == [[0], [n - 1]]
+    # idempotency keys still find the first runs
+    again = app.enqueue_many([{"task": basic.noop, "key": f"k{i}"} for i in range(10)])
+    assert again == ids[n:]
