@@ -16,9 +16,14 @@ end
 
 -- Close the current attempt: one JSON entry per attempt, pushed when it ends, so entry
 -- number `fence` (1-based) is that claim's attempt. The running attempt lives in the run hash.
+-- Built as one string (no table + cjson.encode per run: complete.lua does this per success).
 local function push_attempt(attempts_key, n, fence, worker, start, outcome, now, err)
-  redis.call('RPUSH', attempts_key, cjson.encode({n = tonumber(n), fence = tonumber(fence),
-    worker = worker, start = tonumber(start), ['end'] = now, outcome = outcome, error = err}))
+  local s = '{"n":' .. (tonumber(n) or 0) .. ',"fence":' .. (tonumber(fence) or 0)
+    .. ',"worker":' .. cjson.encode(worker or '') .. ',"end":' .. now
+    .. ',"outcome":"' .. outcome .. '"'
+  if tonumber(start) then s = s .. ',"start":' .. tonumber(start) end
+  if err then s = s .. ',"error":' .. cjson.encode(err) end
+  redis.call('RPUSH', attempts_key, s .. '}')
 end
 
 -- Merge fields into attempt entry number `fence` (1-based), if it was pushed already.

@@ -23,13 +23,14 @@ local now = now_ms()
 local d = redis.call('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
 local r = redis.call('ZRANGE', retry_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
 
--- merge the two sorted lists, earliest first
-local picked, i, j = {}, 1, 1
-while #picked < limit and (i <= #d or j <= #r) do
+-- merge the two sorted lists, earliest first (parallel arrays: no table per run)
+local ids, froms, scores, i, j = {}, {}, {}, 1, 1
+while #ids < limit and (i <= #d or j <= #r) do
+  local n = #ids + 1
   if j > #r or (i <= #d and tonumber(d[i + 1]) <= tonumber(r[j + 1])) then
-    picked[#picked + 1] = {d[i], due_key, d[i + 1]}; i = i + 2
+    ids[n], froms[n], scores[n] = d[i], true, d[i + 1]; i = i + 2
   else
-    picked[#picked + 1] = {r[j], retry_key, r[j + 1]}; j = j + 2
+    ids[n], froms[n], scores[n] = r[j], false, r[j + 1]; j = j + 2
   end
 end
 
@@ -71,9 +72,8 @@ end
 
 local out = {-1, 0, 0}
 local leased, from_due, from_retry = {}, {}, {}
-for _, p in ipairs(picked) do
-  local id = p[1]
-  if p[2] == due_key then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
+for n, id in ipairs(ids) do
+  if froms[n] then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
   local run_key = prefix .. 'run:' .. id
   local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
     'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested')
@@ -96,18 +96,18 @@ for _, p in ipairs(picked) do
       redis.call('SET', prefix .. 'lease:' .. id, worker .. ':' .. fence, 'PX', lease)
       leased[#leased + 1] = now + lease
       leased[#leased + 1] = id
-      local n = #out
-      out[n + 1] = id
-      out[n + 2] = fence
-      out[n + 3] = attempt
-      out[n + 4] = f[7] or ''
-      out[n + 5] = f[8] or ''
-      out[n + 6] = f[9] or ''
-      out[n + 7] = f[10] or ''
-      out[n + 8] = f[11] or ''
-      out[n + 9] = f[12] or ''
-      out[n + 10] = sched or ''
-      out[n + 11] = p[3]
+      local o = #out
+      out[o + 1] = id
+      out[o + 2] = fence
+      out[o + 3] = attempt
+      out[o + 4] = f[7] or ''
+      out[o + 5] = f[8] or ''
+      out[o + 6] = f[9] or ''
+      out[o + 7] = f[10] or ''
+      out[o + 8] = f[11] or ''
+      out[o + 9] = f[12] or ''
+      out[o + 10] = sched or ''
+      out[o + 11] = scores[n]
     end
   end
   -- any other state: a stale index entry (cancelled, deleted); it is removed below

@@ -13,7 +13,7 @@
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, channel, partition = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
-local out, finished, unleased = {}, {}, {}
+local out, finished, unleased, lease_keys = {}, {}, {}, {}
 
 for i = 0, (#ARGV - 3) / 2 - 1 do
   local run_id, fence = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
@@ -30,7 +30,7 @@ for i = 0, (#ARGV - 3) / 2 - 1 do
     emit(events_key, run_id, 'late_result_rejected', 'succeeded:' .. fence)
     result = 'stale'
   elseif state == 'running' then
-    redis.call('DEL', lease_key)
+    lease_keys[#lease_keys + 1] = lease_key
     unleased[#unleased + 1] = run_id
     redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now)
     push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now, nil)
@@ -52,6 +52,9 @@ for i = 0, (#ARGV - 3) / 2 - 1 do
   end
   out[#out + 1] = result
 end
-if #unleased > 0 then redis.call('ZREM', leases_key, unpack(unleased)) end
+if #unleased > 0 then
+  redis.call('DEL', unpack(lease_keys))
+  redis.call('ZREM', leases_key, unpack(unleased))
+end
 if #finished > 0 then redis.call('ZADD', done_key, unpack(finished)) end
 return out
