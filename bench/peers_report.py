@@ -201,14 +201,16 @@ def glance(res: dict, systems: list[str]) -> list[str]:
 
     L = ["## At a glance (medians)", "",
          "| system | W1 enqueue/s | W1 drain/s | W2 p99 late | W3 rerun, defaults | W3 rerun, "
-         "aggressive | W4 cmds/job | W4 Redis CPU µs/job |", "|---|---|---|---|---|---|---|---|"]
+         "aggressive | W4 cmds/job | W4 round trips/job | W4 Redis CPU µs/job |",
+         "|---|---|---|---|---|---|---|---|---|"]
     for s in systems:
         w1 = W1.get(s, [])
         tot = col(w1, lambda r: (r["enqueue_cost"]["total"] + r["drain_cost"]["total"]) / r["n"])
         cpu = col(w1, lambda r: (r["enqueue_cost"]["cpu_s"] + r["drain_cost"]["cpu_s"]) / r["n"] * 1e6)
+        rt = col(w1, reads_per_job)
         L.append(f"| {s} | {med(col(w1, 'enqueue_per_s'))} | {med(col(w1, 'drain_per_s'))} "
                  f"| {med(col(W2.get(s, []), 'p99_ms'), 1, ' ms')} | {rec(s, 'default')} "
-                 f"| {rec(s, 'aggressive')} | {med(tot, 1)} | {med(cpu, 0)} |")
+                 f"| {rec(s, 'aggressive')} | {med(tot, 1)} | {med(rt, 2)} | {med(cpu, 0)} |")
     L.append("")
     return L
 
@@ -245,6 +247,13 @@ def w1_section(res: dict, systems: list[str]) -> list[str]:
     return L
 
 
+def reads_per_job(r: dict) -> float | None:
+    """Round trips per job over the W1 lifecycle (None for runs made before reads were kept)."""
+    if "reads" not in r["enqueue_cost"]:
+        return None
+    return (r["enqueue_cost"]["reads"] + r["drain_cost"]["reads"]) / r["n"]
+
+
 def w4_section(res: dict, systems: list[str]) -> list[str]:
     W1, W2, a = res["W1"], res["W2"], res["args"]
     d = W1.get("duetime", [])
@@ -259,13 +268,17 @@ def w4_section(res: dict, systems: list[str]) -> list[str]:
          "Redis commands and Redis server CPU (`INFO cpu` used_cpu_user+sys) per job over the "
          "whole W1 lifecycle: from before the enqueue to 0.5 s after the last job counted itself "
          "(`INFO commandstats` deltas; the harness's own INFO calls are left out; the counter "
-         f"server is separate). W2 column: the same for the W2 run ({a['w2_runs']:,} delayed jobs; it "
+         "server is separate). Commands include those a Lua script calls; round trips are the "
+         "server's socket reads (`INFO stats` total_reads_processed): what the clients sent over "
+         "the network, a pipeline counting once or a few times. "
+         f"W2 column: the same for the W2 run ({a['w2_runs']:,} delayed jobs; it "
          f"includes what an idle worker polls during the ~{a['w2_lead'] + a['w2_spread'] + 1:.0f} s "
          "window). Ratios < 1 mean duetime is cheaper.",
          "",
-         "| system | cmds/job enqueue | cmds/job drain | cmds/job total | Redis CPU µs/job | "
-         "cmds/job W2 | cmds duetime/peer | CPU duetime/peer | most frequent commands per job |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "| system | cmds/job enqueue | cmds/job drain | cmds/job total | round trips/job | "
+         "Redis CPU µs/job | cmds/job W2 | cmds duetime/peer | round trips duetime/peer | "
+         "CPU duetime/peer | most frequent commands per job |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in systems:
         rounds = W1.get(s)
         if not rounds:
@@ -282,10 +295,12 @@ def w4_section(res: dict, systems: list[str]) -> list[str]:
                          sorted(top.items(), key=lambda kv: -kv[1])[:6])
         rat_c = ratio_cell(col(d, total), col(rounds, total)) if s != "duetime" else ""
         rat_u = ratio_cell(col(d, cpu), col(rounds, cpu)) if s != "duetime" else ""
+        rat_r = ratio_cell(col(d, reads_per_job), col(rounds, reads_per_job)) if s != "duetime" else ""
         L.append(f"| {s} | {cell(col(rounds, lambda r: r['enqueue_cost']['total'] / r['n']), 2)} "
                  f"| {cell(col(rounds, lambda r: r['drain_cost']['total'] / r['n']), 2)} "
-                 f"| {cell(col(rounds, total), 2)} | {cell(col(rounds, cpu), 1)} | {cell(list(w2), 1)} "
-                 f"| {rat_c} | {rat_u} | {tops} |")
+                 f"| {cell(col(rounds, total), 2)} | {cell(col(rounds, reads_per_job), 3)} "
+                 f"| {cell(col(rounds, cpu), 1)} | {cell(list(w2), 1)} "
+                 f"| {rat_c} | {rat_r} | {rat_u} | {tops} |")
     L.append("")
     return L
 

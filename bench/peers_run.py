@@ -165,16 +165,24 @@ class Runner:
         LIVE.discard(self)
 
 
-def server_stats(r: redis.Redis) -> tuple[dict[str, int], float]:
-    cmds = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
-    cpu = r.info("cpu")
-    return cmds, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+Stats = tuple[dict[str, int], float, int]
 
 
-def stats_delta(a: tuple[dict[str, int], float], b: tuple[dict[str, int], float]) -> dict[str, Any]:
+def server_stats(r: redis.Redis) -> Stats:
+    """Command calls, CPU seconds and socket reads (`total_reads_processed`: each read event on
+    a client socket, i.e. the round trips the server served; a pipeline is one or a few)."""
+    info = r.info("commandstats", "cpu", "stats")  # one INFO call, one read
+    cmds = {k.removeprefix("cmdstat_"): v["calls"] for k, v in info.items()
+            if k.startswith("cmdstat_")}
+    cpu = float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+    return cmds, cpu, int(info["total_reads_processed"])
+
+
+def stats_delta(a: Stats, b: Stats) -> dict[str, Any]:
     cmds = {k: v - a[0].get(k, 0) for k, v in b[0].items() if v - a[0].get(k, 0) > 0}
-    cmds.pop("info", None)  # the harness's own INFO calls
-    return {"cmds": cmds, "total": sum(cmds.values()), "cpu_s": b[1] - a[1]}
+    own = cmds.pop("info", 0)  # the harness's own INFO calls, one read each
+    return {"cmds": cmds, "total": sum(cmds.values()), "cpu_s": b[1] - a[1],
+            "reads": b[2] - a[2] - own}
 
 
 @dataclass
