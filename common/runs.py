@@ -49,7 +49,7 @@ def read_run(client: redis.Redis, keys: Keyspace, run_id: str) -> Run:
     return Run.decode(run_id, h, attempts)
 
 
-@dataclass
+@dataclass(slots=True)
 class EnqueueRequest:
     spec: TaskSpec
     args: Sequence[Any] = ()

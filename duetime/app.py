@@ -105,15 +105,22 @@ class App:
         """Bulk enqueue, pipelined. Items are dicts of `enqueue`'s arguments or
         `(task, args)` / `(task, args, kwargs)` tuples."""
         reqs = []
+        # task object -> (task, spec): resolved once per call; holding the task keeps its id
+        # from being reused by another object while the call runs
+        specs: dict[int, tuple[Any, Any]] = {}
+        resolve = self.registry.resolve
         for it in items:
             if isinstance(it, dict):
                 d = dict(it)
-                d["spec"] = self.registry.resolve(d.pop("task"))
+                d["spec"] = resolve(d.pop("task"))
                 d.setdefault("kwargs", {})
                 reqs.append(EnqueueRequest(**d))
             else:
-                task, *rest = it
-                reqs.append(EnqueueRequest(self.registry.resolve(task), *rest))
+                task = it[0]
+                known = specs.get(id(task))
+                if known is None:
+                    known = specs[id(task)] = (task, resolve(task))
+                reqs.append(EnqueueRequest(known[1], *it[1:]))
         ids = self.store.enqueue_many(reqs)
         self._remember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
         return ids

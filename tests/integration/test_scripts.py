@@ -274,3 +274,12 @@ def test_bulk_enqueue_over_several_round_trips_creates_each_run_once(app, r):
     # idempotency keys still find the first runs
     again = app.enqueue_many([{"task": basic.noop, "key": f"k{i}"} for i in range(10)])
     assert again == ids[n:]
+
+
+def test_bulk_enqueue_resolves_every_item_s_task(app, r):
+    """Task names made on the fly, mixed in one call: each item keeps its own task (tasks are
+    resolved once per distinct object within a call)."""
+    names = ["noop", "slow"]
+    want = [names[(i // 2) % 2] for i in range(200)]
+    ids = app.enqueue_many((name[:2] + name[2:], [i]) for i, name in enumerate(want))
+    assert [app.get_run(run_id).task for run_id in ids] == want
