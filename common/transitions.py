@@ -45,10 +45,11 @@ def _s(b: bytes | None) -> str:
     return b.decode() if b else ""
 
 
-def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms: int) -> Call:
+def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms: int,
+          ahead_ms: int = 0) -> Call:
     return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.deadlines(p),
              k.events(p)],
-            [k.prefix(p), worker_id, limit, lease_ms])
+            [k.prefix(p), worker_id, limit, lease_ms, ahead_ms])
 
 
 def parse_claim(res: list[Any]) -> ClaimReply:

@@ -62,11 +62,14 @@ def announce(ctx: click.Context, app: App, role: str) -> None:
               "renew it every third of it.")
 @click.option("--grace", default="30s", show_default=True, help="SIGTERM: time in-flight runs "
               "get to finish before they are released.")
+@click.option("--claim-ahead", default="10ms", show_default=True, help="Claim runs due this "
+              "soon and start each exactly at its due time (0 = claim only when due).")
 @click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics here.")
 @click.pass_context
 @fail_cleanly
 def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
-           processes: int, lease: str, grace: str, metrics_port: int | None) -> None:
+           processes: int, lease: str, grace: str, claim_ahead: str,
+           metrics_port: int | None) -> None:
     """Execute runs: claim, run, heartbeat, report."""
     if processes > 1:
         _supervise(processes, metrics_port)
@@ -84,7 +87,8 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     announce(ctx, app, "worker")
     metrics.serve(metrics_port)
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=int(parse_seconds(lease) * 1000),
-                       grace_s=parse_seconds(grace))
+                       grace_s=parse_seconds(grace),
+                       claim_ahead_ms=int(parse_seconds(claim_ahead) * 1000))
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
     asyncio.run(w.run())
     # threads of sync tasks that outlived the grace period were released; do not wait for them

@@ -84,8 +84,12 @@ local function leave_running(prefix, run_key, run_id, now, channel, partition)
   local buffered = redis.call('HGET', sched_key, 'buffered')
   if buffered and buffered ~= '' then
     redis.call('HDEL', sched_key, 'buffered')
-    local q = redis.call('HGET', prefix .. 'run:' .. buffered, 'queue')
-    if q then add_due(prefix .. 'due:' .. q, now, buffered, channel, partition .. '|' .. q) end
+    -- due now, but never before its own due time (it may have been claimed ahead of it)
+    local b = redis.call('HMGET', prefix .. 'run:' .. buffered, 'queue', 'due')
+    if b[1] then
+      add_due(prefix .. 'due:' .. b[1], math.max(now, tonumber(b[2]) or 0), buffered, channel,
+        partition .. '|' .. b[1])
+    end
   end
 end
 

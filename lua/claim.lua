@@ -10,6 +10,9 @@
 --         per-schedule keys (sched:, sched_running:) are built from it; they carry the
 --         same hash tag, so they live in this partition's slot
 -- ARGV[2] worker id    ARGV[3] max runs to claim    ARGV[4] lease ms
+-- ARGV[5] claim-ahead ms (optional, default 0): runs due up to this far ahead are claimed too;
+--         the worker starts each at its due time (the reply carries it), never before, so a
+--         start is not delayed by the claim's round trip. Attempt start = max(now, due).
 -- A run with a pending cancel request (its worker died before honouring it) is cancelled.
 -- Returns {next_due_ms or -1, missed, skipped, run fields...}: 11 fields per run (see
 -- common/transitions.py). next_due_ms is the earliest due/retry time left in this partition
@@ -19,9 +22,11 @@ local deadlines_key, events_key = KEYS[5], KEYS[6]
 local prefix, worker = ARGV[1], ARGV[2]
 local limit, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
+local horizon = now + (tonumber(ARGV[5]) or 0)
 
-local d = redis.call('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
-local r = redis.call('ZRANGE', retry_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+local d = redis.call('ZRANGE', due_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+local r = redis.call('ZRANGE', retry_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, limit,
+  'WITHSCORES')
 
 -- merge the two sorted lists, earliest first (parallel arrays: no table per run)
 local ids, froms, scores, i, j = {}, {}, {}, 1, 1
@@ -91,7 +96,8 @@ for n, id in ipairs(ids) do
     elseif not sched or sched == '' or overlap_allows(id, run_key, sched, f[4] or '') then
       fence, attempt = fence + 1, attempt + 1
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence, 'attempt', attempt,
-        'worker', worker, 'started', now, 'lease_expires', now + lease)
+        'worker', worker, 'started', math.max(now, tonumber(scores[n])),
+        'lease_expires', now + lease)
       if deadline then redis.call('ZREM', deadlines_key, id) end
       redis.call('SET', prefix .. 'lease:' .. id, worker .. ':' .. fence, 'PX', lease)
       leased[#leased + 1] = now + lease

@@ -10,6 +10,7 @@ import redis.asyncio as aredis
 class ServerClock:
     def __init__(self) -> None:
         self.offset_ms = 0.0  # server - local
+        self.error_ms = 0.0  # bound on the estimate's error: half the round trip it came from
 
     async def sync(self, client: aredis.Redis, samples: int = 3) -> None:
         """Keep the sample with the shortest round trip: its midpoint is the best estimate."""
@@ -24,6 +25,7 @@ class ServerClock:
                 best = (rtt, offset)
         assert best is not None
         self.offset_ms = best[1]
+        self.error_ms = best[0] * 500
 
     def now_ms(self) -> float:
         return time.time() * 1000 + self.offset_ms

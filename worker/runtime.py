@@ -58,6 +58,9 @@ class WorkerConfig:
     lease_ms: int = 10_000
     grace_s: float = 30.0
     refresh_s: float = 5.0  # safety net only: wake notices and claim replies carry due times
+    # runs due this soon are claimed now and started at their due time (never before): the
+    # claim's round trip no longer adds to start lateness
+    claim_ahead_ms: int = 10
     worker_id: str = field(default_factory=default_worker_id)
 
 
@@ -220,7 +223,7 @@ class Worker:
 
     # -- claiming -------------------------------------------------------------------
     def _due_now(self) -> list[tuple[int, str]]:
-        now = self.clock.now_ms()
+        now = self.clock.now_ms() + self.cfg.claim_ahead_ms
         rank = {q: i for i, q in enumerate(self.cfg.queues)}
         due = [(rank[k[1]], d, k) for k, d in self.next_due.items() if d <= now]
         due.sort()
@@ -255,7 +258,8 @@ class Worker:
             if hold > 0:
                 timeout = min(timeout, hold)
             elif free > 0 and self.next_due and len(self._claims) < CLAIMS_IN_FLIGHT:
-                timeout = min(timeout, (min(self.next_due.values()) - self.clock.now_ms()) / 1000)
+                timeout = min(timeout, (min(self.next_due.values()) - self.cfg.claim_ahead_ms
+                                        - self.clock.now_ms()) / 1000)
             self._wake.clear()
             if timeout > 0:
                 with contextlib.suppress(TimeoutError):
@@ -306,7 +310,8 @@ class Worker:
         seq = self._wake_seq
         pipe = self.client.pipeline(transaction=False)
         for (p, q), n in plan:
-            keys, args = tr.claim(self.keys, p, q, self.id, n, self.cfg.lease_ms)
+            keys, args = tr.claim(self.keys, p, q, self.id, n, self.cfg.lease_ms,
+                                  self.cfg.claim_ahead_ms)
             await self.scripts.claim(keys=keys, args=args, client=pipe)
         results = await pipe.execute()
         now = self.clock.now_ms()
@@ -333,22 +338,30 @@ class Worker:
         )
         ex = Execution(ctx, p)
         self.inflight[c.run_id] = ex
-        delay = max(0.0, (now - c.ready_ms) / 1000)
-        metrics.child(metrics.QUEUE_DELAY, queue).observe(delay)
-        if c.attempt == 1:
-            # a first attempt is claimable from its scheduled time: lateness = queue delay
-            metrics.child(metrics.START_LATENESS, queue).observe(delay)
         if self._debug:
             log.debug("run started", run_id=c.run_id, task=c.task, attempt=c.attempt,
                       worker_id=self.id, schedule=c.schedule, queue=queue, fence=c.fence)
-        ex.task = asyncio.create_task(self._execute(ex, c.payload, c.timeout_ms))
+        # claimed ahead of its due time: wait for it, plus the clock estimate's error bound, so
+        # it never starts before its due time on the server's clock
+        wait_s = (c.ready_ms + self.clock.error_ms - now) / 1000
+        ex.task = asyncio.create_task(self._execute(ex, c.payload, c.timeout_ms, c.ready_ms,
+                                                    wait_s))
 
     # -- execution ------------------------------------------------------------------
-    async def _execute(self, ex: Execution, payload: bytes, timeout_ms: int) -> None:
+    async def _execute(self, ex: Execution, payload: bytes, timeout_ms: int, ready_ms: float,
+                       wait_s: float) -> None:
         ctx = ex.ctx
-        started = time.perf_counter()
         outcome, mode, err, delay_ms = "succeeded", "", "", 0
+        started = time.perf_counter()
         try:
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+                started = time.perf_counter()
+            delay = max(0.0, (self.clock.now_ms() - ready_ms) / 1000)
+            metrics.child(metrics.QUEUE_DELAY, ctx.queue).observe(delay)
+            if ctx.attempt == 1:
+                # a first attempt is claimable from its scheduled time: lateness = queue delay
+                metrics.child(metrics.START_LATENESS, ctx.queue).observe(delay)
             spec = self.registry.get(ctx.task)
             args, kwargs = unpack_payload(payload)
             await self._call(spec, ctx, args, kwargs, timeout_ms / 1000 or None)

@@ -58,6 +58,17 @@ async def aslow(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
+def stamps_key() -> str:
+    return f"{app.keys.namespace}:test:stamps"
+
+
+@app.task(name="stamp")
+async def stamp() -> None:
+    """Its first act: this machine's clock (the test servers share it) at its start, in ms."""
+    t = time.time() * 1000
+    r().hset(stamps_key(), duetime.current_run().run_id, repr(t))
+
+
 _running = 0
 
 

@@ -20,10 +20,10 @@ def lc(app, r):
         scripts = Scripts(r)
         k = app.keys
 
-        def claim(self, queue="default", worker="w", n=10, lease_ms=10_000, p=None):
+        def claim(self, queue="default", worker="w", n=10, lease_ms=10_000, p=None, ahead_ms=0):
             out = []
             for part in ([p] if p is not None else range(self.k.partitions)):
-                keys, args = tr.claim(self.k, part, queue, worker, n, lease_ms)
+                keys, args = tr.claim(self.k, part, queue, worker, n, lease_ms, ahead_ms)
                 out += [(part, c) for c in tr.parse_claim(self.scripts.claim(keys=keys, args=args)).runs]
             return out
 
@@ -283,3 +283,36 @@ def test_bulk_enqueue_resolves_every_item_s_task(app, r):
     want = [names[(i // 2) % 2] for i in range(200)]
     ids = app.enqueue_many((name[:2] + name[2:], [i]) for i, name in enumerate(want))
     assert [app.get_run(run_id).task for run_id in ids] == want
+
+
+def test_claim_ahead_takes_runs_due_soon_and_their_attempt_starts_at_the_due_time(app, r, lc):
+    run_id = app.enqueue(basic.noop, delay=1.5)
+    assert lc.claim() == [] and lc.claim(ahead_ms=100) == []  # due in 1.5 s
+    [(p, c)] = lc.claim(ahead_ms=3000)
+    run = app.get_run(run_id)
+    assert c.run_id == run_id and run.state == "running"
+    assert c.ready_ms == int(run.due.timestamp() * 1000)  # the worker waits for this
+    assert run.started == run.due  # the attempt starts at its due time, not at the claim
+
+
+def test_a_buffered_run_claimed_ahead_is_never_made_due_before_its_time(app, r, lc):
+    """overlap buffer_one: B (due in 2 s) is claimed ahead while A runs and gets buffered; A
+    finishing must requeue B at B's due time, not at 'now'."""
+    from common.runs import EnqueueRequest
+
+    spec = app.registry.resolve(basic.noop)
+    sched = {"schedule": "nightly", "overlap": "buffer_one"}
+    now = time.time()
+    a_id, b_id = f"nightly@{int(now * 1000)}", f"nightly@{int(now * 1000) + 2000}"
+    app.store.enqueue_many([
+        EnqueueRequest(spec, run_id=a_id, extra=sched),
+        EnqueueRequest(spec, run_id=b_id, delay=2.0, extra=sched),
+    ])
+    p = app.keys.partition_of_run(a_id)
+    [(_, a)] = lc.claim(p=p)
+    assert a.run_id == a_id
+    assert lc.claim(p=p, ahead_ms=5000) == []  # B: buffered behind the running A
+    assert r.hget(app.keys.sched(p, "nightly"), "buffered") == b_id.encode()
+    assert lc.complete(p, a) == "ok"
+    b_due = int(app.get_run(b_id).due.timestamp() * 1000)
+    assert r.zscore(app.keys.due(p, "default"), b_id) == b_due
