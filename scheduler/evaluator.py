@@ -94,6 +94,7 @@ class Evaluator:
         self.scripts = Scripts(self.client)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
         self.ownership = Ownership(self.client, keys, self.scripts, self.id, lease_ms)
+        self._refreshed_ms = 0
         self.stopping = threading.Event()
         self._triggers: dict[tuple[str, bytes], Trigger] = {}
         self.materialized = 0
@@ -111,7 +112,12 @@ class Evaluator:
     def tick(self) -> int:
         """One evaluation of every due schedule in the owned partitions → runs created."""
         now = server_time_ms(self.client)
-        owned = sorted(self.ownership.refresh(now))
+        # partition leases are renewed (and free ones taken) a third of their TTL apart, not
+        # on every tick: the ticks between only read the owned partitions' due schedules
+        if now - self._refreshed_ms >= self.ownership.ttl_ms / 3:
+            self.ownership.refresh(now)
+            self._refreshed_ms = now
+        owned = sorted(self.ownership.owned)
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
         for p in owned:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import duetime
+from common.connection import server_time_ms
 from common.schedules import at_ms
 from scheduler.evaluator import Evaluator
 from tests.apps import basic
@@ -96,17 +97,21 @@ def test_three_schedulers_200_schedules_every_occurrence_exactly_once(app, r, pr
 def test_partitions_are_split_between_schedulers_and_taken_over(app, url):
     a = Evaluator(url, app.keys, lease_ms=1000)
     b = Evaluator(url, app.keys, lease_ms=1000)
-    a.tick()
-    b.tick()
-    a.tick()  # a gives back the extras now that b is live
-    b.tick()
+    r = app.store.client
+
+    def refresh(ev: Evaluator) -> set[int]:
+        return ev.ownership.refresh(server_time_ms(r))
+
+    a.tick()  # the first tick takes partitions: all 16, a is alone
+    assert len(a.ownership.owned) == 16
+    refresh(b)
+    refresh(a)  # a gives back the extras now that b is live
+    refresh(b)
     assert len(a.ownership.owned) == 8 and len(b.ownership.owned) == 8
     assert not a.ownership.owned & b.ownership.owned
     time.sleep(1.2)  # a dies: its partition leases expire
-    b.ownership.ttl_ms = 1000
-    r = app.store.client
     r.zrem(app.keys.schedulers, a.id)
-    b.tick()
+    b.tick()  # more than a third of the lease since b's last renewal: renews, takes over
     assert len(b.ownership.owned) == 16
 
 
