@@ -22,6 +22,7 @@ from common.scripts import Scripts
 log = get_logger("duetime.reaper")
 
 BATCH = 500
+SWEEP_MS = 10_000  # the retention sweep (every partition's reap.lua) at most this often
 
 
 class Reaper:
@@ -29,20 +30,29 @@ class Reaper:
                  retention_ms: int = 24 * 3600 * 1000) -> None:
         self.url, self.keys, self.tick_s, self.retention_ms = url, keys, tick_s, retention_ms
         self.next_wake_ms: int | None = None  # earliest lease expiry or deadline seen
+        self._swept_ms = 0
         self.client = sync_client(url)
         self.scripts = Scripts(self.client)
         self.stopping = threading.Event()
 
     def reap_once(self) -> int:
-        """One pass over every partition (pipelined); returns how many runs were reaped."""
+        """One pass (pipelined); returns how many runs were reaped. reap.lua runs only for
+        partitions with an expired lease or a passed deadline (read from the two index heads,
+        plain reads), and for all of them once per SWEEP_MS for the retention sweep: an idle
+        reaper costs two reads per partition per tick, not a script call."""
         k = self.keys
         total = 0
         wake: int | None = None
-        pending = list(range(k.partitions))
+        now = server_time_ms(self.client)
+        retention = 0
+        if now - self._swept_ms >= SWEEP_MS:
+            pending, retention, self._swept_ms = list(range(k.partitions)), self.retention_ms, now
+        else:
+            pending, wake = self._due_partitions(now)
         while pending:
             pipe = self.client.pipeline(transaction=False)
             for p in pending:
-                keys, args = tr.reap(k, p, BATCH, random.random(), self.retention_ms)
+                keys, args = tr.reap(k, p, BATCH, random.random(), retention)
                 self.scripts.reap(keys=keys, args=args, client=pipe)
             results = pipe.execute()
             again = []
@@ -61,6 +71,25 @@ class Reaper:
             log.info("reaped expired leases", count=total)
         self.next_wake_ms = wake
         return total
+
+    def _due_partitions(self, now: int) -> tuple[list[int], int | None]:
+        """Partitions whose earliest lease expiry or starting deadline has passed, and the
+        earliest of those times still ahead."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        for p in range(k.partitions):
+            pipe.zrange(k.leases(p), 0, 0, withscores=True)
+            pipe.zrange(k.deadlines(p), 0, 0, withscores=True)
+        heads = pipe.execute()
+        due, wake = [], None
+        for p in range(k.partitions):
+            times = [int(score) for _, score in heads[2 * p] + heads[2 * p + 1]]
+            if any(t <= now for t in times):
+                due.append(p)
+            for t in times:
+                if t > now and (wake is None or t < wake):
+                    wake = t
+        return due, wake
 
     def run(self) -> None:
         log.info("reaper started", tick_s=self.tick_s, partitions=self.keys.partitions)
