@@ -11,10 +11,10 @@
 --         then F values: the run's own field, value pairs (payload, key, ...)
 -- Fields left at their defaults are not stored: attempt/fence absent = 0, idempotent absent =
 -- yes, timeout absent = none; the id is the key's suffix.
--- Returns per run {created 1/0, due ms}, flattened.
+-- Returns how many runs were created (the others existed already).
 local due_key, prefix = KEYS[1], ARGV[1]
 local now = now_ms()
-local out = {}
+local created = 0
 local shared_n = tonumber(ARGV[4])
 local i = 5 + shared_n
 local added, earliest = {}, nil
@@ -28,10 +28,7 @@ while i <= #ARGV do
   local run_key = prefix .. 'run:' .. run_id
   local due = tonumber(ARGV[i + 1]) or (now + tonumber(ARGV[i + 2]))
   local nf = tonumber(ARGV[i + 4])
-  if ARGV[i + 3] == '1' and redis.call('EXISTS', run_key) == 1 then
-    out[#out + 1] = 0
-    out[#out + 1] = tonumber(redis.call('HGET', run_key, 'due')) or 0
-  else
+  if ARGV[i + 3] ~= '1' or redis.call('EXISTS', run_key) == 0 then
     fields[6] = due
     local n = base_n
     for j = i + 5, i + 4 + nf do n = n + 1; fields[n] = ARGV[j] end
@@ -39,8 +36,7 @@ while i <= #ARGV do
     added[#added + 1] = due
     added[#added + 1] = run_id
     if earliest == nil or due < earliest then earliest = due end
-    out[#out + 1] = 1
-    out[#out + 1] = due
+    created = created + 1
   end
   i = i + 5 + nf
 end
@@ -51,4 +47,4 @@ if earliest ~= nil then
     redis.call('PUBLISH', ARGV[2], ARGV[3] .. '|' .. earliest)
   end
 end
-return out
+return created
