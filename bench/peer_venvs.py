@@ -25,12 +25,16 @@ PINS: dict[str, list[str]] = {
     "huey": ["huey==3.5.4", "redis"],
     "saq": ["saq[redis]==0.26.4", "typing_extensions"],
     "taskiq": ["taskiq==0.13.0", "taskiq-redis==1.2.4"],
+    # W5 only: schedule stores in Redis for the peers whose core keeps schedules in code
+    "redbeat": ["celery[redis]==5.7.0", "celery-redbeat==2.4.2"],
+    "rqscheduler": ["rq==2.12.0", "rq-scheduler==0.14.0"],
 }
 # the distributions whose versions RESULTS.md reports
 REPORTED = {
     "rq": ["rq", "redis"], "arq": ["arq", "redis"], "celery": ["celery", "kombu", "redis"],
     "dramatiq": ["dramatiq", "redis"], "huey": ["huey", "redis"], "saq": ["saq", "redis"],
     "taskiq": ["taskiq", "taskiq-redis", "redis"], "duetime": ["duetime", "redis", "hiredis"],
+    "redbeat": ["celery", "celery-redbeat", "redis"], "rqscheduler": ["rq", "rq-scheduler", "redis"],
 }
 
 

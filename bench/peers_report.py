@@ -1,6 +1,9 @@
 """Renders the raw results of bench/peers_run.py as bench/RESULTS.md.
 
-    .venv/bin/python -m bench.peers_report bench/out/peers-YYYYmmdd-HHMMSS.json [> RESULTS.md]
+    .venv/bin/python -m bench.peers_report bench/out/peers-A.json [bench/out/peers-B.json] [> RESULTS.md]
+
+With a second file, its W5 results (a run of their own: a W5 round waits for a minute
+boundary) replace the first file's, with their own run details.
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ How it runs:
 NOTES = """\
 ## Notes, and what could not be measured
 
-- **W5 for the peers**: not measured, see above; none has a comparable shared schedule store.
+- **W5**: arq's and SAQ's cron jobs, huey's periodic tasks and plain Celery beat keep their
+  schedules in a process's code and dramatiq has no scheduler: none has a store for 100,000
+  registered schedules to weigh or tick. Their Redis add-ons that do, RedBeat for Celery beat and
+  rq-scheduler for RQ, are measured instead, beside taskiq's Redis schedule source.
 - **huey** has no acknowledgement or recovery of a task whose consumer died, so W3 has no
   'aggressive' setting to try: both rows run the same configuration.
 - **taskiq** (taskiq-redis `RedisStreamBroker`): unacknowledged messages are reclaimed with
@@ -157,13 +163,14 @@ def render(res: dict[str, Any]) -> str:
             continue
         d, v = info["describe"], info["versions"]
         vers = ", ".join(f"{k} {x}" for k, x in v.items())
-        L.append(f"| {name} | {vers} | {esc(d['enqueue'])} | {esc(d['enqueue_at'])} | {esc(d['worker'])} |")
+        L.append(f"| {name} | {vers} | {esc(d.get('enqueue', '– (W5 only)'))} "
+                 f"| {esc(d.get('enqueue_at', '–'))} | {esc(d['worker'])} |")
     for mod, err in res.get("setup_errors", {}).items():
         L.append(f"| {mod} | not installed | {err[:300]} | | |")
     L.append("")
 
     systems = [s for s in res["systems"] if s in res["info"] and "error" not in res["info"][s]]
-    L += glance(res, systems)
+    L += glance(res, [s for s in systems if s in res["W1"] or s in res["W2"] or s in res["W3"]])
     if res["W1"]:
         L += w1_section(res, systems)
         L += w4_section(res, systems)
@@ -171,12 +178,7 @@ def render(res: dict[str, Any]) -> str:
         L += w2_section(res, systems)
     if res["W3"]:
         L += w3_section(res, systems)
-    L += ["## W5 schedules", "",
-          "Not run by this harness, for any system. Celery beat, arq cron, SAQ cron and huey "
-          "periodic tasks keep their schedules in one process's code, so 100,000 registered "
-          "schedules has no shared store to weigh or tick; RQ's cron and taskiq's schedule sources "
-          "were not set up for it here. duetime's own schedule store at that scale is the subject of "
-          "its own schedule benchmark.", ""]
+    L += w5_section(res, systems)
     L += [NOTES]
     L += commands_section(res, systems)
     return "\n".join(L) + "\n"
@@ -375,6 +377,73 @@ def w3_section(res: dict, systems: list[str]) -> list[str]:
     return L
 
 
+def w5_section(res: dict, systems: list[str]) -> list[str]:
+    W5 = res.get("W5") or {}
+    if not W5:
+        return ["## W5 schedules", "", "Not run in this report's runs.", ""]
+    run = res.get("w5_run", res)
+    a, d = run["args"], W5.get("duetime", [])
+    L = ["## W5 schedules", "",
+         f"{a['w5_schedules']:,} schedules registered by each system's documented path: "
+         f"{a['w5_every']:,} of them fire every minute, the rest once a year (`0 0 1 1 *`, never "
+         "during the run). Then the system's scheduler process and one worker start, and the first "
+         f"minute boundary at least {a['w5_settle']:g} s later is watched: start lateness of the "
+         f"{a['w5_every']:,} runs due there (each job's first start from 1 s before the boundary "
+         "on, minus the boundary; same clock). Then an idle "
+         f"window of up to {a['w5_idle']:g} s, between that firing and the next one: Redis "
+         "commands and Redis CPU per second, and the scheduler process's own CPU (/proc) per "
+         "second: what holding 100,000 schedules costs while nothing is due. Memory: Redis "
+         "`used_memory` after minus before the registration. Ratios < 1 favour duetime.", "",
+         f"- run started {run['started']}, took {run['elapsed_s'] / 60:.1f} min; command: "
+         f"`{run['env']['argv']}`",
+         f"- duetime measured: {run['env'].get('git', '?')} at the start, "
+         f"{run['env'].get('git_end', '?')} at the end", "",
+         "| system | registered/s | bytes/schedule | p50 late ms | p99 late ms | max late ms | "
+         "fired | early | dup | idle Redis cmds/s | idle Redis CPU ms/s | idle scheduler CPU ms/s "
+         "| p99 duetime/peer | memory duetime/peer |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in systems:
+        rounds = W5.get(s)
+        if not rounds:
+            continue
+        ok = [r for r in rounds if "error" not in r]
+        fired = f"{sum(r['fired'] for r in ok):,}/{sum(r['every'] for r in ok):,}"
+        rat_p = ratio_cell(col(d, "p99_ms"), col(rounds, "p99_ms")) if s != "duetime" else ""
+        rat_m = (ratio_cell(col(d, "bytes_per_schedule"), col(rounds, "bytes_per_schedule"))
+                 if s != "duetime" else "")
+        L.append(f"| {s} | {cell(col(rounds, 'register_per_s'))} "
+                 f"| {cell(col(rounds, 'bytes_per_schedule'))} | {cell(col(rounds, 'p50_ms'), 1)} "
+                 f"| {cell(col(rounds, 'p99_ms'), 1)} | {cell(col(rounds, 'max_ms'), 1)} | {fired} "
+                 f"| {sum(r['early'] for r in ok)} | {sum(r['duplicates'] for r in ok)} "
+                 f"| {cell(col(rounds, 'idle_cmds_per_s'), 1)} "
+                 f"| {cell(col(rounds, 'idle_redis_cpu_ms_per_s'), 2)} "
+                 f"| {cell(col(rounds, 'idle_sched_cpu_ms_per_s'), 1)} | {rat_p} | {rat_m} |")
+        for e in errors_of(rounds):
+            L.append(f"| {s} | error: {e[:250]} | | | | | | | | | | | | |")
+    L += ["", "fired: runs of the every-minute schedules that started around the watched boundary, "
+          "over all rounds; early/dup are totals over all rounds. Scheduler settings:", ""]
+    for s in systems:
+        desc = res["info"].get(s, {}).get("describe", {})
+        if s in W5 and "scheduler" in desc:
+            L.append(f"- {s}: {esc(desc['register'])}; {esc(desc['scheduler'])}")
+    L.append("")
+    return L
+
+
+def merge(base: dict[str, Any], w5: dict[str, Any]) -> dict[str, Any]:
+    """`base` with the W5 results (and their systems' details) of another run."""
+    out = dict(base)
+    out["W5"] = w5.get("W5", {})
+    out["w5_run"] = {k: w5[k] for k in ("args", "started", "elapsed_s", "env")}
+    out["info"] = {**w5.get("info", {}), **base["info"]}
+    out["systems"] = base["systems"] + [s for s in w5["systems"] if s not in base["systems"]]
+    argv = {k: dict(v) for k, v in base.get("argv", {}).items()}
+    for s, cmds in w5.get("argv", {}).items():
+        argv.setdefault(s, {}).update({k: v for k, v in cmds.items() if k.startswith("W5")})
+    out["argv"] = argv
+    return out
+
+
 def commands_section(res: dict, systems: list[str]) -> list[str]:
     L = ["## Command lines", "",
          "Worker command lines as run (paths relative to the repository; `bench/.venvs/<peer>/bin/` "
@@ -392,8 +461,13 @@ def commands_section(res: dict, systems: list[str]) -> list[str]:
 
 
 def main() -> None:
-    with open(sys.argv[1]) as f:
-        res = json.load(f)
+    runs = []
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            runs.append(json.load(f))
+    res = runs[0]
+    for other in runs[1:]:
+        res = merge(res, other)
     sys.stdout.write(render(res))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import random
@@ -57,7 +58,7 @@ class System:
 
 
 SYSTEMS = [
-    System("duetime", "duetime"),
+    System("duetime", "duetime", workloads=("W1", "W2", "W3", "W4", "W5")),
     System("rq", "rq", note="forking Worker (the default)"),
     System("rq-simple", "rq", "simple", ("W1", "W4"), "SimpleWorker, no fork per job"),
     System("arq", "arq"),
@@ -67,7 +68,11 @@ SYSTEMS = [
     System("dramatiq", "dramatiq"),
     System("huey", "huey"),
     System("saq", "saq"),
-    System("taskiq", "taskiq"),
+    System("taskiq", "taskiq", workloads=("W1", "W2", "W3", "W4", "W5")),
+    # W5 needs schedules kept in Redis: these peers' add-ons do that (arq, SAQ, huey and plain
+    # Celery beat keep schedules in a process's code; dramatiq has no scheduler)
+    System("celery-redbeat", "redbeat", workloads=("W5",), note="Celery beat + RedBeat"),
+    System("rq-scheduler", "rqscheduler", workloads=("W5",), note="RQ + rq-scheduler"),
 ]
 BY_NAME = {s.name: s for s in SYSTEMS}
 
@@ -329,6 +334,95 @@ def w2_round(ctx: Ctx, system: System, rnd: int) -> dict[str, Any]:
     return out
 
 
+# -- W5 schedules -----------------------------------------------------------------------------------
+def cpu_of_tree(pid: int) -> float:
+    """User + system CPU seconds of a live process and its live descendants (/proc)."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def w5_round(ctx: Ctx, system: System, rnd: int) -> dict[str, Any]:
+    """Register N schedules (E fire every minute, the rest yearly), start the scheduler and a
+    worker, and watch the first minute boundary at least --w5-settle s after they started:
+    start lateness of the E runs, then Redis and scheduler cost over an idle window."""
+    a = ctx.args
+    n, every = a.w5_schedules, a.w5_every
+    tag = f"{system.name}:w5:{rnd}"
+    with EmbeddedServer("redis") as server:
+        r = redis.Redis.from_url(server.url)
+        rn = ctx.runner(system, server, tag)
+        try:
+            argv = rn.argv("W5")
+            ctx.remember_argv(system, "W5", "default", argv)
+            mem0 = int(r.info("memory")["used_memory"])
+            reg = rn.adapter("register-schedules", str(n), str(every), timeout=a.w5_register_timeout)
+            mem1 = int(r.info("memory")["used_memory"])
+            procs = [rn.start(cmd, f"p{k}") for k, cmd in enumerate(argv)]
+            boundary = math.ceil((time.time() + a.w5_settle) / 60) * 60
+            first: dict[int, float] = {}
+            dup = 0
+            while time.time() < boundary + a.w5_grace:
+                if all(p.poll() is not None for p in procs):
+                    raise RuntimeError("the scheduler and worker exited")
+                first, dup = w5_firsts(ctx.starts(tag), boundary, every)
+                if len(first) >= every:
+                    break
+                time.sleep(0.2)
+            settled = time.time()
+            # idle window: after the firing, ending before the next one (a minute after it)
+            fired_at = min(first.values()) if first else boundary
+            begin = max(settled + 1, boundary + a.w5_idle_after)
+            end = min(begin + a.w5_idle, fired_at + 55)
+            out: dict[str, Any] = {"n": n, "every": every, "register_s": reg["seconds"],
+                                   "register_per_s": n / reg["seconds"],
+                                   "bytes_per_schedule": (mem1 - mem0) / n}
+            if end - begin >= 5:
+                time.sleep(max(0.0, begin - time.time()))
+                s0, c0, t0 = server_stats(r), cpu_of_tree(procs[0].pid), time.time()
+                time.sleep(end - begin)
+                s1, c1, t1 = server_stats(r), cpu_of_tree(procs[0].pid), time.time()
+                d = stats_delta(s0, s1)
+                out.update(idle_s=t1 - t0, idle_cmds_per_s=d["total"] / (t1 - t0),
+                           idle_redis_cpu_ms_per_s=d["cpu_s"] * 1000 / (t1 - t0),
+                           idle_sched_cpu_ms_per_s=(c1 - c0) * 1000 / (t1 - t0),
+                           idle_cmds=d["cmds"])
+            first, dup = w5_firsts(ctx.starts(tag), boundary, every)
+        finally:
+            rn.stop_all()
+        r.close()
+    late = [(t - boundary) * 1000 for k, t in first.items() if k < every]
+    out.update(fired=len(late), not_fired=every - len(late), duplicates=dup,
+               early=sum(1 for x in late if x < 0))
+    if late:
+        out.update({f"p{p}_ms": percentile(late, p) for p in (50, 95, 99)})
+        out["max_ms"], out["min_ms"] = max(late), min(late)
+    log(f"  W5 {system.name:<14} round {rnd}: register {out['register_per_s']:7.0f}/s  "
+        f"{out['bytes_per_schedule']:5.0f} B/schedule  min {out.get('min_ms', float('nan')):8.1f} "
+        f"p50 {out.get('p50_ms', float('nan')):8.1f} p99 {out.get('p99_ms', float('nan')):8.1f} ms"
+        f"  fired {out['fired']}/{every} dup {dup}  idle sched CPU "
+        f"{out.get('idle_sched_cpu_ms_per_s', float('nan')):.0f} ms/s")
+    return out
+
+
+def w5_firsts(starts: list[tuple[int, float]], boundary: float, every: int
+              ) -> tuple[dict[int, float], int]:
+    """Each every-minute job's first start from 1 s before `boundary` on (the firing for that
+    minute), and how many more starts the same firing had (within 50 s of it: duplicates)."""
+    first: dict[int, float] = {}
+    for i, t in sorted(starts, key=lambda x: x[1]):
+        if i < every and t >= boundary - 1 and i not in first:
+            first[i] = t
+    dup = sum(1 for i, t in starts if i in first and first[i] < t < first[i] + 50)
+    return first, dup
+
+
 # -- W3 recovery ----------------------------------------------------------------------------------
 def w3_case(ctx: Ctx, system: System, mode: str, rnd: int) -> dict[str, Any]:
     a = ctx.args
@@ -419,7 +513,7 @@ def run_all(args: argparse.Namespace, systems: list[System], workloads: set[str]
     OUT.mkdir(parents=True, exist_ok=True)
     logdir = OUT / "logs" / time.strftime("%Y%m%d-%H%M%S")
     logdir.mkdir(parents=True)
-    results: dict[str, Any] = {"W1": {}, "W2": {}, "W3": {}}
+    results: dict[str, Any] = {"W1": {}, "W2": {}, "W3": {}, "W5": {}}
     with EmbeddedServer("redis") as counter:
         count_url = f"redis://127.0.0.1:{counter.port}/1"
         ctx = Ctx(redis.Redis.from_url(count_url), count_url, pydir, logdir, args)
@@ -437,6 +531,12 @@ def run_all(args: argparse.Namespace, systems: list[System], workloads: set[str]
                 for s in systems:
                     if "W2" in s.workloads:
                         results["W2"].setdefault(s.name, []).append(guarded(w2_round, ctx, s, rnd))
+            if "W5" in workloads:
+                log(f"W5 schedules, round {rnd + 1}/{args.repeat}, {args.w5_schedules:,} schedules, "
+                    f"{args.w5_every:,} every minute")
+                for s in systems:
+                    if "W5" in s.workloads:
+                        results["W5"].setdefault(s.name, []).append(guarded(w5_round, ctx, s, rnd))
             log(f"round {rnd + 1} done, {time.time() - t_all:.0f} s so far")
         if "W3" in workloads:
             results["loadavg_w3"] = os.getloadavg()
@@ -490,6 +590,16 @@ def main() -> None:
     ap.add_argument("--w3-kill-after", type=float, default=1.0, help="SIGKILL this far into the job")
     ap.add_argument("--w3-stagger", type=float, default=1.5, help="between parallel W3 case starts")
     ap.add_argument("--w3-round-gap", type=float, default=60.0, help="between W3 rounds' starts (s)")
+    ap.add_argument("--w5-schedules", type=int, default=100_000)
+    ap.add_argument("--w5-every", type=int, default=1000, help="of them, firing every minute")
+    ap.add_argument("--w5-settle", type=float, default=20.0,
+                    help="the watched boundary is at least this long after the processes start")
+    ap.add_argument("--w5-grace", type=float, default=62.0,
+                    help="wait after the boundary (s): taskiq fires on its own 60 s phase")
+    ap.add_argument("--w5-idle-after", type=float, default=15.0,
+                    help="idle window starts this long after the boundary (or after the firing)")
+    ap.add_argument("--w5-idle", type=float, default=25.0, help="idle window length (s)")
+    ap.add_argument("--w5-register-timeout", type=float, default=900.0)
     ap.add_argument("--results", default=str(RESULTS))
     args = ap.parse_args()
     workloads = {w.strip().upper() for w in args.workloads.split(",") if w.strip()}

@@ -5,7 +5,9 @@ Commands (each prints one JSON object on its last stdout line):
   enqueue-burst N [F]   enqueue N no-op jobs numbered F..F+N-1 (F=0) by the fastest documented path
   enqueue-at FILE       FILE: JSON list of epoch instants; job k is due at instants[k]
   enqueue-long SECONDS  one job number 0 that runs SECONDS (W3), with the mode's settings
+  register-schedules N E  W5: N schedules, numbers 0..E-1 fire every minute, the rest yearly
   argv WORKLOAD         the worker's command line(s) for the workload: {"procs": [[...], ...]}
+                        (W5: the scheduler process first)
   run-worker            for adapters whose documented entry is a Python call (arq)
 """
 
@@ -37,6 +39,11 @@ def main() -> None:
     elif command == "enqueue-long":
         mod.enqueue_long(float(rest[0]))
         out = {"enqueued_at": time.time()}
+    elif command == "register-schedules":
+        n, every = int(rest[0]), int(rest[1])
+        t0 = time.perf_counter()
+        mod.register_schedules(n, every)
+        out = {"seconds": time.perf_counter() - t0, "n": n}
     elif command == "argv":
         out = {"procs": mod.worker_procs(rest[0])}
     elif command == "run-worker":

@@ -8,7 +8,7 @@ import os
 import sys
 from datetime import UTC, datetime
 
-from taskiq import TaskiqScheduler
+from taskiq import ScheduledTask, TaskiqScheduler
 from taskiq_redis import ListRedisScheduleSource, RedisStreamBroker
 
 from bench.peers import common
@@ -38,6 +38,9 @@ def describe() -> dict:
         "enqueue_at": "await count.schedule_by_time(ListRedisScheduleSource, datetime, k); "
                       "`taskiq scheduler ... --update-interval 1` beside the worker",
         "worker": "taskiq worker bench.peers.taskiq:broker --workers 1 (max-async-tasks 100 default)",
+        "register": f"await ListRedisScheduleSource.add_schedule(ScheduledTask(cron=..., args=[k])), "
+                    f"{CHUNK} at a time with asyncio.gather",
+        "scheduler": "taskiq scheduler bench.peers.taskiq:scheduler (defaults: --update-interval 60)",
         "recovery": {
             "default": "RedisStreamBroker idle_timeout 600 s (XAUTOCLAIM of unacked messages)",
             "aggressive": "RedisStreamBroker(idle_timeout=6000 ms, > the 5 s job)",
@@ -70,10 +73,25 @@ def enqueue_long(seconds: float) -> None:
     asyncio.run(_kiq([(long.kiq, (0, seconds))]))
 
 
+def register_schedules(n: int, every: int) -> None:
+    """W5: n cron schedules in the Redis source; numbers below `every` fire every minute."""
+    async def go() -> None:
+        await source.startup()
+        for s in range(0, n, CHUNK):
+            await asyncio.gather(*(source.add_schedule(ScheduledTask(
+                task_name="bench.count", labels={}, args=[k], kwargs={}, schedule_id=f"s{k}",
+                cron="* * * * *" if k < every else "0 0 1 1 *")) for k in range(s, min(n, s + CHUNK))))
+        await source.shutdown()
+
+    asyncio.run(go())
+
+
 def worker_procs(workload: str) -> list[list[str]]:
     bin_ = os.path.join(os.path.dirname(sys.executable), "taskiq")
     worker = [bin_, "worker", "bench.peers.taskiq:broker", "--workers", "1", "--log-level", "WARNING"]
     if workload == "W2":
         return [worker, [bin_, "scheduler", "bench.peers.taskiq:scheduler", "--update-interval", "1",
                          "--log-level", "WARNING"]]
+    if workload == "W5":
+        return [[bin_, "scheduler", "bench.peers.taskiq:scheduler", "--log-level", "WARNING"], worker]
     return [worker]
