@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.peers_report bench/out/peers-A.json [bench/out/peers-B.json] [> RESULTS.md]
 
-With a second file, its W5 results (a run of their own: a W5 round waits for a minute
-boundary) replace the first file's, with their own run details.
+Later files fill in the workloads the earlier ones lack (e.g. W3 or W5 from runs of their
+own: a W3 round waits up to 2 minutes, a W5 round for a minute boundary); each section then
+names the run it comes from.
 """
 
 from __future__ import annotations
@@ -345,7 +346,7 @@ def w2_section(res: dict, systems: list[str]) -> list[str]:
 
 
 def w3_section(res: dict, systems: list[str]) -> list[str]:
-    W3, a = res["W3"], res["args"]
+    W3, a = res["W3"], res.get("sources", {}).get("W3", res)["args"]
     L = ["## W3 recovery", "",
          f"One job that runs {a['w3_job_seconds']:g} s; {a['w3_kill_after']:g} s after it started, "
          "the worker's whole process tree is SIGKILLed (SIGSTOP of every descendant, then SIGKILL) "
@@ -354,7 +355,7 @@ def w3_section(res: dict, systems: list[str]) -> list[str]:
          f"{a['w3_wait']:g} s, and when does the rerun start, counted from the kill? All cases run in "
          f"parallel threads, each with its own server: a round's cases start {a['w3_stagger']:g} s "
          f"apart, rounds {a.get('w3_round_gap', 0):g} s apart.",
-         "",
+         "", *source_line(res, "W3"),
          "| system | settings | rerun | rerun starts after the kill | completed once | "
          "what was set |", "|---|---|---|---|---|---|"]
     for s in systems:
@@ -381,7 +382,7 @@ def w5_section(res: dict, systems: list[str]) -> list[str]:
     W5 = res.get("W5") or {}
     if not W5:
         return ["## W5 schedules", "", "Not run in this report's runs.", ""]
-    run = res.get("w5_run", res)
+    run = res.get("sources", {}).get("W5", res)
     a, d = run["args"], W5.get("duetime", [])
     L = ["## W5 schedules", "",
          f"{a['w5_schedules']:,} schedules registered by each system's documented path: "
@@ -392,12 +393,9 @@ def w5_section(res: dict, systems: list[str]) -> list[str]:
          "on, minus the boundary; same clock). Then an idle "
          f"window of up to {a['w5_idle']:g} s, between that firing and the next one: Redis "
          "commands and Redis CPU per second, and the scheduler process's own CPU (/proc) per "
-         "second: what holding 100,000 schedules costs while nothing is due. Memory: Redis "
+         "second: what holding the schedules costs while nothing is due. Memory: Redis "
          "`used_memory` after minus before the registration. Ratios < 1 favour duetime.", "",
-         f"- run started {run['started']}, took {run['elapsed_s'] / 60:.1f} min; command: "
-         f"`{run['env']['argv']}`",
-         f"- duetime measured: {run['env'].get('git', '?')} at the start, "
-         f"{run['env'].get('git_end', '?')} at the end", "",
+         *source_line(res, "W5"),
          "| system | registered/s | bytes/schedule | p50 late ms | p99 late ms | max late ms | "
          "fired | early | dup | idle Redis cmds/s | idle Redis CPU ms/s | idle scheduler CPU ms/s "
          "| p99 duetime/peer | memory duetime/peer |",
@@ -430,18 +428,33 @@ def w5_section(res: dict, systems: list[str]) -> list[str]:
     return L
 
 
-def merge(base: dict[str, Any], w5: dict[str, Any]) -> dict[str, Any]:
-    """`base` with the W5 results (and their systems' details) of another run."""
+def merge(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """`base`, with the workloads it lacks taken from another run (and their systems' details)."""
     out = dict(base)
-    out["W5"] = w5.get("W5", {})
-    out["w5_run"] = {k: w5[k] for k in ("args", "started", "elapsed_s", "env")}
-    out["info"] = {**w5.get("info", {}), **base["info"]}
-    out["systems"] = base["systems"] + [s for s in w5["systems"] if s not in base["systems"]]
+    sources = dict(base.get("sources", {}))
     argv = {k: dict(v) for k, v in base.get("argv", {}).items()}
-    for s, cmds in w5.get("argv", {}).items():
-        argv.setdefault(s, {}).update({k: v for k, v in cmds.items() if k.startswith("W5")})
-    out["argv"] = argv
+    for w in ("W1", "W2", "W3", "W5"):
+        if out.get(w) or not other.get(w):
+            continue
+        out[w] = other[w]
+        sources[w] = {k: other[k] for k in ("args", "started", "elapsed_s", "env")}
+        for s, cmds in other.get("argv", {}).items():
+            argv.setdefault(s, {}).update({k: v for k, v in cmds.items() if k.startswith(w)})
+        out["systems"] = out["systems"] + [s for s in other["systems"] if s not in out["systems"]]
+    out["info"] = {**other.get("info", {}), **base["info"]}
+    out["sources"], out["argv"] = sources, argv
     return out
+
+
+def source_line(res: dict, workload: str) -> list[str]:
+    """Where a merged-in workload was measured (nothing when it is this report's own run)."""
+    src = res.get("sources", {}).get(workload)
+    if not src:
+        return []
+    env = src["env"]
+    return [f"{workload} was measured in its own run: started {src['started']}, took "
+            f"{src['elapsed_s'] / 60:.1f} min, `{env['argv']}`; duetime: {env.get('git', '?')} at "
+            f"the start, {env.get('git_end', '?')} at the end.", ""]
 
 
 def commands_section(res: dict, systems: list[str]) -> list[str]:
