@@ -1,5 +1,6 @@
 """W2-style precision: N runs due at instants spread over a window, one worker process;
-start lateness (claim time on the server clock minus due time) percentiles, early starts.
+start lateness (the task's own first instant minus its due time; the embedded server shares
+this machine's clock) percentiles, early starts.
 
     .venv/bin/python -m bench.precision --runs 1000 --window 10 --repeat 3
 """
@@ -16,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import redis
 
-from bench.apps import app, noop
+from bench.apps import app, stamp
 from bench.stats import print_rounds
 from duetime.embedded import EmbeddedServer
 
@@ -36,23 +37,23 @@ def one_round(url: str, n: int, window: float) -> dict[str, float]:
     time.sleep(1.0)  # the worker is up and idle before the first run is due
     sec, usec = r.time()
     start = datetime.fromtimestamp(sec + usec / 1e6, tz=UTC) + timedelta(seconds=1)
-    ids = app.enqueue_many([{"task": noop, "args": [i],
+    ids = app.enqueue_many([{"task": stamp, "args": [i],
                              "at": start + timedelta(seconds=window * i / n)} for i in range(n)])
     deadline = time.monotonic() + window + 30
     while time.monotonic() < deadline:
         if all(app.get_run(i).state == "succeeded" for i in ids[-5:]):
             break
         time.sleep(0.2)
-    lateness = []
-    for run_id in ids:
-        run = app.get_run(run_id)
-        lateness.append((run.started - run.due).total_seconds() * 1000)
+    stamps = {k.decode(): float(v) for k, v in
+              redis.Redis.from_url(url, db=1).hgetall(f"{ns}:stamps").items()}
+    lateness = [stamps[i] - app.get_run(i).due.timestamp() * 1000 for i in ids if i in stamps]
     proc.terminate()
     proc.wait(30)
     app.close()
     return {"p50_ms": pct(lateness, 0.5), "p95_ms": pct(lateness, 0.95),
             "p99_ms": pct(lateness, 0.99), "max_ms": max(lateness),
-            "early": float(sum(1 for x in lateness if x < 0))}
+            "early": float(sum(1 for x in lateness if x < 0)),
+            "not_run": float(len(ids) - len(lateness))}
 
 
 def main() -> None:
