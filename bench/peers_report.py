@@ -74,14 +74,33 @@ NOTES = """\
   retrying it.
 - **saq** ran a few W1 jobs twice (the 'dup' column), with nothing killed; a likely cause is its
   sweep, which aborts and retries a job found in the active list before it was marked active.
-- **duetime** stores instants in whole milliseconds (truncated), so a W2 job can start a fraction
-  of a millisecond before its exact instant: that is all its 'early' count is (see min ms).
+- **duetime** rounds a due instant *up* to the millisecond and a worker claims a run up to 10 ms
+  ahead (`--claim-ahead`), then starts it at its due time plus half the round trip of its last
+  server-clock measurement: hence no early starts, and lateness of about the event loop's timer
+  resolution.
+- **W4 round trips** are the server's socket reads. duetime batches (an `enqueue.lua` call per
+  200 runs, pipelines of 2,000; claims and acknowledgements per partition and batch), so a run
+  costs a few hundredths of a round trip; every peer sends at least one command per job per
+  step. Commands per job count those inside Lua scripts too: there taskiq (a stream entry and
+  its ack) and huey use fewer than duetime, which writes a run record, a lease (string with
+  TTL and index entry) and an attempt entry per run.
+- **W5, taskiq**: its scheduler fires a cron schedule when the current minute matches and 60 s
+  have passed since the schedule last fired, checked once a second from the scheduler's start:
+  schedules fire on the scheduler's own phase within the minute, so the lateness at a minute
+  boundary is anywhere in 0–60 s depending on when the scheduler started (the rounds differ for
+  that reason). It re-evaluates every schedule in Python each second, hence the scheduler CPU
+  with 100,000 schedules.
+- **W5, RedBeat and rq-scheduler** keep due times in a sorted set and read only what is due, so
+  holding schedules costs them nearly nothing while idle; their lateness at the boundary is the
+  time to send 1,000 jobs one by one (beat) or move them to the queue (rq-scheduler) and then
+  run them (prefork pool / SimpleWorker). duetime's idle traffic is its evaluator (4 ticks/s
+  over 16 partitions), reaper (2 ticks/s) and worker, whatever the number of schedules.
 - **dramatiq**: a dead worker's unacknowledged messages are requeued by a maintenance pass that
   runs on a random 0.1 % of broker calls, once the worker's heartbeat is 60 s old.
 - **duetime** is measured as the working tree was at the run (other work on its core goes on
   concurrently); see the git line above.
-- Every job, in every system, makes the same synchronous loopback round trip to the counter
-  server; it is part of every drain rate. Enqueue timings include building the job list.
+- Every job, in every system, counts itself the same way (a buffer flushed to the counter server
+  every 2 ms); it is part of every drain rate. Enqueue timings include building the job list.
 - The machine is shared with other sessions' work (tests, other benchmarks): see the load
   averages; throughput numbers are the most sensitive to that.
 """
