@@ -156,6 +156,8 @@ def render(res: dict[str, Any]) -> str:
     L += ["## This run", "",
           f"- started {res['started']}, took {res['elapsed_s'] / 60:.1f} min",
           f"- command: `{env['argv']}`",
+          *([f"- this report, with the sections measured in other runs: `{res['report_argv']}`"]
+            if res.get("report_argv") else []),
           f"- machine: {env['cores']} cores ({env['cpu']}), {env['mem_gib']} GiB, Linux {env['kernel']}; "
           f"Python {env['python']}; {env['redis']}",
           f"- rounds: {a['repeat']}; W1 {a['runs']:,} jobs (rq's forking worker: "
@@ -500,6 +502,8 @@ def main() -> None:
     res = runs[0]
     for other in runs[1:]:
         res = merge(res, other)
+    if len(runs) > 1:
+        res["report_argv"] = ".venv/bin/python -m bench.peers_report " + " ".join(sys.argv[1:])
     sys.stdout.write(render(res))
 
 
