@@ -23,6 +23,8 @@ local prefix, worker = ARGV[1], ARGV[2]
 local limit, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local horizon = now + (tonumber(ARGV[5]) or 0)
+-- numbers sent to Redis as strings built once per call, not once per run (see int_s)
+local now_s, until_s = int_s(now), int_s(now + lease)
 
 local d = redis.call('ZRANGE', due_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
 local r = redis.call('ZRANGE', retry_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, limit,
@@ -95,12 +97,15 @@ for n, id in ipairs(ids) do
       out[2] = out[2] + 1
     elseif not sched or sched == '' or overlap_allows(id, run_key, sched, f[4] or '') then
       fence, attempt = fence + 1, attempt + 1
-      redis.call('HSET', run_key, 'state', 'running', 'fence', fence, 'attempt', attempt,
-        'worker', worker, 'started', math.max(now, tonumber(scores[n])),
-        'lease_expires', now + lease)
+      local fence_s = int_s(fence)
+      -- claimed ahead of its due time: the attempt starts at the due time (the score)
+      local started = now_s
+      if tonumber(scores[n]) > now then started = scores[n] end
+      redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt', int_s(attempt),
+        'worker', worker, 'started', started, 'lease_expires', until_s)
       if deadline then redis.call('ZREM', deadlines_key, id) end
-      redis.call('SET', prefix .. 'lease:' .. id, worker .. ':' .. fence, 'PX', lease)
-      leased[#leased + 1] = now + lease
+      redis.call('SET', prefix .. 'lease:' .. id, worker .. ':' .. fence_s, 'PX', ARGV[4])
+      leased[#leased + 1] = until_s
       leased[#leased + 1] = id
       local o = #out
       out[o + 1] = id

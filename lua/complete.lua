@@ -13,6 +13,7 @@
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, channel, partition = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
+local now_s = int_s(now)  -- one number-to-string per call, not per run
 local out, finished, unleased, lease_keys = {}, {}, {}, {}
 
 for i = 0, (#ARGV - 3) / 2 - 1 do
@@ -32,22 +33,22 @@ for i = 0, (#ARGV - 3) / 2 - 1 do
   elseif state == 'running' then
     lease_keys[#lease_keys + 1] = lease_key
     unleased[#unleased + 1] = run_id
-    redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now)
-    push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now, nil)
+    redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
+    push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now_s, nil)
     if f[8] and f[8] ~= 'allow' then leave_running(prefix, run_key, run_id, now, channel, partition) end
     result = 'ok'
   else
     -- late success of a reaped attempt that nobody claimed again: it finishes the run
     redis.call('ZREM', prefix .. 'retry:' .. f[7], run_id)
     redis.call('ZREM', uncertain_key, run_id)
-    redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now)
+    redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
     redis.call('HDEL', run_key, 'retry_at', 'reason')
     set_attempt(attempts_key, fence, {outcome = 'succeeded', late = true, late_at = now})
     emit(events_key, run_id, 'succeeded', 'late result of attempt ' .. fence)
     result = 'late_ok'
   end
   if result == 'ok' or result == 'late_ok' then
-    finished[#finished + 1] = now
+    finished[#finished + 1] = now_s
     finished[#finished + 1] = run_id
   end
   out[#out + 1] = result

@@ -18,22 +18,33 @@ local created = 0
 local shared_n = tonumber(ARGV[4])
 local i = 5 + shared_n
 local added, earliest = {}, nil
+local last_delay, last_due, last_due_s
 -- one field list reused for every run (no table per run): state, created, due, the shared
 -- fields, then the run's own fields from position base_n + 1
-local fields = {'state', 'scheduled', 'created', now, 'due', 0}
+local fields = {'state', 'scheduled', 'created', int_s(now), 'due', 0}
 for j = 5, 4 + shared_n do fields[#fields + 1] = ARGV[j] end
 local base_n = #fields
 while i <= #ARGV do
   local run_id = ARGV[i]
   local run_key = prefix .. 'run:' .. run_id
-  local due = tonumber(ARGV[i + 1]) or (now + tonumber(ARGV[i + 2]))
+  local due_s = ARGV[i + 1]
+  local due = tonumber(due_s)
+  if due == nil then
+    -- a delay from server time: a bulk call repeats one delay, so format each delay once
+    if ARGV[i + 2] ~= last_delay then
+      last_delay = ARGV[i + 2]
+      last_due = now + tonumber(last_delay)
+      last_due_s = int_s(last_due)
+    end
+    due, due_s = last_due, last_due_s
+  end
   local nf = tonumber(ARGV[i + 4])
   if ARGV[i + 3] ~= '1' or redis.call('EXISTS', run_key) == 0 then
-    fields[6] = due
+    fields[6] = due_s
     local n = base_n
     for j = i + 5, i + 4 + nf do n = n + 1; fields[n] = ARGV[j] end
     redis.call('HSET', run_key, unpack(fields, 1, n))
-    added[#added + 1] = due
+    added[#added + 1] = due_s
     added[#added + 1] = run_id
     if earliest == nil or due < earliest then earliest = due end
     created = created + 1

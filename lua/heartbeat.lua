@@ -10,6 +10,7 @@
 local leases_key = KEYS[1]
 local lease = tonumber(ARGV[1])
 local now = now_ms()
+local now_s, until_s = int_s(now), int_s(now + lease)  -- formatted once per call
 local out = {}
 local n = (#KEYS - 1) / 2
 for i = 1, n do
@@ -25,9 +26,9 @@ for i = 1, n do
     if f[1] == 'running' and f[2] == fence and f[3] .. ':' .. f[2] == token then ok = 1 end
   end
   if ok == 1 then
-    redis.call('SET', lease_key, token, 'PX', lease)
-    redis.call('ZADD', leases_key, now + lease, run_id)
-    redis.call('HSET', run_key, 'lease_expires', now + lease, 'heartbeat', now)
+    redis.call('SET', lease_key, token, 'PX', ARGV[1])
+    redis.call('ZADD', leases_key, until_s, run_id)
+    redis.call('HSET', run_key, 'lease_expires', until_s, 'heartbeat', now_s)
     if redis.call('HEXISTS', run_key, 'cancel_requested') == 1 then ok = 2 end
   end
   out[i] = ok

@@ -316,3 +316,46 @@ def test_a_buffered_run_claimed_ahead_is_never_made_due_before_its_time(app, r, 
     assert lc.complete(p, a) == "ok"
     b_due = int(app.get_run(b_id).due.timestamp() * 1000)
     assert r.zscore(app.keys.due(p, "default"), b_id) == b_due
+
+
+def test_times_fences_and_attempt_entries_are_stored_as_plain_integers(app, r, lc):
+    """The scripts format numbers themselves (once per call, as integers); what `redis-cli`
+    and the inspect code read must stay plain decimal integers, consistent with each other."""
+    import json
+    import re
+
+    sec, usec = r.time()
+    server_ms = sec * 1000 + usec // 1000
+    ids = app.enqueue_many([{"task": basic.noop, "delay": d} for d in (5, 5, 0, 7, 0)])
+    runs = {i: r.hgetall(app.keys.run(app.keys.partition_of_run(i), i)) for i in ids}
+    digits = re.compile(rb"[1-9][0-9]*")
+    for rec in runs.values():
+        assert digits.fullmatch(rec[b"created"]) and digits.fullmatch(rec[b"due"])
+    # one bulk call, several delays: each run's due = the call's server time + its own delay
+    dues = [int(runs[i][b"due"]) - int(runs[i][b"created"]) for i in ids]
+    assert dues == [5000, 5000, 0, 7000, 0]
+    assert abs(int(runs[ids[2]][b"created"]) - server_ms) < 5000
+
+    claimed = lc.claim(worker="w1", lease_ms=4000)
+    assert sorted(c.run_id for _, c in claimed) == sorted([ids[2], ids[4]])  # the due ones
+    p, c = claimed[0]
+    rec = r.hgetall(app.keys.run(p, c.run_id))
+    for f in (b"fence", b"attempt", b"started", b"lease_expires"):
+        assert digits.fullmatch(rec[f]), (f, rec[f])
+    assert int(rec[b"lease_expires"]) - int(rec[b"started"]) == 4000
+    assert r.zscore(app.keys.leases(p), c.run_id) == int(rec[b"lease_expires"])
+    keys, args = tr.heartbeat(app.keys, p, 9000, [(c.run_id, "w1:1")])
+    assert Scripts(r).heartbeat(keys=keys, args=args) == [1]
+    rec = r.hgetall(app.keys.run(p, c.run_id))
+    assert digits.fullmatch(rec[b"lease_expires"]) and digits.fullmatch(rec[b"heartbeat"])
+    assert int(rec[b"lease_expires"]) - int(rec[b"heartbeat"]) == 9000
+    assert r.zscore(app.keys.leases(p), c.run_id) == int(rec[b"lease_expires"])
+
+    assert lc.complete(p, c) == "ok"
+    rec = r.hgetall(app.keys.run(p, c.run_id))
+    assert digits.fullmatch(rec[b"finished"])
+    assert r.zscore(app.keys.done(p), c.run_id) == int(rec[b"finished"])
+    [raw] = r.lrange(app.keys.attempts(p, c.run_id), 0, -1)
+    entry = json.loads(raw)
+    assert entry == {"n": 1, "fence": 1, "worker": "w1", "outcome": "succeeded",
+                     "start": int(rec[b"started"]), "end": int(rec[b"finished"])}
