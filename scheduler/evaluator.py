@@ -181,6 +181,13 @@ class Evaluator:
                             error=str(unavailable(self.url, exc)), retry_in=backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+            except redis.RedisError as exc:
+                # refused (OOM at maxmemory, READONLY after a failover, a damaged key): the
+                # process stays up and tries again, rather than crash-looping under a supervisor
+                log.error("redis refused a call; evaluator retrying", error=str(exc),
+                          retry_in=backoff)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
         with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
             self.ownership.release_all()
         log.info("evaluator stopped", materialized=self.materialized)

@@ -104,6 +104,13 @@ class Reaper:
                             error=str(unavailable(self.url, exc)), retry_in=backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+            except redis.RedisError as exc:
+                # refused (OOM at maxmemory, READONLY after a failover, a damaged key): the
+                # process stays up and tries again, rather than crash-looping under a supervisor
+                log.error("redis refused a call; reaper retrying", error=str(exc),
+                          retry_in=backoff)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
         log.info("reaper stopped")
 
     def _sleep_s(self) -> float:

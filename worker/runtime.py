@@ -42,7 +42,11 @@ from common.tasks import Registry, TaskSpec
 log = get_logger("duetime.worker")
 
 MAX_ERROR = 4000
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)  # Redis unreachable
+# Any error a Redis call can end with, unreachable or refused (OOM at maxmemory, READONLY after
+# a failover, WRONGTYPE on a damaged key, BUSY): the worker's loops log it and go on.
+ANY_REDIS_ERROR = (redis.RedisError, OSError)
+KEY_HOLD_S = 5.0  # a partition/queue whose claim Redis refused is left alone this long
 CLAIMS_IN_FLIGHT = 2
 CLAIM_MIN_SHARE = 16
 
@@ -111,6 +115,7 @@ class Worker:
         self._reserved = 0  # slots promised to claims in flight
         self._hold_until = 0.0  # monotonic time before which nothing is claimed
         self._claim_backoff = 0.1
+        self._key_hold: dict[tuple[int, str], float] = {}  # key -> monotonic time to retry
 
     # -- lifecycle ------------------------------------------------------------------
     def stop(self) -> None:
@@ -184,9 +189,13 @@ class Worker:
                 pipe.zrange(self.keys.due(p, q), 0, 0, withscores=True)
                 pipe.zrange(self.keys.retry(p, q), 0, 0, withscores=True)
                 order.append((p, q))
-        res = await pipe.execute()
+        res = await pipe.execute(raise_on_error=False)
         for i, key in enumerate(order):
-            heads = [s for _, s in res[2 * i] + res[2 * i + 1]]
+            due, retry = res[2 * i], res[2 * i + 1]
+            for r in (due, retry):
+                if isinstance(r, Exception):
+                    self._refused(key, "reading due times", r)
+            heads = [s for part in (due, retry) if isinstance(part, list) for _, s in part]
             self._set_due(key, min(heads) if heads else None, seq)
 
     async def _listen(self) -> None:
@@ -215,7 +224,7 @@ class Worker:
             except asyncio.CancelledError:
                 await pubsub.aclose()
                 raise
-            except REDIS_ERRORS as exc:
+            except ANY_REDIS_ERROR as exc:
                 log.warning("wake channel lost; reconnecting", error=str(exc), retry_in=delay)
                 await pubsub.aclose()
                 await asyncio.sleep(delay)
@@ -225,7 +234,11 @@ class Worker:
     def _due_now(self) -> list[tuple[int, str]]:
         now = self.clock.now_ms() + self.cfg.claim_ahead_ms
         rank = {q: i for i, q in enumerate(self.cfg.queues)}
-        due = [(rank[k[1]], d, k) for k, d in self.next_due.items() if d <= now]
+        if self._key_hold:
+            t = time.monotonic()
+            self._key_hold = {k: u for k, u in self._key_hold.items() if u > t}
+        due = [(rank[k[1]], d, k) for k, d in self.next_due.items()
+               if d <= now and k not in self._key_hold]
         due.sort()
         return [k for _, _, k in due]
 
@@ -251,15 +264,19 @@ class Worker:
                 if time.monotonic() - last_clock >= 60:
                     await self.clock.sync(self.client)
                     last_clock = time.monotonic()
-            except REDIS_ERRORS as exc:
+            except ANY_REDIS_ERROR as exc:
                 self._claim_failed(exc)
                 continue
             timeout = self.cfg.refresh_s - (time.monotonic() - last_refresh)
             if hold > 0:
                 timeout = min(timeout, hold)
-            elif free > 0 and self.next_due and len(self._claims) < CLAIMS_IN_FLIGHT:
-                timeout = min(timeout, (min(self.next_due.values()) - self.cfg.claim_ahead_ms
-                                        - self.clock.now_ms()) / 1000)
+            elif free > 0 and len(self._claims) < CLAIMS_IN_FLIGHT:
+                dues = [d for k, d in self.next_due.items() if k not in self._key_hold]
+                if dues:
+                    timeout = min(timeout, (min(dues) - self.cfg.claim_ahead_ms
+                                            - self.clock.now_ms()) / 1000)
+                if self._key_hold:  # a held key becomes claimable again
+                    timeout = min(timeout, min(self._key_hold.values()) - time.monotonic())
             self._wake.clear()
             if timeout > 0:
                 with contextlib.suppress(TimeoutError):
@@ -284,9 +301,22 @@ class Worker:
                 self._claim_backoff = 0.1
         except REDIS_ERRORS as exc:
             self._claim_failed(exc)
+        except Exception:  # noqa: BLE001 - a bug here must not turn into a hot claim loop
+            log.exception("claim failed", worker_id=self.id, retry_in=self._claim_backoff)
+            self._hold_until = time.monotonic() + self._claim_backoff
+            self._claim_backoff = min(self._claim_backoff * 2, 5.0)
         finally:
             self._reserved -= free
             self._wake.set()
+
+    def _refused(self, key: tuple[int, str], doing: str, exc: Exception) -> None:
+        """Redis refused a call for one partition and queue: leave that key alone for a while
+        and go on with the others (one damaged key must not stop the whole worker)."""
+        p, q = key
+        log.error("redis refused a call; skipping this partition and queue for a while",
+                  doing=doing, partition=p, queue=q, key=self.keys.due(p, q), error=str(exc),
+                  retry_in=KEY_HOLD_S, worker_id=self.id)
+        self._key_hold[key] = time.monotonic() + KEY_HOLD_S
 
     def _claim_failed(self, exc: BaseException) -> None:
         """Redis is unreachable: claim nothing for a while (doubling, up to 5 s)."""
@@ -313,10 +343,14 @@ class Worker:
             keys, args = tr.claim(self.keys, p, q, self.id, n, self.cfg.lease_ms,
                                   self.cfg.claim_ahead_ms)
             await self.scripts.claim(keys=keys, args=args, client=pipe)
-        results = await pipe.execute()
+        # per-call errors come back as values: the runs other calls claimed must still start
+        results = await pipe.execute(raise_on_error=False)
         now = self.clock.now_ms()
         claimed = 0
         for ((p, q), _), res in zip(plan, results, strict=True):
+            if isinstance(res, Exception):
+                self._refused((p, q), "claiming", res)
+                continue
             reply = tr.parse_claim(res)
             self._set_due((p, q), reply.next_due_ms, seq)
             for c in reply.runs:
@@ -421,20 +455,35 @@ class Worker:
 
     # -- reporting (batched: one pipeline per flush) ----------------------------------
     async def _report_loop(self) -> None:
-        """Sends every report waiting at the moment as one pipeline; None ends the loop."""
-        done = False
-        while not done:
-            batch = [await self._reports.get()]
+        """Sends every report waiting at the moment as one pipeline; None ends the loop.
+        Reports Redis refused go again with a later batch, after a pause (doubling up to 5 s);
+        at shutdown they are tried a few more times, then given up (the reaper recovers runs
+        whose outcome was never recorded)."""
+        carry: list[tuple[str, Execution, list[Any]]] = []
+        pause, done, last_tries = 0.05, False, 5
+        while not done or (carry and last_tries > 0):
+            batch: list[tuple[str, Execution, list[Any]] | None] = []
+            with contextlib.suppress(TimeoutError):
+                batch.append(await asyncio.wait_for(self._reports.get(), pause if carry else None))
             while not self._reports.empty():
                 batch.append(self._reports.get_nowait())
-            done = None in batch
-            real = [b for b in batch if b is not None]
-            if real:
-                await self._flush(real)
+            if None in batch:
+                done = True
+            real = carry + [b for b in batch if b is not None]
+            if done and carry:
+                last_tries -= 1
+            carry = await self._flush(real) if real else []
+            pause = min(pause * 2, 5.0) if carry else 0.05
+        if carry:
+            log.error("outcomes not recorded: Redis refused them until shutdown",
+                      runs=[ex.ctx.run_id for _, ex, _ in carry][:20], count=len(carry),
+                      worker_id=self.id)
 
-    async def _flush(self, batch: list[tuple[str, Execution, list[Any]]]) -> None:
+    async def _flush(self, batch: list[tuple[str, Execution, list[Any]]]
+                     ) -> list[tuple[str, Execution, list[Any]]]:
         """Successes are acknowledged with one complete.lua call per partition; failures and
-        releases one call each; everything in one pipeline, retried until Redis answers."""
+        releases one call each; everything in one pipeline, retried until Redis answers.
+        Returns the reports of calls Redis refused (OOM, READONLY, ...), to be sent again."""
         successes: dict[int, list[Execution]] = {}
         others: list[tuple[str, Execution, list[Any]]] = []
         for kind, ex, extra in batch:
@@ -451,7 +500,7 @@ class Worker:
                     await self.scripts.complete(keys=keys, args=args, client=pipe)
                 for kind, ex, extra in others:
                     await self._report_call(pipe, kind, ex, extra)
-                results = await pipe.execute()
+                results = await pipe.execute(raise_on_error=False)
                 break
             except REDIS_ERRORS as exc:
                 # keep the outcomes: a late report is still judged by its fence
@@ -460,10 +509,24 @@ class Worker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         judged: list[tuple[str, Execution, Any]] = []
+        refused: list[tuple[str, Execution, list[Any]]] = []
+        errors: list[str] = []
         for exs, res in zip(successes.values(), results, strict=False):
+            if isinstance(res, Exception):
+                refused += [("complete", ex, []) for ex in exs]
+                errors.append(str(res))
+                continue
             judged += [("complete", ex, r) for ex, r in zip(exs, res, strict=True)]
-        for (kind, ex, _), res in zip(others, results[len(successes):], strict=True):
+        for item, res in zip(others, results[len(successes):], strict=True):
+            kind, ex, _ = item
+            if isinstance(res, Exception):
+                refused.append(item)
+                errors.append(str(res))
+                continue
             judged.append((kind, ex, res if isinstance(res, bytes) else res[0]))
+        if refused:
+            log.error("redis refused outcome reports; sending them again", count=len(refused),
+                      error=errors[0], worker_id=self.id)
         for kind, ex, res in judged:
             if kind == "fail" and res in (b"retrying", b"dead"):
                 metrics.child(metrics.RETRIES if res == b"retrying" else metrics.DEAD_LETTERS,
@@ -473,6 +536,7 @@ class Worker:
                 log.warning("late result rejected", run_id=ex.ctx.run_id, task=ex.ctx.task,
                             attempt=ex.ctx.attempt, worker_id=self.id, report=kind,
                             fence=ex.ctx.fence, schedule=ex.ctx.schedule)
+        return refused
 
     async def _report_call(self, pipe: Any, kind: str, ex: Execution, extra: list[Any]) -> None:
         k, p, run_id, q, fence = self.keys, ex.partition, ex.ctx.run_id, ex.ctx.queue, ex.ctx.fence
@@ -489,7 +553,9 @@ class Worker:
         while True:
             try:
                 await self._heartbeat()
-            except REDIS_ERRORS as exc:
+            except ANY_REDIS_ERROR as exc:
+                # the leases stay as they were; the next beat tries again (a beat every third
+                # of the lease leaves room for two failed ones)
                 log.warning("heartbeat failed", error=str(exc), worker_id=self.id)
             await asyncio.sleep(interval)
 
@@ -513,9 +579,13 @@ class Worker:
             "last_seen": int(now * 1000), "processed": self.processed,
         })
         pipe.pexpire(k.worker(self.id), self.cfg.lease_ms * 3)
-        results = await pipe.execute()
+        results = await pipe.execute(raise_on_error=False)
         metrics.INFLIGHT.set(len(self.inflight))
         for exs, res in zip(groups, results, strict=False):
+            if isinstance(res, Exception):  # not extended, not lost either: tried next beat
+                log.warning("heartbeat refused", error=str(res), partition=exs[0].partition,
+                            runs=len(exs), worker_id=self.id)
+                continue
             for ex, status in zip(exs, res, strict=True):
                 if self.inflight.get(ex.ctx.run_id) is not ex:
                     continue

@@ -6,7 +6,10 @@ import signal
 import time
 
 import pytest
+import redis
 
+from common.runs import keyed_run_id
+from duetime.embedded import EmbeddedServer
 from tests.apps import basic
 from tests.conftest import wait_for
 
@@ -257,3 +260,72 @@ def test_worker_carries_on_after_a_redis_restart(namespace):
         finally:
             procs.stop_all()
             basic.app.close()
+
+
+def test_redis_refusing_writes_for_a_while_loses_and_duplicates_nothing(server, namespace):
+    """Redis at maxmemory (OOM errors) for 1.6 s, shorter than the lease: the heartbeat, the
+    outcome reports, the claims and the reaper are refused and must each try again. No loop may
+    die from it (a dead heartbeat loop lets the lease lapse: the run would run twice; a dead
+    report loop leaves successes unrecorded) and nothing may spin."""
+    from tests.conftest import Procs
+
+    own = EmbeddedServer(server.kind).start()  # its own server: maxmemory is server-wide
+    try:
+        basic.app.configure(redis_url=own.url, namespace=namespace)
+        app = basic.app
+        r = redis.Redis.from_url(own.url)
+        procs = Procs(own.url, namespace)
+        long_id = app.enqueue(basic.aslow, [4.0])  # heartbeats must go on past the window
+        short_id = app.enqueue(basic.aslow, [1.0])  # ends, and reports, inside the window
+        late_id = app.enqueue(basic.aslow, [0.1], delay=1.2)  # due inside the window
+        procs.reaper("100ms")
+        worker = procs.worker("--lease", "3s")
+        wait_for(lambda: r.hlen(basic.count_key()) >= 2, 15, what="two runs to start")
+        time.sleep(0.3)
+        r.config_set("maxmemory", 1)  # noeviction: every write is refused with OOM
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            r.set(f"{namespace}:probe", 1)
+        time.sleep(1.6)
+        r.config_set("maxmemory", 0)
+        ids = [long_id, short_id, late_id]
+        wait_for(lambda: states(app, ids) == {"succeeded": 3}, 30, what="all three succeeded")
+        assert worker.poll() is None  # still serving
+        time.sleep(1.0)  # a lapsed lease would have been reaped and re-run by now
+        assert counts(r, app) == {long_id: 1, short_id: 1, late_id: 1}
+        for i in ids:
+            assert [a.outcome for a in app.get_run(i).attempts] == ["succeeded"]
+        worker.terminate()
+        err = worker.communicate(timeout=30)[1].decode()
+        procs.stop_all()
+        refused = err.count("refused")
+        assert 0 < refused < 100, err[-3000:]  # it said so, and did not spin
+    finally:
+        basic.app.close()
+        own.stop()
+
+
+def test_a_damaged_partition_key_does_not_stop_the_other_partitions(app, r, procs):
+    """One partition's due set overwritten with a string (WRONGTYPE for every script that
+    reads it): the worker says which key, leaves that partition alone for a while, and runs
+    the other partitions' runs, including those claimed in the same pipeline."""
+    k = app.keys
+    bad = 3
+    r.set(k.due(bad, "default"), "not a sorted set")
+    worker = procs.worker("--concurrency", "8")
+    wait_for(lambda: r.zcard(k.workers) >= 1, 15, what="worker to register")
+    # keyed runs, keys chosen so that none lands in the damaged partition
+    keys = [f"dmg-{i}" for i in range(260)
+            if k.partition_of_run(keyed_run_id("anoop", f"dmg-{i}")) != bad][:200]
+    ids = app.enqueue_many([{"task": basic.anoop, "args": [n], "key": key}
+                            for n, key in enumerate(keys)])
+    for _ in range(3):  # a (forged) wake notice sends the worker to the damaged key
+        r.publish(k.wake_channel, f"{bad}|default|0")
+        time.sleep(0.2)
+    wait_for(lambda: states(app, ids) == {"succeeded": 200}, 30, what="200 succeeded")
+    assert max(counts(r, app).values()) == 1
+    assert worker.poll() is None
+    worker.terminate()
+    err = worker.communicate(timeout=30)[1].decode()
+    lines = [ln for ln in err.splitlines() if "redis refused a call" in ln]
+    assert lines and all(k.due(bad, "default") in ln and "WRONGTYPE" in ln for ln in lines)
+    assert len(lines) < 10  # held for a while after each refusal, not retried in a loop
