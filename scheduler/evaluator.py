@@ -41,14 +41,21 @@ class Ownership:
                  ttl_ms: int) -> None:
         self.client, self.keys, self.scripts, self.id, self.ttl_ms = client, keys, scripts, sid, ttl_ms
         self.owned: set[int] = set()
+        # another scheduler missed its renewal (it renews every ttl/3): it may be dead, so its
+        # partitions free up when its leases expire; refresh on every tick until then, so the
+        # takeover comes a tick after the expiry rather than up to ttl/3 after it
+        self.suspect = False
 
     def refresh(self, now_ms: int) -> set[int]:
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(k.schedulers, {self.id: now_ms})
         pipe.zremrangebyscore(k.schedulers, "-inf", now_ms - self.ttl_ms)
-        pipe.zcard(k.schedulers)
-        live = max(1, pipe.execute()[2])
+        pipe.zrange(k.schedulers, 0, -1, withscores=True)
+        members = pipe.execute()[2]
+        live = max(1, len(members))
+        overdue = now_ms - self.ttl_ms / 2
+        self.suspect = any(seen < overdue for sid, seen in members if sid.decode() != self.id)
         target = math.ceil(k.partitions / live)
         # renew what we hold up to the target and give back extras (a scheduler joined) ...
         mine = sorted(self.owned)
@@ -114,7 +121,8 @@ class Evaluator:
         now = server_time_ms(self.client)
         # partition leases are renewed (and free ones taken) a third of their TTL apart, not
         # on every tick: the ticks between only read the owned partitions' due schedules
-        if now - self._refreshed_ms >= self.ownership.ttl_ms / 3:
+        # (unless another scheduler looks dead: then every tick, to take its partitions over)
+        if now - self._refreshed_ms >= self.ownership.ttl_ms / 3 or self.ownership.suspect:
             self.ownership.refresh(now)
             self._refreshed_ms = now
         owned = sorted(self.ownership.owned)

@@ -261,3 +261,33 @@ def test_overlap_policies_with_a_slow_task(app, r, procs, policy):
         assert "cancelled" in states
         cancelled = [run for run in runs if run.state == "cancelled"]
         assert all(run.attempts[-1].outcome == "cancelled" for run in cancelled)
+
+
+def test_a_silent_scheduler_s_partitions_are_taken_a_tick_after_its_leases_expire(app, url):
+    """Leases are renewed every third of their TTL; once another scheduler misses a renewal,
+    the survivor refreshes on every tick, so it takes the partitions over right at their
+    expiry instead of up to a third of the TTL later."""
+    a = Evaluator(url, app.keys, lease_ms=3000)
+    b = Evaluator(url, app.keys, lease_ms=3000)
+    r = app.store.client
+    a.tick()
+    b.ownership.refresh(server_time_ms(r))
+    a.ownership.refresh(server_time_ms(r))  # gives back half
+    b.ownership.refresh(server_time_ms(r))
+    assert len(a.ownership.owned) == 8 and len(b.ownership.owned) == 8
+    assert not b.ownership.suspect
+    t_last = time.monotonic()  # a goes silent (as if SIGKILLed): it renews nothing from now
+    # b's next renewal after a's last one is over ttl/2 old suspects a: within ttl/2 + ttl/3
+    while not b.ownership.suspect and time.monotonic() - t_last < 2.9:
+        b.tick()
+        time.sleep(0.25)
+    assert b.ownership.suspect and len(b.ownership.owned) == 8  # a's leases still hold
+    while len(b.ownership.owned) < 16 and time.monotonic() - t_last < 6:
+        b.tick()
+        time.sleep(0.25)
+    taken_after = time.monotonic() - t_last
+    assert len(b.ownership.owned) == 16
+    # a's leases lapse 3 s after its last renewal; b took them within a tick or two of that
+    assert 3.0 <= taken_after < 3.0 + 0.8, taken_after
+    b.tick()
+    assert not b.ownership.suspect  # a has left the live set: back to renewing every 1 s
