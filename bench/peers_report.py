@@ -84,6 +84,13 @@ NOTES = """\
   step. Commands per job count those inside Lua scripts too: there taskiq (a stream entry and
   its ack) and huey use fewer than duetime, which writes a run record, a lease (string with
   TTL and index entry) and an attempt entry per run.
+- **W4 Redis CPU** moves with the machine's load more than anything else here: duetime drains
+  20,000 jobs in about a second with its worker busy on the other core, and its per-job Redis
+  CPU went from 31 to 48 µs between W1/W4 runs of duetime and taskiq on the same day (taskiq
+  41–50 µs); duetime was the cheaper of the two in each of those runs, and in one run of the
+  day before (at 59 µs) it was not. The scripts were profiled with `perf` on the server: ~12 %
+  of it was glibc's float printf/strtod, from Lua numbers handed to `redis.call`; the scripts
+  now format each time once per call (`int_s` in `lua/_lib.lua`).
 - **W5, taskiq**: its scheduler fires a cron schedule when the current minute matches and 60 s
   have passed since the schedule last fired, checked once a second from the scheduler's start:
   schedules fire on the scheduler's own phase within the minute, so the lateness at a minute
