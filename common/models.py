@@ -18,9 +18,14 @@ TERMINAL = frozenset({"succeeded", "dead", "cancelled", "skipped", "missed"})
 
 
 def from_ms(ms: int | float | str | bytes | None) -> datetime | None:
+    """A stored time in ms; None when absent or unreadable (a record damaged by hand must
+    still be shown, and dead-lettered, rather than crash the tool reading it)."""
     if ms in (None, b"", ""):
         return None
-    return datetime.fromtimestamp(int(float(ms)) / 1000, tz=UTC)
+    try:
+        return datetime.fromtimestamp(int(float(ms)) / 1000, tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def to_ms(dt: datetime, *, ceil: bool = False) -> int:
@@ -101,7 +106,10 @@ class Run:
             v = h.get(name.encode())
             return v.decode() if v not in (None, b"") else None
 
-        args, kwargs = unpack_payload(h.get(b"payload"))
+        try:
+            args, kwargs = unpack_payload(h.get(b"payload"))
+        except Exception as exc:  # noqa: BLE001 - damaged by hand: show it, do not crash
+            args, kwargs = [f"<unreadable payload: {exc!r}>"], {}
         history = [Attempt.decode(a) for a in attempts]
         if s("state") == "running":
             # the attempt in progress is written to the history when it ends

@@ -31,6 +31,7 @@ class Claimed:
     key: str | None
     schedule: str | None
     ready_ms: int  # when it became claimable: its due time, or its retry time
+    damaged: str = ""  # why the run record cannot be read (the worker dead-letters the run)
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,23 @@ def parse_claim(res: list[Any]) -> ClaimReply:
     runs = []
     for i in range(CLAIM_HEADER, len(res), CLAIM_FIELDS):
         f = res[i : i + CLAIM_FIELDS]
-        runs.append(Claimed(
-            run_id=_s(f[0]), fence=int(f[1]), attempt=int(f[2]), task=_s(f[3]),
-            payload=f[4] or b"", due_ms=int(f[5] or 0), timeout_ms=int(f[6] or 0),
-            idempotent=f[7] != b"0", key=_s(f[8]) or None, schedule=_s(f[9]) or None,
-            ready_ms=int(f[10]),
-        ))
+        # id, fence, attempt and the score come from the script; the rest is the run record,
+        # which an operator's HSET may have damaged: one bad run must not sink its batch
+        run_id, fence, attempt, ready_ms = _s(f[0]), int(f[1]), int(f[2]), int(f[10])
+        try:
+            runs.append(Claimed(
+                run_id=run_id, fence=fence, attempt=attempt, task=_s(f[3]),
+                payload=f[4] or b"", due_ms=int(f[5] or 0), timeout_ms=int(f[6] or 0),
+                idempotent=f[7] != b"0", key=_s(f[8]) or None, schedule=_s(f[9]) or None,
+                ready_ms=ready_ms,
+            ))
+        except (ValueError, UnicodeDecodeError) as exc:
+            runs.append(Claimed(
+                run_id=run_id, fence=fence, attempt=attempt, task=(f[3] or b"").decode(errors="replace"),
+                payload=b"",
+                due_ms=ready_ms, timeout_ms=0, idempotent=True, key=None, schedule=None,
+                ready_ms=ready_ms, damaged=f"run record unreadable: {exc}",
+            ))
     return ClaimReply(None if nxt < 0 else nxt, runs, int(res[1]), int(res[2]))
 
 

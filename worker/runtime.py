@@ -379,11 +379,11 @@ class Worker:
         # it never starts before its due time on the server's clock
         wait_s = (c.ready_ms + self.clock.error_ms - now) / 1000
         ex.task = asyncio.create_task(self._execute(ex, c.payload, c.timeout_ms, c.ready_ms,
-                                                    wait_s))
+                                                    wait_s, c.damaged))
 
     # -- execution ------------------------------------------------------------------
     async def _execute(self, ex: Execution, payload: bytes, timeout_ms: int, ready_ms: float,
-                       wait_s: float) -> None:
+                       wait_s: float, damaged: str = "") -> None:
         ctx = ex.ctx
         outcome, mode, err, delay_ms = "succeeded", "", "", 0
         started = time.perf_counter()
@@ -396,8 +396,14 @@ class Worker:
             if ctx.attempt == 1:
                 # a first attempt is claimable from its scheduled time: lateness = queue delay
                 metrics.child(metrics.START_LATENESS, ctx.queue).observe(delay)
+            if damaged:
+                raise Fatal(damaged)
             spec = self.registry.get(ctx.task)
-            args, kwargs = unpack_payload(payload)
+            try:
+                args, kwargs = unpack_payload(payload)
+            except Exception as exc:  # noqa: BLE001 - it will never decode: no retry
+                raise Fatal(f"payload unreadable (not duetime's msgpack [args, kwargs]): "
+                            f"{exc!r}") from None
             await self._call(spec, ctx, args, kwargs, timeout_ms / 1000 or None)
         except UnknownTask as exc:
             outcome, mode, err = "dead", "fatal", f"{exc}; worker {self.id} cannot run it"

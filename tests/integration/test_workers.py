@@ -329,3 +329,24 @@ def test_a_damaged_partition_key_does_not_stop_the_other_partitions(app, r, proc
     lines = [ln for ln in err.splitlines() if "redis refused a call" in ln]
     assert lines and all(k.due(bad, "default") in ln and "WRONGTYPE" in ln for ln in lines)
     assert len(lines) < 10  # held for a while after each refusal, not retried in a loop
+
+
+def test_damaged_run_records_are_dead_lettered_once_with_the_reason(app, r, procs):
+    """An operator's HSET may leave a run record unreadable (a non-numeric due time, a
+    payload that is not msgpack). Such a run goes to dead-letter at its first attempt, saying
+    why, instead of failing its whole claim batch or being retried until attempts run out;
+    the good runs claimed with it run as usual."""
+    good = [app.enqueue(basic.anoop, [i], delay=1.0) for i in range(5)]
+    bad_due = app.enqueue(basic.anoop, [99], delay=1.0)
+    bad_payload = app.enqueue(basic.anoop, [98], delay=1.0)
+    k = app.keys
+    r.hset(k.run(k.partition_of_run(bad_due), bad_due), "due", "tomorrow")
+    r.hset(k.run(k.partition_of_run(bad_payload), bad_payload), "payload", b"\xc1not msgpack")
+    procs.worker("--concurrency", "16")
+    ids = [*good, bad_due, bad_payload]
+    wait_for(lambda: states(app, ids) == {"succeeded": 5, "dead": 2}, 30, what="5 ok, 2 dead")
+    for run_id, why in ((bad_due, "run record unreadable"), (bad_payload, "payload unreadable")):
+        run = app.get_run(run_id)
+        assert [a.outcome for a in run.attempts] == ["failed"], run.attempts
+        assert why in (run.attempts[0].error or ""), run.attempts[0].error
+    assert set(counts(r, app)) == set(good)  # the damaged ones never ran the task
