@@ -19,11 +19,11 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import redis
+from duetime.scheduler.evaluator import Evaluator
 
 import duetime
 from bench.apps import app, noop
 from duetime.embedded import EmbeddedServer
-from scheduler.evaluator import Evaluator
 
 CHUNK = 5000
 

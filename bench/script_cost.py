@@ -13,9 +13,9 @@ import uuid
 from pathlib import Path
 
 import redis
+from duetime.common import transitions as tr
 
 from bench.apps import app, noop
-from common import transitions as tr
 from duetime.embedded import EmbeddedServer
 
 LUA = Path(__file__).resolve().parent.parent / "lua"

@@ -12,13 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-
-from common import transitions as tr
-from common.connection import translated
-from common.errors import InvalidInput, InvalidState, RunNotFound
-from common.keys import Keyspace, stable_hash
-from common.names import check_name
-from common.scripts import Scripts
+from duetime.common import transitions as tr
+from duetime.common.connection import translated
+from duetime.common.errors import InvalidInput, InvalidState, RunNotFound
+from duetime.common.keys import Keyspace, stable_hash
+from duetime.common.names import check_name
+from duetime.common.scripts import Scripts
 
 PURGE_BATCH = 500
 VERDICTS = ("succeeded", "failed", "replay")

@@ -6,8 +6,7 @@ import threading
 from typing import Any
 
 import msgpack
-
-from common.errors import InvalidInput, PayloadTooLarge
+from duetime.common.errors import InvalidInput, PayloadTooLarge
 
 DEFAULT_MAX_PAYLOAD = 512 * 1024
 

@@ -14,12 +14,11 @@ from urllib.parse import urlsplit, urlunsplit
 import hiredis
 import redis
 import redis.asyncio as aredis
+from duetime.common import scripts
+from duetime.common.errors import PartitionMismatch, RedisUnavailable
+from duetime.common.keys import Keyspace
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
-
-from common import scripts
-from common.errors import PartitionMismatch, RedisUnavailable
-from common.keys import Keyspace
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from duetime.common.errors import RedisUnavailable
+from duetime.common.inspect import Inspector
+from duetime.common.keys import Keyspace
 from redis.cluster import RedisCluster
-
-from common.errors import RedisUnavailable
-from common.inspect import Inspector
-from common.keys import Keyspace
 
 LEVELS = ("ok", "info", "warn", "fatal")
 MIN_REDIS = (7, 0)
@@ -169,7 +168,7 @@ def run_checks(client: redis.Redis, keys: Keyspace, url: str,
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        from common.connection import unavailable
+        from duetime.common.connection import unavailable
 
         return [Finding("connection", "fatal", str(unavailable(url, exc)),
                         "check the URL, the network and the server")]

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import redis
-
-from common.connection import server_time_ms, translated
-from common.errors import InvalidInput
-from common.keys import Keyspace
-from common.models import STATES, Run, from_ms
-from common.runs import read_run
+from duetime.common.connection import server_time_ms, translated
+from duetime.common.errors import InvalidInput
+from duetime.common.keys import Keyspace
+from duetime.common.models import STATES, Run, from_ms
+from duetime.common.runs import read_run
 
 SUMMARY_FIELDS = (
     "state", "task", "queue", "schedule", "due", "created", "started", "finished",

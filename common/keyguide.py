@@ -7,9 +7,8 @@ import shlex
 from dataclasses import dataclass
 
 import redis
-
-from common.connection import CLUSTER_SCHEMES, redact
-from common.keys import Keyspace
+from duetime.common.connection import CLUSTER_SCHEMES, redact
+from duetime.common.keys import Keyspace
 
 Q, RUN, NAME, WORKER = "<queue>", "<run>", "<name>", "<worker>"
 

@@ -11,10 +11,9 @@ import zlib
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from duetime.common.errors import InvalidInput
+from duetime.common.names import check_name
 from redis.crc import key_slot
-
-from common.errors import InvalidInput
-from common.names import check_name
 
 SLOTS = 16384
 MAX_PARTITIONS = 1024

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from common.codec import unpack_payload
+from duetime.common.codec import unpack_payload
 
 STATES = (
     "scheduled", "running", "retrying", "succeeded", "dead", "uncertain",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from common.errors import InvalidInput
+from duetime.common.errors import InvalidInput
 
 MAX_NAME = 200
 _BAD = re.compile(r"[{}\x00-\x1f\x7f\s]")

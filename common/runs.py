@@ -12,16 +12,15 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import redis
-
-from common import transitions as tr
-from common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
-from common.connection import ensure_meta, sync_client, translated
-from common.errors import InvalidInput, RunNotFound
-from common.keys import Keyspace
-from common.models import Run, to_ms
-from common.names import check_name
-from common.scripts import Scripts
-from common.tasks import TaskSpec
+from duetime.common import transitions as tr
+from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
+from duetime.common.connection import ensure_meta, sync_client, translated
+from duetime.common.errors import InvalidInput, RunNotFound
+from duetime.common.keys import Keyspace
+from duetime.common.models import Run, to_ms
+from duetime.common.names import check_name
+from duetime.common.scripts import Scripts
+from duetime.common.tasks import TaskSpec
 
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call
 PIPELINE_RUNS = 2000  # runs per round trip

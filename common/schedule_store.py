@@ -8,16 +8,15 @@ from datetime import datetime
 from typing import Any
 
 import redis
-
-from common.codec import unpack_payload
-from common.connection import server_time_ms, translated
-from common.errors import DuetimeError, InvalidInput
-from common.keys import Keyspace
-from common.models import from_ms
-from common.names import check_name
-from common.schedules import TRIGGER_FIELDS, ScheduleDef, at_ms, ms, run_id_for, trigger_from_fields
-from common.scripts import Scripts
-from common.timespec import Trigger
+from duetime.common.codec import unpack_payload
+from duetime.common.connection import server_time_ms, translated
+from duetime.common.errors import DuetimeError, InvalidInput
+from duetime.common.keys import Keyspace
+from duetime.common.models import from_ms
+from duetime.common.names import check_name
+from duetime.common.schedules import TRIGGER_FIELDS, ScheduleDef, at_ms, ms, run_id_for, trigger_from_fields
+from duetime.common.scripts import Scripts
+from duetime.common.timespec import Trigger
 
 BACKFILL_CHUNK = 500
 

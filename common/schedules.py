@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from common.errors import InvalidInput
-from common.names import check_name
-from common.timespec import Cron, InvalidSchedule, Trigger, trigger_from_dict
+from duetime.common.errors import InvalidInput
+from duetime.common.names import check_name
+from duetime.common.timespec import Cron, InvalidSchedule, Trigger, trigger_from_dict
 
 CATCHUP = ("all", "latest", "skip")
 OVERLAP = ("allow", "skip", "buffer_one", "cancel_other")

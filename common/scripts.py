@@ -39,7 +39,7 @@ SCRIPT_NAMES = (
 
 @cache
 def source(name: str) -> str:
-    lua = resources.files("lua")
+    lua = resources.files("duetime.lua")
     lib = (lua / "_lib.lua").read_text()
     body = (lua / f"{name}.lua").read_text()
     return f"{lib}\n{body}"

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import InvalidInput, UnknownTask
-from common.names import check_name
+from duetime.common.errors import InvalidInput, UnknownTask
+from duetime.common.names import check_name
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from common.keys import Keyspace
+from duetime.common.keys import Keyspace
 
 Call = tuple[list[str], list[Any]]
 CLAIM_FIELDS = 11

@@ -3,8 +3,9 @@
 Application code imports only this package.
 """
 
-from common.context import RunContext, current_run
-from common.errors import (
+from duetime.app import App
+from duetime.common.context import RunContext, current_run
+from duetime.common.errors import (
     DuetimeError,
     Fatal,
     InvalidInput,
@@ -14,10 +15,9 @@ from common.errors import (
     RunNotFound,
     UnknownTask,
 )
-from common.models import Attempt, Run
-from common.schedule_store import ScheduleInfo, ScheduleNotFound
-from common.timespec import At, Cron, Every, InvalidSchedule, Trigger
-from duetime.app import App
+from duetime.common.models import Attempt, Run
+from duetime.common.schedule_store import ScheduleInfo, ScheduleNotFound
+from duetime.common.timespec import At, Cron, Every, InvalidSchedule, Trigger
 
 __all__ = [
     "App", "At", "Attempt", "Cron", "Every", "InvalidSchedule", "ScheduleInfo", "ScheduleNotFound",

@@ -7,16 +7,16 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from common.admin import RunAdmin
-from common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
-from common.connection import DEFAULT_URL, translated
-from common.keys import Keyspace
-from common.models import Run
-from common.runs import EnqueueRequest, RunStore
-from common.schedule_store import ScheduleInfo, ScheduleStore
-from common.schedules import ScheduleDef, seeded
-from common.tasks import Registry, TaskSpec
-from common.timespec import Trigger
+from duetime.common.admin import RunAdmin
+from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
+from duetime.common.connection import DEFAULT_URL, translated
+from duetime.common.keys import Keyspace
+from duetime.common.models import Run
+from duetime.common.runs import EnqueueRequest, RunStore
+from duetime.common.schedule_store import ScheduleInfo, ScheduleStore
+from duetime.common.schedules import ScheduleDef, seeded
+from duetime.common.tasks import Registry, TaskSpec
+from duetime.common.timespec import Trigger
 
 F = TypeVar("F", bound=Callable[..., Any])
 TaskRef = str | Callable[..., Any] | TaskSpec

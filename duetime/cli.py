@@ -11,8 +11,6 @@ from typing import Any
 
 import click
 
-from common import logs, metrics
-from common.connection import DEFAULT_URL, redact
 from duetime.app import App
 from duetime.cli_common import (
     ENV_NS,
@@ -27,6 +25,8 @@ from duetime.cli_common import (
 from duetime.cli_common import (
     app_for as _app_or_plain,
 )
+from duetime.common import logs, metrics
+from duetime.common.connection import DEFAULT_URL, redact
 
 
 @click.group(cls=DuetimeGroup)
@@ -74,13 +74,13 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     if processes > 1:
         _supervise(processes, metrics_port)
         return
-    from worker.runtime import Worker, WorkerConfig
+    from duetime.worker.runtime import Worker, WorkerConfig
 
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
     qs = [q.strip() for q in (queues or ",".join(app.registry.queues() or ["default"])).split(",")
           if q.strip()]
     for q in qs:
-        from common.names import check_name
+        from duetime.common.names import check_name
 
         check_name("queue", q)
     app.store.ready().sadd(app.keys.queues, *qs)  # clear error now if Redis is down
@@ -134,7 +134,7 @@ RETENTION_HELP = "How long finished runs (succeeded, missed, skipped, cancelled)
 
 def _run_reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: str,
                 metrics_port: int | None) -> None:
-    from scheduler.reaper import Reaper
+    from duetime.scheduler.reaper import Reaper
 
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"]) if app_ref else App(
         redis_url=ctx.obj["url"], namespace=ctx.obj["namespace"])
@@ -180,7 +180,7 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, rea
               retention: str, miss_tolerance: str, gauges_every: str,
               metrics_port: int | None) -> None:
     """Evaluate schedules into runs, and recover expired leases (run two or more)."""
-    from scheduler.service import run_scheduler
+    from duetime.scheduler.service import run_scheduler
 
     app = _app_or_plain(ctx, app_ref)
     app.store.ready()

@@ -16,12 +16,12 @@ from typing import Any
 import click
 import redis
 
-from common.admin import RunAdmin
-from common.connection import translated
-from common.errors import DuetimeError, InvalidInput
-from common.inspect import Inspector
-from common.timespec import InvalidSchedule
 from duetime.app import App
+from duetime.common.admin import RunAdmin
+from duetime.common.connection import translated
+from duetime.common.errors import DuetimeError, InvalidInput
+from duetime.common.inspect import Inspector
+from duetime.common.timespec import InvalidSchedule
 
 ENV_URL, ENV_NS = "DUETIME_REDIS_URL", "DUETIME_NAMESPACE"
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130

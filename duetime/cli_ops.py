@@ -9,11 +9,6 @@ from typing import Any
 
 import click
 
-from common.connection import redact
-from common.doctor import run_checks
-from common.inspect import Overview
-from common.keyguide import KeyGuide
-from common.models import from_ms
 from duetime.cli_common import (
     app_for,
     echo_json,
@@ -25,6 +20,11 @@ from duetime.cli_common import (
     plain_app,
     table,
 )
+from duetime.common.connection import redact
+from duetime.common.doctor import run_checks
+from duetime.common.inspect import Overview
+from duetime.common.keyguide import KeyGuide
+from duetime.common.models import from_ms
 from duetime.render import lease_to_dict, scheduler_to_dict, worker_to_dict
 
 
@@ -187,7 +187,7 @@ def keys(ctx: click.Context, run_id: str | None, as_json: bool) -> None:
     app = plain_app(ctx)
     guide = KeyGuide(app.store.client, app.keys, app.redis_url)
     if run_id:
-        from common.names import check_name
+        from duetime.common.names import check_name
 
         check_name("run id", run_id)
         rk = guide.run_keys(run_id)

@@ -6,9 +6,6 @@ import time
 
 import click
 
-from common.errors import InvalidState
-from common.inspect import RunSummary
-from common.models import STATES, TERMINAL
 from duetime.cli_common import (
     admin,
     echo_json,
@@ -22,6 +19,9 @@ from duetime.cli_common import (
     short_time,
     table,
 )
+from duetime.common.errors import InvalidState
+from duetime.common.inspect import RunSummary
+from duetime.common.models import STATES, TERMINAL
 from duetime.render import run_to_dict, run_to_text, summary_to_dict
 
 UNLIMITED = 10**9

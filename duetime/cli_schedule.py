@@ -6,9 +6,6 @@ from datetime import datetime, timedelta
 
 import click
 
-from common.connection import server_time_ms, translated
-from common.schedules import CATCHUP, OVERLAP, at_ms
-from common.timespec import At, Cron, Every, InvalidSchedule, Trigger, parse_duration
 from duetime.app import App
 from duetime.cli_common import (
     echo_json,
@@ -22,6 +19,9 @@ from duetime.cli_common import (
     short_time,
     table,
 )
+from duetime.common.connection import server_time_ms, translated
+from duetime.common.schedules import CATCHUP, OVERLAP, at_ms
+from duetime.common.timespec import At, Cron, Every, InvalidSchedule, Trigger, parse_duration
 from duetime.render import next_fires, schedule_to_dict, schedule_to_text
 
 

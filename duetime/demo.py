@@ -47,7 +47,7 @@ def run_demo(url: str | None, count: int, workers: int) -> None:
         click.echo(f"enqueued {len(ids)} runs in {(time.perf_counter() - t0) * 1000:.0f} ms "
                    f"(one of them due in 1 s)")
 
-        from scheduler.reaper import Reaper
+        from duetime.scheduler.reaper import Reaper
 
         reaper = Reaper(url, app.keys, tick_s=0.5)
         threading.Thread(target=reaper.run, daemon=True).start()

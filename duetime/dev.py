@@ -14,9 +14,9 @@ from datetime import timedelta
 
 import click
 
-from common import metrics
-from common.timespec import Cron, Every
 from duetime.app import App
+from duetime.common import metrics
+from duetime.common.timespec import Cron, Every
 
 SAMPLES = (
     ("dev.thumbnails", Every(timedelta(seconds=5)), "demo.resize", ["thumb.png", 128]),
@@ -26,9 +26,9 @@ SAMPLES = (
 
 
 def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: int | None) -> None:
-    from scheduler.evaluator import Evaluator
-    from scheduler.gauges import Gauges
-    from scheduler.reaper import Reaper
+    from duetime.scheduler.evaluator import Evaluator
+    from duetime.scheduler.gauges import Gauges
+    from duetime.scheduler.reaper import Reaper
 
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -7,10 +7,10 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from common.inspect import LeaseInfo, RunSummary, SchedulerInfo, WorkerInfo
-from common.models import Run
-from common.schedule_store import ScheduleInfo
-from common.timespec import Cron
+from duetime.common.inspect import LeaseInfo, RunSummary, SchedulerInfo, WorkerInfo
+from duetime.common.models import Run
+from duetime.common.schedule_store import ScheduleInfo
+from duetime.common.timespec import Cron
 
 
 def _iso(dt: datetime | None) -> str | None:

@@ -17,14 +17,13 @@ import time
 from typing import Any
 
 import redis
-
-from common import metrics
-from common.connection import server_time_ms, sync_client, unavailable
-from common.keys import Keyspace
-from common.logs import get as get_logger
-from common.schedules import MISS_TOLERANCE_MS, TRIGGER_FIELDS, plan, run_id_for, trigger_from_fields
-from common.scripts import Scripts
-from common.timespec import Trigger
+from duetime.common import metrics
+from duetime.common.connection import server_time_ms, sync_client, unavailable
+from duetime.common.keys import Keyspace
+from duetime.common.logs import get as get_logger
+from duetime.common.schedules import MISS_TOLERANCE_MS, TRIGGER_FIELDS, plan, run_id_for, trigger_from_fields
+from duetime.common.scripts import Scripts
+from duetime.common.timespec import Trigger
 
 log = get_logger("duetime.scheduler")
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import threading
 
 import redis
-
-from common import metrics
-from common.connection import sync_client
-from common.errors import RedisUnavailable
-from common.inspect import Inspector
-from common.keys import Keyspace
-from common.logs import get as get_logger
+from duetime.common import metrics
+from duetime.common.connection import sync_client
+from duetime.common.errors import RedisUnavailable
+from duetime.common.inspect import Inspector
+from duetime.common.keys import Keyspace
+from duetime.common.logs import get as get_logger
 
 log = get_logger("duetime.gauges")
 

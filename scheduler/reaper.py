@@ -11,13 +11,12 @@ import random
 import threading
 
 import redis
-
-from common import metrics
-from common import transitions as tr
-from common.connection import server_time_ms, sync_client, unavailable
-from common.keys import Keyspace
-from common.logs import get as get_logger
-from common.scripts import Scripts
+from duetime.common import metrics
+from duetime.common import transitions as tr
+from duetime.common.connection import server_time_ms, sync_client, unavailable
+from duetime.common.keys import Keyspace
+from duetime.common.logs import get as get_logger
+from duetime.common.scripts import Scripts
 
 log = get_logger("duetime.reaper")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import signal
 import threading
 
-from common.keys import Keyspace
-from scheduler.evaluator import Evaluator
-from scheduler.gauges import Gauges
-from scheduler.reaper import Reaper
+from duetime.common.keys import Keyspace
+from duetime.scheduler.evaluator import Evaluator
+from duetime.scheduler.gauges import Gauges
+from duetime.scheduler.reaper import Reaper
 
 
 def run_scheduler(url: str, keys: Keyspace, lead_ms: int = 2000, tick_s: float = 0.25,

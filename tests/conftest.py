@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from duetime.common.connection import sync_client
 
-from common.connection import sync_client
 from duetime.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,18 +26,17 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
-
-from common import metrics
-from common import transitions as tr
-from common.codec import unpack_payload
-from common.connection import async_client, unavailable
-from common.context import RunContext, set_current
-from common.errors import Fatal, Retry, UnknownTask
-from common.keys import Keyspace
-from common.logs import get as get_logger
-from common.models import from_ms
-from common.scripts import Scripts
-from common.tasks import Registry, TaskSpec
+from duetime.common import metrics
+from duetime.common import transitions as tr
+from duetime.common.codec import unpack_payload
+from duetime.common.connection import async_client, unavailable
+from duetime.common.context import RunContext, set_current
+from duetime.common.errors import Fatal, Retry, UnknownTask
+from duetime.common.keys import Keyspace
+from duetime.common.logs import get as get_logger
+from duetime.common.models import from_ms
+from duetime.common.scripts import Scripts
+from duetime.common.tasks import Registry, TaskSpec
 
 log = get_logger("duetime.worker")
 
@@ -97,7 +96,7 @@ class Worker:
         self.scripts = Scripts(self.client)
         self.pool = ThreadPoolExecutor(max_workers=config.concurrency,
                                        thread_name_prefix="duetime-task")
-        from worker.clock import ServerClock
+        from duetime.worker.clock import ServerClock
 
         self.clock = ServerClock()
         self.inflight: dict[str, Execution] = {}

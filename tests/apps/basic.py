@@ -7,9 +7,9 @@ import asyncio
 import time
 
 import redis
+from duetime.common.connection import sync_client
 
 import duetime
-from common.connection import sync_client
 
 app = duetime.App()
 _client: dict[str, redis.Redis] = {}

@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 from click.testing import CliRunner, Result
+from duetime.common import transitions as tr
+from duetime.common.scripts import Scripts
 
-from common import transitions as tr
-from common.scripts import Scripts
 from duetime.cli import main
 
 

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from duetime.common.errors import InvalidInput, PayloadTooLarge, RedisUnavailable, UnknownTask
 
-from common.errors import InvalidInput, PayloadTooLarge, RedisUnavailable, UnknownTask
 from duetime import App
 from duetime.embedded import free_port
 from tests.apps import basic
@@ -100,7 +100,7 @@ def test_worker_with_redis_down_exits_with_one_line():
 
 def test_partition_mismatch_is_refused(url, namespace):
     App(redis_url=url, namespace=namespace, partitions=16).store.ready()
-    from common.errors import PartitionMismatch
+    from duetime.common.errors import PartitionMismatch
 
     with pytest.raises(PartitionMismatch, match="created with 16 partitions"):
         App(redis_url=url, namespace=namespace, partitions=8).store.ready()

@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 import redis
+from duetime.common.inspect import Inspector
+from duetime.common.keys import Keyspace
 
-from common.inspect import Inspector
-from common.keys import Keyspace
 from duetime.embedded import EmbeddedServer, free_port
 from tests.apps import basic
 from tests.conftest import ROOT, Procs, wait_for

@@ -6,9 +6,9 @@ import signal
 from datetime import timedelta
 
 import pytest
+from duetime.common import transitions as tr
 
 import duetime
-from common import transitions as tr
 from tests.apps import basic
 from tests.conftest import wait_for
 from tests.integration.opkit import Driver, as_json, cli, ok, one_line_error

@@ -14,9 +14,9 @@ from datetime import timedelta
 
 import pytest
 import redis
+from duetime.common.connection import sync_client
 
 import duetime
-from common.connection import sync_client
 from duetime.embedded import EmbeddedCluster
 from tests.apps import basic
 from tests.conftest import ROOT, Procs, wait_for

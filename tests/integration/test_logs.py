@@ -46,7 +46,7 @@ def test_worker_logs_are_json_lines_with_run_fields_and_no_payload(app, procs):
 
 
 def test_logs_on_a_terminal_are_readable_lines():
-    code = ("from common import logs; logs.configure('INFO'); "
+    code = ("from duetime.common import logs; logs.configure('INFO'); "
             "logs.get('t').info('run failed', run_id='r1', task='t1', attempt=2)")
     leader, follower = pty.openpty()
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=follower,

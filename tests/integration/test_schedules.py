@@ -7,11 +7,11 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from duetime.common.connection import server_time_ms
+from duetime.common.schedules import at_ms
+from duetime.scheduler.evaluator import Evaluator
 
 import duetime
-from common.connection import server_time_ms
-from common.schedules import at_ms
-from scheduler.evaluator import Evaluator
 from tests.apps import basic
 from tests.conftest import wait_for
 
@@ -147,7 +147,7 @@ def test_downtime_catchup_policies(app, url):
 
 
 def ev_now_minus(ev: Evaluator, tol: int) -> int:
-    from common.connection import server_time_ms
+    from duetime.common.connection import server_time_ms
 
     return server_time_ms(ev.client) - tol - 1000
 

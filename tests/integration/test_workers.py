@@ -7,8 +7,8 @@ import time
 
 import pytest
 import redis
+from duetime.common.runs import keyed_run_id
 
-from common.runs import keyed_run_id
 from duetime.embedded import EmbeddedServer
 from tests.apps import basic
 from tests.conftest import wait_for
@@ -208,8 +208,8 @@ def test_delayed_runs_are_never_started_early(app, r, procs):
 def test_lost_lease_cancels_an_async_run(app, r, procs):
     """Another owner takes the run (here: the reaper after a simulated stall, then a claim by
     someone else); the original worker's next heartbeat finds the lease lost and cancels."""
-    from common import transitions as tr
-    from common.scripts import Scripts
+    from duetime.common import transitions as tr
+    from duetime.common.scripts import Scripts
 
     run_id = app.enqueue(basic.sched_slow, [6.0])
     procs.worker("--lease", "1500ms")

@@ -7,9 +7,8 @@ import json
 import re
 from pathlib import Path
 
+from duetime.common import metrics
 from prometheus_client import Counter, Gauge, Histogram
-
-from common import metrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 METRIC = re.compile(r"\bduetime_[a-z_]+\b")

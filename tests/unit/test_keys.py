@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from duetime.common.keys import SLOTS, Keyspace
 from redis.crc import key_slot
-
-from common.keys import SLOTS, Keyspace
 
 
 def slot(key: str) -> int:

@@ -3,8 +3,7 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
-from common.models import from_ms, to_ms
+from duetime.common.models import from_ms, to_ms
 
 
 def test_due_times_round_up_so_a_run_is_never_due_early():

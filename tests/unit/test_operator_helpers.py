@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from duetime.common.admin import replay_id
+from duetime.common.inspect import percentile
+from duetime.common.keys import Keyspace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.admin import replay_id
-from common.inspect import percentile
-from common.keys import Keyspace
 from duetime.cli_common import _one_line, human_s, table
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from common.schedules import jitter_for, plan
-from common.timespec import At, Every
+from duetime.common.schedules import jitter_for, plan
+from duetime.common.timespec import At, Every
 
 T0 = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 MIN = 60_000
@@ -65,8 +65,8 @@ def test_jitter_is_stable_and_bounded():
 
 
 def test_triggers_round_trip_through_hash_fields():
-    from common.schedules import trigger_fields, trigger_from_fields
-    from common.timespec import Cron
+    from duetime.common.schedules import trigger_fields, trigger_from_fields
+    from duetime.common.timespec import Cron
 
     for t in (Cron("H 9 * * MON-FRI", tz="Europe/Paris", dst_gap="skip", seed="x"),
               Every(timedelta(minutes=90)), At(datetime(2026, 5, 1, tzinfo=UTC))):

@@ -13,8 +13,7 @@ from functools import cache
 from zoneinfo import ZoneInfo
 
 import pytest
-
-from common.timespec import (
+from duetime.common.timespec import (
     At,
     Cron,
     Every,
@@ -23,6 +22,7 @@ from common.timespec import (
     parse_duration,
     trigger_from_dict,
 )
+
 from tests.unit.cron_oracle import OracleCron, fire_sets, offset_changes
 
 POLICIES = [(gap, fold) for gap in ("shift", "skip") for fold in ("first", "both")]
@@ -612,7 +612,7 @@ def test_h_is_pinned_so_upgrades_do_not_move_schedules() -> None:
 def test_h_is_stable_across_processes_with_different_hash_seeds() -> None:
     code = (
         "from datetime import datetime, UTC\n"
-        "from common.timespec import Cron\n"
+        "from duetime.common.timespec import Cron\n"
         "c = Cron('H H(0-5) H * H', seed='report-42')\n"
         "print(c.next_after(datetime(2026, 1, 1, tzinfo=UTC)).isoformat())\n"
     )
