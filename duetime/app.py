@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
 from duetime.common.admin import RunAdmin
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
@@ -15,11 +15,12 @@ from duetime.common.models import Run
 from duetime.common.runs import EnqueueRequest, RunStore
 from duetime.common.schedule_store import ScheduleInfo, ScheduleStore
 from duetime.common.schedules import ScheduleDef, seeded
-from duetime.common.tasks import Registry, TaskSpec
+from duetime.common.tasks import Registry, Task, TaskSpec
 from duetime.common.timespec import Trigger
 
-F = TypeVar("F", bound=Callable[..., Any])
-TaskRef = str | Callable[..., Any] | TaskSpec
+P = ParamSpec("P")
+R = TypeVar("R")
+TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
 
 
 class App:
@@ -61,9 +62,14 @@ class App:
             self.keys = Keyspace(namespace, self.keys.partitions)
         self.close()
 
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
     def task(
         self,
-        fn: F | None = None,
+        fn: None = None,
+        /,
         *,
         name: str | None = None,
         queue: str = "default",
@@ -72,16 +78,38 @@ class App:
         timeout: float | None = None,
         idempotent: bool = True,
         owner: str | None = None,
-    ) -> Any:
-        def register(f: F) -> F:
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        retries: int = 3,
+        backoff: tuple[float, float] = (1.0, 300.0),
+        timeout: float | None = None,
+        idempotent: bool = True,
+        owner: str | None = None,
+    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a function as a task: `@app.task` or `@app.task(name=..., retries=...)`.
+
+        Returns a `Task`: called, it runs the function as before; `.enqueue(*args, **kwargs)`
+        creates a run, type-checked against the function's parameters; `.options(key=...,
+        at=..., delay=..., queue=...)` sets enqueue options. The name defaults to
+        `module.qualname`; name it explicitly if the code may move (runs store the name)."""
+
+        def register(f: Callable[P, R]) -> Task[P, R]:
             spec = TaskSpec(
                 name=f"{f.__module__}.{f.__qualname__}" if name is None else name, fn=f, queue=queue,
                 retries=retries, backoff=backoff, timeout=timeout, idempotent=idempotent,
                 owner=owner,
             )
             self.registry.add(spec)
+            # the raw function stays resolvable too (`app.task(fn)` without keeping the result)
             f.duetime_task = spec  # type: ignore[attr-defined]
-            return f
+            return Task(spec, f, self)
 
         return register(fn) if fn is not None else register
 
