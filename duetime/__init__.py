@@ -1,7 +1,10 @@
 """duetime: a Redis-backed distributed job scheduler.
 
-Application code imports only this package.
+Application code imports only this package: every name a user meets (the app, task objects,
+triggers, read models and every exception a public method raises) is importable from here.
 """
+
+from importlib.metadata import PackageNotFoundError, version
 
 from duetime.app import App
 from duetime.common.context import RunContext, current_run
@@ -9,19 +12,38 @@ from duetime.common.errors import (
     DuetimeError,
     Fatal,
     InvalidInput,
+    InvalidState,
+    PartitionMismatch,
     PayloadTooLarge,
     RedisUnavailable,
     Retry,
     RunNotFound,
+    ServerBinaryNotFound,
     UnknownTask,
 )
 from duetime.common.models import Attempt, Run
 from duetime.common.schedule_store import ScheduleInfo, ScheduleNotFound
+from duetime.common.schedules import ScheduleDef
+from duetime.common.tasks import Task, TaskOptions, TaskSpec
 from duetime.common.timespec import At, Cron, Every, InvalidSchedule, Trigger
 
+try:
+    __version__ = version("duetime")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
-    "App", "At", "Attempt", "Cron", "Every", "InvalidSchedule", "ScheduleInfo", "ScheduleNotFound",
-    "Trigger", "DuetimeError", "Fatal", "InvalidInput", "PayloadTooLarge",
-    "RedisUnavailable", "Retry", "Run", "RunContext", "RunNotFound", "UnknownTask",
-    "current_run",
+    # the application and its tasks
+    "App", "Task", "TaskOptions", "TaskSpec", "RunContext", "current_run",
+    # schedules
+    "Trigger", "Cron", "Every", "At", "ScheduleDef", "ScheduleInfo",
+    # read models
+    "Run", "Attempt",
+    # raised by tasks
+    "Retry", "Fatal",
+    # raised by duetime
+    "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "UnknownTask",
+    "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "PartitionMismatch",
+    "ServerBinaryNotFound",
+    "__version__",
 ]

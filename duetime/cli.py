@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from duetime import __version__
 from duetime.app import App
 from duetime.cli_common import (
     ENV_NS,
@@ -33,6 +34,7 @@ from duetime.common.connection import DEFAULT_URL, redact
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=f"Redis URL (env {ENV_URL}).")
 @click.option("--namespace", envvar=ENV_NS, default=None, help=f"Key namespace (env {ENV_NS}).")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.version_option(__version__, "--version", prog_name="duetime", message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx: click.Context, redis_url: str | None, namespace: str | None, log_level: str) -> None:
     """duetime: a Redis-backed distributed job scheduler."""
