@@ -13,7 +13,6 @@ import sys
 import tomllib
 
 import duetime
-
 from tests.conftest import ROOT
 
 

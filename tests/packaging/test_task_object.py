@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import duetime
 import pytest
 
+import duetime
 from tests.apps import basic
 from tests.conftest import wait_for
 
