@@ -17,7 +17,7 @@ from typing import Any
 from bench.stats import ratios, summary
 
 INTRO = """\
-Issue 5: duetime and its Python peers on the same machine, the same Redis build and the same
+duetime and its Python peers on the same machine, the same Redis build and the same
 workloads. Every number below was measured by `bench/peers_run.py` in the run described here;
 nothing is copied from elsewhere. Medians are over the rounds; (min–max) beside them. A ratio
 duetime/peer is taken between numbers of the same round, then the median of those ratios.

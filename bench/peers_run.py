@@ -1,4 +1,4 @@
-"""Peer benchmark (issue 5): duetime and its Python peers through the same workloads, on the
+"""Peer benchmark: duetime and its Python peers through the same workloads, on the
 same machine, against a fresh loopback redis-server per run; writes bench/RESULTS.md.
 
     .venv/bin/python -m bench.peers_run --workloads W1,W2,W3,W4 --systems all --repeat 3

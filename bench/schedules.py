@@ -1,4 +1,4 @@
-"""Schedules at scale (issue 3's measurements), on an embedded Redis:
+"""Schedules at scale, on an embedded Redis:
 
 1. register N schedules (bulk `schedule_many`): schedules/s and Redis memory per schedule;
 2. materialisation: one evaluator pass over M schedules all due at once: runs/s;

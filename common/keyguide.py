@@ -1,4 +1,4 @@
-"""`duetime keys`: the key layout of DESIGN §3 for a live namespace, each key type with a real
+"""`duetime keys`: the key layout (docs/keys.md) for a live namespace, each key type with a real
 example key (taken from the data when there is one) and the redis-cli command that reads it."""
 
 from __future__ import annotations
