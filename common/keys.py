@@ -1,4 +1,4 @@
-"""The Redis key layout (DESIGN §3): one hash tag per partition, so each Lua script
+"""The Redis key layout (docs/keys.md): one hash tag per partition, so each Lua script
 touches exactly one cluster slot.
 
 Partition tags are searched so the P partitions land in P evenly spaced slot ranges;
