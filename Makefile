@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test lint bench venv dist clean
 
 $(BIN)/duetime: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,8 +23,15 @@ test: venv
 lint: venv
 	$(BIN)/ruff check .
 
+# duetime's own burst benchmark; the others (precision, schedules, script_cost, peers_run) are
+# listed with their arguments at the top of each bench/*.py
 bench: venv
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.throughput --runs 20000 --repeat 3
+
+# the wheel users install (tests/packaging/test_wheel.py installs one into a fresh venv)
+dist: venv
+	rm -rf dist
+	$(BIN)/pip wheel --no-deps -q -w dist .
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info build dist
