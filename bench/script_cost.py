@@ -54,7 +54,7 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int) -> tuple[float, float
     for p, items in held.items():
         for i in range(0, len(items), batch):
             keys, args = tr.complete(k, p, items[i : i + batch])
-            assert set(complete(keys=keys, args=args)) == {b"ok"}
+            assert set(complete(keys=keys, args=args)) == {b"succeeded"}
     c3 = _cpu_us(r)
     r.flushall()
     r.close()

@@ -42,14 +42,41 @@ def _split(url: str) -> tuple[str, bool]:
     return url, False
 
 
+class _ExplainScriptErrors:
+    """An error raised inside one of duetime's scripts names the script's file and line
+    (`claim.lua:30`), not a line of the assembled source (common.scripts.explain)."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except redis.ResponseError as exc:
+            raise scripts.explained(exc) from None
+
+
+class _Connection(_ExplainScriptErrors, redis.Connection):
+    pass
+
+
+class _SSLConnection(_ExplainScriptErrors, redis.SSLConnection):
+    pass
+
+
+_SYNC = {redis.Connection: _Connection, redis.SSLConnection: _SSLConnection}
+
+
 def sync_client(url: str, **kw: Any) -> redis.Redis:
     """Every connection it opens loads duetime's scripts first (common.scripts)."""
     real, cluster = _split(url)
     kw.setdefault("socket_connect_timeout", 5)
     if cluster:  # the cluster client runs its own handshake, then calls ours
+        ssl = urlsplit(real).scheme == "rediss"
         return RedisCluster.from_url(  # type: ignore[return-value]
-            real, redis_connect_func=scripts.load_scripts, **kw)
-    return redis.Redis.from_url(real, redis_connect_func=scripts.connect_and_load, **kw)
+            real, redis_connect_func=scripts.load_scripts,
+            connection_class=_SSLConnection if ssl else _Connection, **kw)
+    client = redis.Redis.from_url(real, redis_connect_func=scripts.connect_and_load, **kw)
+    pool = client.connection_pool
+    pool.connection_class = _SYNC.get(pool.connection_class, pool.connection_class)
+    return client
 
 
 class _HiredisPacking:
@@ -62,11 +89,19 @@ class _HiredisPacking:
         return [hiredis.pack_command(args)]
 
 
-class _FastConnection(_HiredisPacking, aredis.Connection):
+class _AsyncExplainScriptErrors:
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except redis.ResponseError as exc:
+            raise scripts.explained(exc) from None
+
+
+class _FastConnection(_AsyncExplainScriptErrors, _HiredisPacking, aredis.Connection):
     pass
 
 
-class _FastSSLConnection(_HiredisPacking, aredis.SSLConnection):
+class _FastSSLConnection(_AsyncExplainScriptErrors, _HiredisPacking, aredis.SSLConnection):
     pass
 
 

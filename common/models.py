@@ -100,8 +100,10 @@ class Run:
         return self.key or self.id
 
     @classmethod
-    def decode(cls, run_id: str, h: dict[bytes, bytes], attempts: list[bytes]) -> Run:
-        """Absent fields hold their defaults (attempt/fence 0); see lua/enqueue.lua."""
+    def decode(cls, run_id: str, h: dict[bytes, bytes], attempts: list[bytes],
+               lease_expiry: float | None = None) -> Run:
+        """Absent fields hold their defaults (attempt/fence 0); see lua/enqueue.lua. The lease
+        expiry is the run's score in the leases zset, while it runs."""
         def s(name: str) -> str | None:
             v = h.get(name.encode())
             return v.decode() if v not in (None, b"") else None
@@ -143,5 +145,5 @@ class Run:
             cancel_requested=from_ms(s("cancel_requested")),
             resolved_as=s("resolved_as"),
             heartbeat=from_ms(s("heartbeat")),
-            lease_expires=from_ms(s("lease_expires")),
+            lease_expires=from_ms(lease_expiry) if s("state") == "running" else None,
         )

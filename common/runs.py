@@ -42,10 +42,11 @@ def read_run(client: redis.Redis, keys: Keyspace, run_id: str) -> Run:
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.run(p, run_id))
     pipe.lrange(keys.attempts(p, run_id), 0, -1)
-    h, attempts = pipe.execute()
+    pipe.zscore(keys.leases(p), run_id)
+    h, attempts, lease_expiry = pipe.execute()
     if not h:
         raise RunNotFound(f"no run {run_id!r} in namespace {keys.namespace!r}")
-    return Run.decode(run_id, h, attempts)
+    return Run.decode(run_id, h, attempts, lease_expiry)
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 import redis
+from duetime.common import transitions as tr
 from duetime.common.codec import unpack_payload
 from duetime.common.connection import server_time_ms, translated
 from duetime.common.errors import DuetimeError, InvalidInput
@@ -108,7 +109,7 @@ class ScheduleStore:
             now = self._call(server_time_ms, self.client)
             pipe = self.client.pipeline(transaction=False)
             sent = []
-            for i, (p, key), (version, last, stored_hash) in zip(todo, where, current, strict=True):
+            for i, (p, _key), (version, last, stored_hash) in zip(todo, where, current, strict=True):
                 d, version = defs[i], int(version or 0)
                 def_hash = d.def_hash()
                 if version and stored_hash and stored_hash.decode() == def_hash:
@@ -119,11 +120,9 @@ class ScheduleStore:
                 flat: list[Any] = []
                 for k, v in d.fields().items():
                     flat += [k, v]
-                self.scripts.schedule_upsert(
-                    keys=[key, self.keys.sched_due(p), self.keys.schedules(p)],
-                    args=[d.name, def_hash, version, "" if nxt is None else ms(nxt), int(paused),
-                          *flat],
-                    client=pipe)
+                keys, args = tr.schedule_upsert(self.keys, p, d.name, def_hash, version,
+                                                None if nxt is None else ms(nxt), paused, flat)
+                self.scripts.schedule_upsert(keys=keys, args=args, client=pipe)
                 sent.append(i)
             todo = []
             for i, (status, version) in zip(sent, self._call(pipe.execute) if sent else [],
@@ -162,32 +161,28 @@ class ScheduleStore:
         return out
 
     def set_paused(self, name: str, paused: bool, note: str = "") -> None:
-        p, key = self._where(name)
-        res = self._call(self.scripts.schedule_pause, keys=[key, self.keys.sched_due(p)],
-                         args=[name, int(paused), note])
+        p, _ = self._where(name)
+        keys, args = tr.schedule_pause(self.keys, p, name, paused, note)
+        res = self._call(self.scripts.schedule_pause, keys=keys, args=args)
         if res == b"missing":
             raise ScheduleNotFound(f"no schedule {name!r}")
 
     def delete(self, name: str) -> None:
-        p, key = self._where(name)
-        if not self._call(self.scripts.schedule_delete,
-                          keys=[key, self.keys.sched_due(p), self.keys.schedules(p)], args=[name]):
+        p, _ = self._where(name)
+        keys, args = tr.schedule_delete(self.keys, p, name)
+        if not self._call(self.scripts.schedule_delete, keys=keys, args=args):
             raise ScheduleNotFound(f"no schedule {name!r}")
 
     # -- runs outside the evaluator ------------------------------------------------------
     def _create(self, name: str, runs: list[tuple[str, int]]) -> int:
         """Create runs (id, occurrence ms), due at their occurrence, without compare-and-set."""
         info = self.get(name)
-        p, key = self._where(name)
-        k = self.keys
+        p, _ = self._where(name)
         flat: list[Any] = []
         for run_id, occ in runs:
             flat += [run_id, occ, occ, 1, occ]
-        status, created = self._call(
-            self.scripts.materialize,
-            keys=[key, k.sched_due(p), k.due(p, info.queue), k.deadlines(p), k.events(p)],
-            args=[k.prefix(p) + "run:", name, "", "", "", 0, k.wake_channel, f"{p}|{info.queue}",
-                  *flat])
+        keys, args = tr.materialize(self.keys, p, name, info.queue, flat)
+        status, created = self._call(self.scripts.materialize, keys=keys, args=args)
         if status == b"missing":
             raise ScheduleNotFound(f"no schedule {name!r}")
         return int(created)

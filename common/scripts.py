@@ -1,19 +1,32 @@
-"""The Lua scripts of `lua/` (one per state transition, with the shared `_lib.lua`
-prepended), called by EVALSHA on a client or a pipeline, standalone or cluster.
+"""The Lua scripts of `lua/`: one per state transition, assembled, loaded and called here.
 
-Every connection loads all scripts when it is opened (see `load_on_connect`, one pipelined
-round trip per connection), so an EVALSHA never meets an empty script cache after a restart
-or failover, and pipelines need no `SCRIPT EXISTS` round trip before each execute (redis-py's
-own Script helper sends one per pipeline, and refuses cluster pipelines).
+Assembly. A script is its own file plus only the helpers of `lua/_lib.lua` it uses (found by
+name, with the helpers those use), and `K.<kind>` key suffixes written in from
+`common/keys.py` (the one place a suffix is spelled). An optional first line `#!lua flags=...`
+stays first: Redis 7 then checks the script as a whole before it runs (a script without
+`allow-oom` is refused at maxmemory before its first write, never halfway).
+
+Errors. Redis reports a script's error at a line of the assembled source (`user_script:149`);
+every connection duetime opens rewrites that to the file and line a developer opens
+(`claim.lua:30`), see `explain`.
+
+Why EVALSHA scripts, not a Redis Functions library: every connection loads the scripts when it
+opens (one pipelined round trip), so a restarted server or a promoted replica never meets a
+missing script, and two versions of duetime running side by side in a rolling deploy each call
+their own script versions (a FUNCTION LOAD REPLACE would swap one library under both).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
+import redis
+from duetime.common.keys import SUFFIX
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 
@@ -35,19 +48,166 @@ SCRIPT_NAMES = (
     "resolve",
     "purge",
 )
+LIB = "_lib.lua"
+_DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_KEY = re.compile(r"\bK\.([a-z_]+)")
+_AT = re.compile(r"(@?)user_script:(\d+)")
+_SHA = re.compile(r"\b([0-9a-f]{40})\b")
+
+
+@dataclass(frozen=True)
+class Helper:
+    name: str
+    lines: list[str]  # the definition with the comment lines just above it
+    first: int  # its first line in _lib.lua (1-based)
+    uses: frozenset[str]  # other helpers it calls
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Lines [start, start + count) of the assembled source come from `file`, from `first`."""
+
+    start: int
+    count: int
+    file: str
+    first: int
+
+
+@dataclass(frozen=True)
+class Assembled:
+    name: str
+    source: str
+    sha: str
+    segments: tuple[Segment, ...]
+
+    def locate(self, line: int) -> str:
+        """`claim.lua:30` for line 149 of the assembled source."""
+        for s in self.segments:
+            if s.start <= line < s.start + s.count:
+                return f"{s.file}:{s.first + line - s.start}"
+        return f"{self.name}.lua:?"
+
+
+def _read(name: str) -> str:
+    return (resources.files("duetime.lua") / name).read_text()
+
+
+def _strip_comment(line: str) -> str:
+    return line.split("--", 1)[0]
+
+
+def _words(lines: list[str]) -> set[str]:
+    return {w for line in lines for w in _WORD.findall(_strip_comment(line))}
 
 
 @cache
+def helpers() -> dict[str, Helper]:
+    """`_lib.lua` split into its top-level definitions (`local function f` / `local X =`),
+    each with the comments right above it; a function ends at the first `end` in column 0, a
+    value where its braces close."""
+    lines = _read(LIB).splitlines()
+    found: list[tuple[str, int, int, int]] = []  # name, comment start, def line, end (excl.)
+    i, comment_start = 0, None
+    while i < len(lines):
+        line = lines[i]
+        m = _DEF.match(line)
+        if line.startswith("--"):
+            comment_start = i if comment_start is None else comment_start
+        elif m:
+            end = i + 1
+            if line.startswith("local function"):
+                while not lines[end - 1].startswith("end"):
+                    end += 1
+            else:  # a value, maybe a table over several lines
+                depth = line.count("{") - line.count("}")
+                while depth > 0:
+                    depth += lines[end].count("{") - lines[end].count("}")
+                    end += 1
+            found.append((m.group(1), i if comment_start is None else comment_start, i, end))
+            i, comment_start = end, None
+            continue
+        else:
+            comment_start = None
+        i += 1
+    names = {n for n, *_ in found}
+    out = {}
+    for name, start, def_line, end in found:
+        body = lines[def_line:end]
+        out[name] = Helper(name, lines[start:end], start + 1, frozenset((_words(body) & names) - {name}))
+    return out
+
+
+def _needed(body: list[str]) -> list[Helper]:
+    """The helpers `body` uses, with the helpers they use, in _lib.lua's order."""
+    lib = helpers()
+    todo, need = list(_words(body) & lib.keys()), set()
+    while todo:
+        n = todo.pop()
+        if n not in need:
+            need.add(n)
+            todo += lib[n].uses
+    return [h for h in lib.values() if h.name in need]
+
+
+def _suffixes(text: str, where: str) -> str:
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) not in SUFFIX:
+            raise ValueError(f"{where}: unknown key kind K.{m.group(1)} (see common/keys.py)")
+        return repr(SUFFIX[m.group(1)])
+
+    return _KEY.sub(sub, text)
+
+
+@cache
+def assembled(name: str) -> Assembled:
+    body = _read(f"{name}.lua").splitlines()
+    out: list[str] = []
+    segments: list[Segment] = []
+    head = 1 if body and body[0].startswith("#!") else 0
+    if head:
+        out.append(body[0])
+        segments.append(Segment(1, 1, f"{name}.lua", 1))
+    for h in _needed(body):
+        segments.append(Segment(len(out) + 1, len(h.lines), LIB, h.first))
+        out += h.lines
+    segments.append(Segment(len(out) + 1, len(body) - head, f"{name}.lua", head + 1))
+    out += body[head:]
+    source = _suffixes("\n".join(out) + "\n", f"{name}.lua")
+    return Assembled(name, source, hashlib.sha1(source.encode()).hexdigest(), tuple(segments))
+
+
 def source(name: str) -> str:
-    lua = resources.files("duetime.lua")
-    lib = (lua / "_lib.lua").read_text()
-    body = (lua / f"{name}.lua").read_text()
-    return f"{lib}\n{body}"
+    return assembled(name).source
+
+
+def sha(name: str) -> str:
+    return assembled(name).sha
 
 
 @cache
-def sha(name: str) -> str:
-    return hashlib.sha1(source(name).encode()).hexdigest()
+def _by_sha() -> dict[str, Assembled]:
+    return {sha(n): assembled(n) for n in SCRIPT_NAMES}
+
+
+def explain(message: str) -> str:
+    """A Redis error text with `user_script:N` turned into the file and line behind it, when
+    the text names one of duetime's scripts (Redis adds `script: <sha>` to script errors)."""
+    if "user_script:" not in message:
+        return message
+    m = _SHA.search(message)
+    script = _by_sha().get(m.group(1)) if m else None
+    if script is None:
+        return message
+    text = _AT.sub(lambda a: a.group(1) + script.locate(int(a.group(2))), message)
+    return text.replace(f"script: {script.sha}", f"script: {script.name}.lua ({script.sha[:12]})")
+
+
+def explained(exc: redis.ResponseError) -> redis.ResponseError:
+    """The same exception, its message explained (see `explain`)."""
+    if exc.args and isinstance(exc.args[0], str) and "user_script:" in exc.args[0]:
+        exc.args = (explain(exc.args[0]), *exc.args[1:])
+    return exc
 
 
 def load_scripts(conn: Any) -> None:
@@ -97,7 +257,8 @@ def _bind(script: _Script, default: Any) -> Any:
 
 class Scripts:
     """Attribute access to the scripts: `scripts.claim(keys=..., args=..., client=pipe)`;
-    without `client=` the call goes to the client the Scripts were made for."""
+    without `client=` the call goes to the client the Scripts were made for. The KEYS/ARGV
+    lists come from common/transitions.py."""
 
     def __init__(self, client: Any) -> None:
         self.client = client

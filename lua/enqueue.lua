@@ -1,3 +1,4 @@
+#!lua
 -- enqueue.lua: create runs of one partition and queue, each once (state: scheduled).
 -- A run id that exists already is left alone (idempotency key): its due time is returned.
 -- KEYS[1] due zset  T:due:<queue>
@@ -11,6 +12,7 @@
 --         then F values: the run's own field, value pairs (payload, key, ...)
 -- Fields left at their defaults are not stored: attempt/fence absent = 0, idempotent absent =
 -- yes, timeout absent = none; the id is the key's suffix.
+-- Refused as a whole at maxmemory (no allow-oom flag): a call creates all its runs or none.
 -- Returns how many runs were created (the others existed already).
 local due_key, prefix = KEYS[1], ARGV[1]
 local now = now_ms()
@@ -26,7 +28,7 @@ for j = 5, 4 + shared_n do fields[#fields + 1] = ARGV[j] end
 local base_n = #fields
 while i <= #ARGV do
   local run_id = ARGV[i]
-  local run_key = prefix .. 'run:' .. run_id
+  local run_key = prefix .. K.run .. run_id
   local due_s = ARGV[i + 1]
   local due = tonumber(due_s)
   if due == nil then

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 from duetime.common import metrics
+from duetime.common import transitions as tr
 from duetime.common.connection import server_time_ms, sync_client, unavailable
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
@@ -79,8 +80,8 @@ class Ownership:
         return self.owned
 
     def _lease(self, pipe: Any, p: int, mode: str) -> None:
-        self.scripts.partition_lease(keys=[self.keys.owner(p)], args=[self.id, self.ttl_ms, mode],
-                                     client=pipe)
+        keys, args = tr.partition_lease(self.keys, p, self.id, self.ttl_ms, mode)
+        self.scripts.partition_lease(keys=keys, args=args, client=pipe)
 
     def release_all(self) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -159,12 +160,10 @@ class Evaluator:
                 metrics.SKIPPED.inc(pl.skipped)
                 log.info("occurrences skipped by catch-up policy", schedule=name,
                          skipped=pl.skipped, catchup=catchup.decode())
-            self.scripts.materialize(
-                keys=[k.sched(p, name), k.sched_due(p), k.due(p, q), k.deadlines(p), k.events(p)],
-                args=[k.prefix(p) + "run:", name, version, next_ms,
-                      "" if pl.next_ms is None else pl.next_ms, pl.skipped, k.wake_channel,
-                      f"{p}|{q}", *runs],
-                client=pipe)
+            keys, args = tr.materialize(
+                k, p, name, q, runs, expected=(version, next_ms, "" if pl.next_ms is None else pl.next_ms),
+                skipped=pl.skipped)
+            self.scripts.materialize(keys=keys, args=args, client=pipe)
             calls += 1
         if not calls:
             return 0

@@ -43,8 +43,8 @@ def lc(app, r):
             return total
 
         def expire(self, p, run_id):
-            """Make the lease look expired right now (instead of sleeping through it)."""
-            r.delete(self.k.lease(p, run_id))
+            """Make the lease expired right now (instead of sleeping through it): the lease is
+            the run's score in the leases zset."""
             r.zadd(self.k.leases(p), {run_id: 0})
 
     return Driver()
@@ -54,9 +54,11 @@ def test_claim_sets_lease_fence_and_attempt(app, r, lc):
     run_id = app.enqueue(basic.noop)
     [(p, c)] = lc.claim(worker="w1", lease_ms=5000)
     assert c.run_id == run_id and c.fence == 1 and c.attempt == 1
-    assert r.get(app.keys.lease(p, run_id)) == b"w1:1"
-    assert 0 < r.pttl(app.keys.lease(p, run_id)) <= 5000
-    assert r.zscore(app.keys.leases(p), run_id) is not None
+    # the lease is one entry: its score is the expiry, the run hash names holder and fence
+    expiry = r.zscore(app.keys.leases(p), run_id)
+    assert 0 < expiry - int(r.time()[0]) * 1000 <= 5000 + 1000
+    assert r.hmget(app.keys.run(p, run_id), "worker", "fence") == [b"w1", b"1"]
+    assert not r.keys(f"{app.keys.namespace}:*lease:*")  # no second copy of the lease
     assert lc.claim() == []  # nothing left to claim
     assert app.get_run(run_id).state == "running"
 
@@ -74,7 +76,7 @@ def test_stale_worker_cannot_complete_or_fail(app, r, lc):
     run = app.get_run(run_id)
     assert run.state == "running" and run.fence == 2 and run.worker == "w2"
     assert run.attempts[0].late and run.attempts[0].late_outcome == "failed"
-    assert lc.complete(p, new) == "ok"
+    assert lc.complete(p, new) == "succeeded"
     assert app.get_run(run_id).state == "succeeded"
 
 
@@ -84,7 +86,7 @@ def test_late_success_finishes_a_run_not_claimed_again(app, r, lc):
     lc.expire(p, run_id)
     assert lc.reap() == 1
     assert app.get_run(run_id).state == "retrying"
-    assert lc.complete(p, c) == "late_ok"
+    assert lc.complete(p, c) == "late_succeeded"
     run = app.get_run(run_id)
     assert run.state == "succeeded"
     assert r.zscore(app.keys.retry(p, "default"), run_id) is None  # the retry will not run
@@ -97,7 +99,7 @@ def test_late_success_resolves_uncertain(app, r, lc):
     lc.expire(p, run_id)
     lc.reap()
     assert app.get_run(run_id).state == "uncertain"
-    assert lc.complete(p, c) == "late_ok"
+    assert lc.complete(p, c) == "late_succeeded"
     assert app.get_run(run_id).state == "succeeded"
     assert r.zscore(app.keys.uncertain(p), run_id) is None
 
@@ -108,10 +110,12 @@ def test_heartbeat_extends_only_the_current_fence(app, r, lc):
     [(p, c)] = lc.claim(worker="w1", lease_ms=1000)
     keys, args = tr.heartbeat(app.keys, p, 60_000, [(run_id, "w1:1"), (run_id, "w9:1")])
     assert scripts.heartbeat(keys=keys, args=args) == [1, 0]
-    assert r.pttl(app.keys.lease(p, run_id)) > 50_000
+    assert r.zscore(app.keys.leases(p), run_id) - int(r.time()[0]) * 1000 > 50_000
     # an expired lease of a run nobody re-claimed is revived by its holder
-    r.delete(app.keys.lease(p, run_id))
+    r.zadd(app.keys.leases(p), {run_id: 0})
     keys, args = tr.heartbeat(app.keys, p, 60_000, [(run_id, "w1:1")])
+    assert scripts.heartbeat(keys=keys, args=args) == [1]
+    assert r.zscore(app.keys.leases(p), run_id) > 0
     assert scripts.heartbeat(keys=keys, args=args) == [1]
     # ... but not once the reaper has taken it
     lc.expire(p, run_id)
@@ -187,7 +191,7 @@ def test_complete_acknowledges_a_batch_and_judges_each_fence(app, r, lc):
         items = [(c.run_id, c.fence) for c in cs] + [(cs[0].run_id, 99)]  # one stale fence
         keys, args = tr.complete(app.keys, p, items)
         res = [x.decode() for x in scripts.complete(keys=keys, args=args)]
-        assert res == ["ok"] * len(cs) + ["stale"]
+        assert res == ["succeeded"] * len(cs) + ["stale"]
     for i in ids:
         run = app.get_run(i)
         assert run.state == "succeeded" and [a.outcome for a in run.attempts] == ["succeeded"]
@@ -198,7 +202,7 @@ def test_retention_sweep_deletes_old_finished_runs_only(app, r, lc):
     done_id = app.enqueue(basic.noop)
     waiting = app.enqueue(basic.noop, delay=60)
     [(p, c)] = lc.claim()
-    assert lc.complete(p, c) == "ok"
+    assert lc.complete(p, c) == "succeeded"
     time.sleep(0.05)
     lc.reap(retention_ms=10)
     with pytest.raises(duetime.RunNotFound):
@@ -313,7 +317,7 @@ def test_a_buffered_run_claimed_ahead_is_never_made_due_before_its_time(app, r, 
     assert a.run_id == a_id
     assert lc.claim(p=p, ahead_ms=5000) == []  # B: buffered behind the running A
     assert r.hget(app.keys.sched(p, "nightly"), "buffered") == b_id.encode()
-    assert lc.complete(p, a) == "ok"
+    assert lc.complete(p, a) == "succeeded"
     b_due = int(app.get_run(b_id).due.timestamp() * 1000)
     assert r.zscore(app.keys.due(p, "default"), b_id) == b_due
 
@@ -340,18 +344,16 @@ def test_times_fences_and_attempt_entries_are_stored_as_plain_integers(app, r, l
     assert sorted(c.run_id for _, c in claimed) == sorted([ids[2], ids[4]])  # the due ones
     p, c = claimed[0]
     rec = r.hgetall(app.keys.run(p, c.run_id))
-    for f in (b"fence", b"attempt", b"started", b"lease_expires"):
+    for f in (b"fence", b"attempt", b"started"):
         assert digits.fullmatch(rec[f]), (f, rec[f])
-    assert int(rec[b"lease_expires"]) - int(rec[b"started"]) == 4000
-    assert r.zscore(app.keys.leases(p), c.run_id) == int(rec[b"lease_expires"])
+    assert r.zscore(app.keys.leases(p), c.run_id) - int(rec[b"started"]) == 4000
     keys, args = tr.heartbeat(app.keys, p, 9000, [(c.run_id, "w1:1")])
     assert Scripts(r).heartbeat(keys=keys, args=args) == [1]
     rec = r.hgetall(app.keys.run(p, c.run_id))
-    assert digits.fullmatch(rec[b"lease_expires"]) and digits.fullmatch(rec[b"heartbeat"])
-    assert int(rec[b"lease_expires"]) - int(rec[b"heartbeat"]) == 9000
-    assert r.zscore(app.keys.leases(p), c.run_id) == int(rec[b"lease_expires"])
+    assert digits.fullmatch(rec[b"heartbeat"])
+    assert r.zscore(app.keys.leases(p), c.run_id) - int(rec[b"heartbeat"]) == 9000
 
-    assert lc.complete(p, c) == "ok"
+    assert lc.complete(p, c) == "succeeded"
     rec = r.hgetall(app.keys.run(p, c.run_id))
     assert digits.fullmatch(rec[b"finished"])
     assert r.zscore(app.keys.done(p), c.run_id) == int(rec[b"finished"])
