@@ -6,9 +6,11 @@ name, with the helpers those use), and `K.<kind>` key suffixes written in from
 stays first: Redis 7 then checks the script as a whole before it runs (a script without
 `allow-oom` is refused at maxmemory before its first write, never halfway).
 
-Errors. Redis reports a script's error at a line of the assembled source (`user_script:149`);
-every connection duetime opens rewrites that to the file and line a developer opens
-(`claim.lua:30`), see `explain`.
+Errors. Redis and Valkey report a script's error at a line of the source they ran
+(`user_script:3030`). Lines are laid out so that number alone says which file and line it is
+(helpers keep their _lib.lua line numbers; script number i starts at line 500·i), and every
+connection duetime opens rewrites it to what a developer opens (`claim.lua:30`), for direct
+calls and pipelines alike, see `explain`.
 
 Why EVALSHA scripts, not a Redis Functions library: every connection loads the scripts when it
 opens (one pipelined round trip), so a restarted server or a promoted replica never meets a
@@ -53,7 +55,7 @@ _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
 _WORD = re.compile(r"[A-Za-z_]\w*")
 _KEY = re.compile(r"\bK\.([a-z_]+)")
 _AT = re.compile(r"(@?)user_script:(\d+)")
-_SHA = re.compile(r"\b([0-9a-f]{40})\b")
+STRIDE = 500  # lines per script in the numbering of `assembled`
 
 
 @dataclass(frozen=True)
@@ -65,28 +67,10 @@ class Helper:
 
 
 @dataclass(frozen=True)
-class Segment:
-    """Lines [start, start + count) of the assembled source come from `file`, from `first`."""
-
-    start: int
-    count: int
-    file: str
-    first: int
-
-
-@dataclass(frozen=True)
 class Assembled:
     name: str
     source: str
     sha: str
-    segments: tuple[Segment, ...]
-
-    def locate(self, line: int) -> str:
-        """`claim.lua:30` for line 149 of the assembled source."""
-        for s in self.segments:
-            if s.start <= line < s.start + s.count:
-                return f"{s.file}:{s.first + line - s.start}"
-        return f"{self.name}.lua:?"
 
 
 def _read(name: str) -> str:
@@ -161,20 +145,22 @@ def _suffixes(text: str, where: str) -> str:
 
 @cache
 def assembled(name: str) -> Assembled:
+    """_lib.lua with the definitions this script does not use blanked out, padded with empty
+    lines, then the script's own lines from line `STRIDE * (its index + 1) + 1`: every line of
+    every script has a number of its own, so an error's line alone says where it is."""
+    lib = _read(LIB).splitlines()
     body = _read(f"{name}.lua").splitlines()
-    out: list[str] = []
-    segments: list[Segment] = []
-    head = 1 if body and body[0].startswith("#!") else 0
-    if head:
-        out.append(body[0])
-        segments.append(Segment(1, 1, f"{name}.lua", 1))
+    if len(lib) >= STRIDE or len(body) >= STRIDE:
+        raise ValueError(f"{LIB} and every script must stay under {STRIDE} lines")
+    keep: set[int] = set()
     for h in _needed(body):
-        segments.append(Segment(len(out) + 1, len(h.lines), LIB, h.first))
-        out += h.lines
-    segments.append(Segment(len(out) + 1, len(body) - head, f"{name}.lua", head + 1))
-    out += body[head:]
-    source = _suffixes("\n".join(out) + "\n", f"{name}.lua")
-    return Assembled(name, source, hashlib.sha1(source.encode()).hexdigest(), tuple(segments))
+        keep.update(range(h.first, h.first + len(h.lines)))
+    base = STRIDE * (SCRIPT_NAMES.index(name) + 1)
+    out = [lib[i - 1] if i in keep else "" for i in range(1, base + 1)]
+    if body and body[0].startswith("#!"):  # the flags line must be the first line
+        out[0], body = body[0], ["", *body[1:]]
+    source = _suffixes("\n".join(out + body) + "\n", f"{name}.lua")
+    return Assembled(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
 def source(name: str) -> str:
@@ -185,22 +171,19 @@ def sha(name: str) -> str:
     return assembled(name).sha
 
 
-@cache
-def _by_sha() -> dict[str, Assembled]:
-    return {sha(n): assembled(n) for n in SCRIPT_NAMES}
+def locate(line: int) -> str:
+    """`claim.lua:30` for a line of an assembled script (see `assembled`)."""
+    index, offset = divmod(line, STRIDE)
+    if index == 0 or offset == 0:
+        return f"{LIB}:{line}" if index == 0 else f"{SCRIPT_NAMES[index - 1]}.lua:?"
+    if index > len(SCRIPT_NAMES):
+        return f"user_script:{line}"
+    return f"{SCRIPT_NAMES[index - 1]}.lua:{offset}"
 
 
 def explain(message: str) -> str:
-    """A Redis error text with `user_script:N` turned into the file and line behind it, when
-    the text names one of duetime's scripts (Redis adds `script: <sha>` to script errors)."""
-    if "user_script:" not in message:
-        return message
-    m = _SHA.search(message)
-    script = _by_sha().get(m.group(1)) if m else None
-    if script is None:
-        return message
-    text = _AT.sub(lambda a: a.group(1) + script.locate(int(a.group(2))), message)
-    return text.replace(f"script: {script.sha}", f"script: {script.name}.lua ({script.sha[:12]})")
+    """A Redis error text with `user_script:N` turned into the file and line behind it."""
+    return _AT.sub(lambda m: m.group(1) + locate(int(m.group(2))), message)
 
 
 def explained(exc: redis.ResponseError) -> redis.ResponseError:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import pytest
+import redis
 from duetime.common import transitions as tr
 from duetime.common.scripts import Scripts
 
@@ -361,3 +364,134 @@ def test_times_fences_and_attempt_entries_are_stored_as_plain_integers(app, r, l
     entry = json.loads(raw)
     assert entry == {"n": 1, "fence": 1, "worker": "w1", "outcome": "succeeded",
                      "start": int(rec[b"started"]), "end": int(rec[b"finished"])}
+
+
+# -- errors name the script and line; the server's memory limit; damaged records -------------
+def _line_of(script: str, text: str) -> int:
+    lines = (Path(__file__).resolve().parents[2] / "lua" / script).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def test_an_error_inside_a_script_names_its_file_and_line(app, r, url):
+    """Direct calls, pipelines and the asyncio client: the message points at heartbeat.lua's
+    own line, not at a line of the assembled source."""
+    import asyncio
+
+    from duetime.common.connection import async_client
+
+    where = f"heartbeat.lua:{_line_of('heartbeat.lua', 'tonumber(ARGV[2])')}:"
+    keys, args = tr.heartbeat(app.keys, 0, 1000, [])
+    args[1] = "not-a-number"  # the lease length: arithmetic on nil inside the script
+    with pytest.raises(redis.ResponseError, match=where) as direct:
+        Scripts(r).heartbeat(keys=keys, args=args)
+    assert "user_script" not in str(direct.value)
+    pipe = r.pipeline(transaction=False)
+    Scripts(r).heartbeat(keys=keys, args=args, client=pipe)
+    [res] = pipe.execute(raise_on_error=False)
+    assert where in str(res)
+
+    async def from_asyncio() -> str:
+        client = async_client(url)
+        try:
+            await Scripts(client).heartbeat(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            return str(exc)
+        finally:
+            await client.aclose()
+        return ""
+
+    assert where in asyncio.run(from_asyncio())
+
+
+def test_a_redis_error_inside_a_helper_names_lib_and_line(app, r):
+    """WRONGTYPE raised by redis.call inside a _lib.lua helper (emit's XADD) is located there."""
+    run_id = app.enqueue(basic.noop)
+    p = app.keys.partition_of_run(run_id)
+    r.set(app.keys.events(p), "damaged")  # the events stream replaced by a string
+    keys, args = tr.cancel(app.keys, p, "default", run_id, "test")
+    with pytest.raises(redis.ResponseError, match=r"WRONGTYPE.*@_lib\.lua:(\d+)") as err:
+        Scripts(r).cancel(keys=keys, args=args)
+    line = int(re.search(r"@_lib\.lua:(\d+)", str(err.value)).group(1))
+    lib = (Path(__file__).resolve().parents[2] / "lua" / "_lib.lua").read_text().splitlines()
+    assert "XADD" in lib[line - 1]
+
+
+@pytest.fixture
+def at_maxmemory(r):
+    """The server refuses writes that may grow memory (maxmemory below what is used)."""
+    old = r.config_get("maxmemory")["maxmemory"]
+    try:
+        yield lambda: r.config_set("maxmemory", 1)
+    finally:
+        r.config_set("maxmemory", old)
+
+
+def test_heartbeats_extend_leases_while_the_reaper_is_refused(app, r, lc, at_maxmemory):
+    """At maxmemory a heartbeat still extends a lease (allow-oom), while reap.lua, claim.lua and
+    enqueue.lua are refused as a whole before they write anything: the reaper cannot expire
+    what heartbeats are able to keep alive."""
+    run_id = app.enqueue(basic.noop)
+    later = app.enqueue(basic.noop)
+    [(p, c)] = lc.claim(worker="w1", n=1, p=app.keys.partition_of_run(run_id))
+    lc.expire(p, run_id)  # expired: the next reap would take it
+    at_maxmemory()
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        lc.reap()
+    assert app.get_run(run_id).state == "running"
+    assert r.zscore(app.keys.leases(p), run_id) == 0  # nothing changed, not even the index
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        lc.claim(p=app.keys.partition_of_run(later))
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        app.enqueue(basic.noop)
+    keys, args = tr.heartbeat(app.keys, p, 60_000, [(run_id, "w1:1")])
+    assert Scripts(r).heartbeat(keys=keys, args=args) == [1]
+    assert r.zscore(app.keys.leases(p), run_id) > int(r.time()[0]) * 1000
+    r.config_set("maxmemory", 0)
+    assert lc.reap() == 0  # the lease was extended: nothing to reap
+    assert lc.complete(p, c) == "succeeded"
+
+
+def test_a_reaped_run_keeps_its_place_ahead_of_a_backlog(app, r, lc):
+    """Recovery is not queued behind runs that became due after it: the retry is scored at
+    the time the run first became claimable."""
+    run_id = app.enqueue(basic.noop)
+    p = app.keys.partition_of_run(run_id)
+    [(_, c)] = lc.claim(p=p)
+    due = int(r.hget(app.keys.run(p, run_id), "due"))
+    backlog = app.enqueue_many([(basic.noop, [i]) for i in range(300)])
+    lc.expire(p, run_id)
+    assert lc.reap() == 1
+    assert r.zscore(app.keys.retry(p, "default"), run_id) == due
+    [(_, again)] = lc.claim(p=p, n=1)
+    assert again.run_id == run_id and again.fence == 2
+    assert len(backlog) == 300
+
+
+def test_damaged_run_records_are_dead_lettered_with_a_reason_never_lost(app, r, lc):
+    k = app.keys
+    # an expired lease on a run whose retry policy was damaged by hand
+    a = app.enqueue(basic.noop)
+    pa = k.partition_of_run(a)
+    lc.claim(p=pa)
+    r.hset(k.run(pa, a), "max_attempts", "abc")
+    lc.expire(pa, a)
+    assert lc.reap() == 1
+    run = app.get_run(a)
+    assert run.state == "dead" and "damaged" in run.reason
+    assert r.zscore(k.dead(pa), a) is not None and r.zscore(k.leases(pa), a) is None
+    # a due run whose state was overwritten with something that is not a state
+    b = app.enqueue(basic.noop)
+    pb = k.partition_of_run(b)
+    r.hset(k.run(pb, b), "state", "weekly")
+    assert lc.claim(p=pb) == []
+    run = app.get_run(b)
+    assert run.state == "dead" and "weekly" in run.reason
+    assert r.zscore(k.dead(pb), b) is not None
+    # a leased run whose state vanished
+    c = app.enqueue(basic.noop)
+    pc = k.partition_of_run(c)
+    lc.claim(p=pc)
+    r.hdel(k.run(pc, c), "state")
+    lc.expire(pc, c)
+    lc.reap()
+    assert app.get_run(c).state == "dead" and r.zscore(k.dead(pc), c) is not None
