@@ -86,11 +86,11 @@ def _words(lines: list[str]) -> set[str]:
 
 
 @cache
-def helpers() -> dict[str, Helper]:
+def helpers(lib_text: str | None = None) -> dict[str, Helper]:
     """`_lib.lua` split into its top-level definitions (`local function f` / `local X =`),
     each with the comments right above it; a function ends at the first `end` in column 0, a
     value where its braces close."""
-    lines = _read(LIB).splitlines()
+    lines = (_read(LIB) if lib_text is None else lib_text).splitlines()
     found: list[tuple[str, int, int, int]] = []  # name, comment start, def line, end (excl.)
     i, comment_start = 0, None
     while i < len(lines):
@@ -122,9 +122,9 @@ def helpers() -> dict[str, Helper]:
     return out
 
 
-def _needed(body: list[str]) -> list[Helper]:
+def _needed(body: list[str], lib_text: str | None = None) -> list[Helper]:
     """The helpers `body` uses, with the helpers they use, in _lib.lua's order."""
-    lib = helpers()
+    lib = helpers(lib_text)
     todo, need = list(_words(body) & lib.keys()), set()
     while todo:
         n = todo.pop()
@@ -143,23 +143,26 @@ def _suffixes(text: str, where: str) -> str:
     return _KEY.sub(sub, text)
 
 
-@cache
-def assembled(name: str) -> Assembled:
+def assemble(name: str, lib_text: str, body_text: str) -> str:
     """_lib.lua with the definitions this script does not use blanked out, padded with empty
     lines, then the script's own lines from line `STRIDE * (its index + 1) + 1`: every line of
     every script has a number of its own, so an error's line alone says where it is."""
-    lib = _read(LIB).splitlines()
-    body = _read(f"{name}.lua").splitlines()
+    lib, body = lib_text.splitlines(), body_text.splitlines()
     if len(lib) >= STRIDE or len(body) >= STRIDE:
         raise ValueError(f"{LIB} and every script must stay under {STRIDE} lines")
     keep: set[int] = set()
-    for h in _needed(body):
+    for h in _needed(body, lib_text):
         keep.update(range(h.first, h.first + len(h.lines)))
     base = STRIDE * (SCRIPT_NAMES.index(name) + 1)
     out = [lib[i - 1] if i in keep else "" for i in range(1, base + 1)]
     if body and body[0].startswith("#!"):  # the flags line must be the first line
         out[0], body = body[0], ["", *body[1:]]
-    source = _suffixes("\n".join(out + body) + "\n", f"{name}.lua")
+    return _suffixes("\n".join(out + body) + "\n", f"{name}.lua")
+
+
+@cache
+def assembled(name: str) -> Assembled:
+    source = assemble(name, _read(LIB), _read(f"{name}.lua"))
     return Assembled(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
