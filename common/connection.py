@@ -144,12 +144,15 @@ def translated(url: str) -> Iterator[None]:
 
 
 def ensure_meta(client: redis.Redis, keys: Keyspace, url: str) -> None:
-    """Record the partition count on first use; refuse a namespace made with another one."""
+    """Record the partition count on first use; refuse a namespace made with another one.
+    Reads first: a process starting while the server refuses writes (maxmemory) still starts."""
     try:
-        client.hsetnx(keys.meta, "partitions", keys.partitions)
-        client.hsetnx(keys.meta, "version", META_VERSION)
-        client.hsetnx(keys.meta, "created_ms", int(time.time() * 1000))
         stored = client.hget(keys.meta, "partitions")
+        if stored is None:
+            client.hsetnx(keys.meta, "partitions", keys.partitions)
+            client.hsetnx(keys.meta, "version", META_VERSION)
+            client.hsetnx(keys.meta, "created_ms", int(time.time() * 1000))
+            stored = client.hget(keys.meta, "partitions")
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise unavailable(url, exc) from None
     if stored is not None and int(stored) != keys.partitions:

@@ -57,14 +57,28 @@ def check_server(client: redis.Redis) -> list[Finding]:
 
 
 def check_memory(client: redis.Redis) -> list[Finding]:
-    policy = str(_info(client, "memory").get("maxmemory_policy", "unknown"))
+    info = _info(client, "memory")
+    policy = str(info.get("maxmemory_policy", "unknown"))
     if policy != "noeviction":
-        return [Finding("maxmemory-policy", "fatal",
-                        f"maxmemory-policy is {policy!r}: under memory pressure Redis would "
-                        "silently delete run records and indexes",
-                        "set `maxmemory-policy noeviction` (CONFIG SET and in redis.conf); "
-                        "writes then fail loudly instead")]
-    return [Finding("maxmemory-policy", "ok", "maxmemory-policy is noeviction")]
+        found = [Finding("maxmemory-policy", "fatal",
+                         f"maxmemory-policy is {policy!r}: under memory pressure Redis would "
+                         "silently delete run records and indexes",
+                         "set `maxmemory-policy noeviction` (CONFIG SET and in redis.conf); "
+                         "writes then fail loudly instead")]
+    else:
+        found = [Finding("maxmemory-policy", "ok", "maxmemory-policy is noeviction")]
+    limit, used = int(info.get("maxmemory", 0) or 0), int(info.get("used_memory", 0) or 0)
+    if limit and used >= limit:
+        found.append(Finding(
+            "memory", "fatal", f"used memory {used:,} B has reached maxmemory {limit:,} B: the "
+            "server refuses writes, so no run is created, claimed, completed or recovered "
+            "(heartbeats still extend leases)",
+            "raise maxmemory, or free memory: `duetime dead purge`, a shorter --retention"))
+    elif limit and used >= 0.9 * limit:
+        found.append(Finding("memory", "warn", f"used memory {used:,} B is {used / limit:.0%} "
+                             f"of maxmemory {limit:,} B",
+                             "raise maxmemory before writes are refused"))
+    return found
 
 
 def check_persistence(client: redis.Redis) -> list[Finding]:

@@ -56,6 +56,11 @@ DEAD_RUNS = Gauge("duetime_dead_letter_runs", "Dead-lettered runs not yet replay
 UNCERTAIN_RUNS = Gauge("duetime_uncertain_runs", "Runs whose outcome is unknown (await an operator)")
 PARTITIONS_UNOWNED = Gauge("duetime_partitions_unowned", "Partitions no scheduler evaluates")
 WORKERS_LIVE = Gauge("duetime_workers_live", "Workers that heartbeated recently")
+REFUSING_WRITES = Gauge(
+    "duetime_redis_refusing_writes",
+    "1 while Redis refuses writes (at maxmemory with noeviction): no run is created, claimed or "
+    "recovered meanwhile; heartbeats still extend leases",
+)
 
 
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -70,6 +75,7 @@ def child(metric: Any, *labels: str) -> Any:
     return c
 
 
-def serve(port: int | None, addr: str = "0.0.0.0") -> None:
+def serve(port: int | None, addr: str = "127.0.0.1") -> None:
+    """Metrics on loopback unless told otherwise (they name tasks, queues and owners)."""
     if port:
         start_http_server(port, addr=addr)
