@@ -15,7 +15,7 @@ import hiredis
 import redis
 import redis.asyncio as aredis
 from duetime.common import scripts
-from duetime.common.errors import PartitionMismatch, RedisUnavailable
+from duetime.common.errors import PartitionMismatch, RedisRefused, RedisUnavailable
 from duetime.common.keys import Keyspace
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -134,13 +134,47 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
     return RedisUnavailable(f"cannot reach Redis at {redact(url)}: {reason}")
 
 
+# What to do about a refusal, by Redis's error code.
+ADVICE = {
+    "OOM": "the server is at maxmemory and refuses writes: raise maxmemory or free memory "
+           "(`duetime dead purge`, a shorter --retention); `duetime doctor` shows the numbers",
+    "READONLY": "this is a read-only replica (after a failover?): point the URL at the primary, "
+                "or use a redis+cluster:// URL so the client follows the topology",
+    "NOPERM": "the Redis ACL user lacks a permission duetime needs: see the ACL roles in "
+              "docs/operations.md",
+    "WRONGTYPE": "a duetime key holds another type (written by something else?): "
+                 "`duetime keys` shows the layout",
+    "NOSCRIPT": "the server lost duetime's scripts mid-call (restart or failover): retry",
+    "BUSY": "a script is running too long on the server: retry, and check the server's log",
+    "MASTERDOWN": "the replica lost its primary: wait for the failover, then retry",
+    "CLUSTERDOWN": "the cluster is down or resharding: wait for it, then retry",
+}
+
+
+def refused(url: str, exc: redis.ResponseError) -> RedisRefused:
+    """A refusal as a duetime error: Redis's words, then what to do."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    code = getattr(exc, "status_code", None) or (text.split(" ", 1)[0] if text[:1].isupper() else "")
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        code = "OOM"
+    elif isinstance(exc, redis.exceptions.ReadOnlyError):
+        code = "READONLY"
+    elif isinstance(exc, redis.exceptions.NoPermissionError):
+        code = "NOPERM"
+    advice = ADVICE.get(code, "see the server's log; `duetime doctor` checks the deployment")
+    return RedisRefused(f"Redis at {redact(url)} refused the call: {text} ({advice})", code)
+
+
 @contextmanager
 def translated(url: str) -> Iterator[None]:
-    """Connection errors inside become RedisUnavailable with a password-free message."""
+    """Connection errors inside become RedisUnavailable, refusals RedisRefused with advice;
+    both with a password-free message."""
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise unavailable(url, exc) from None
+    except redis.ResponseError as exc:
+        raise refused(url, exc) from None
 
 
 def ensure_meta(client: redis.Redis, keys: Keyspace, url: str) -> None:

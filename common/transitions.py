@@ -92,13 +92,12 @@ def complete(k: Keyspace, p: int, done: list[tuple[str, int]]) -> Call:
 
 
 def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
-            runs: list[tuple[str, str, int, bool, list[Any]]]) -> Call:
+            runs: list[tuple[str, str, int, list[Any]]]) -> Call:
     """shared: field/value pairs common to every run of the call; runs: (run id, due ms or '',
-    delay ms, may the id exist already, the run's own field/value pairs) of one partition and
-    queue."""
+    delay ms, the run's own field/value pairs) of one partition and queue."""
     args: list[Any] = [k.prefix(p), k.wake_channel, f"{p}|{queue}", len(shared), *shared]
-    for run_id, due, delay_ms, may_exist, fields in runs:
-        args += [run_id, due, delay_ms, int(may_exist), len(fields), *fields]
+    for run_id, due, delay_ms, fields in runs:
+        args += [run_id, due, delay_ms, len(fields), *fields]
     return [k.due(p, queue)], args
 
 

@@ -7,9 +7,11 @@ from duetime.app import App
 from duetime.common.context import RunContext, current_run
 from duetime.common.errors import (
     DuetimeError,
+    EnqueueIncomplete,
     Fatal,
     InvalidInput,
     PayloadTooLarge,
+    RedisRefused,
     RedisUnavailable,
     Retry,
     RunNotFound,
@@ -22,6 +24,7 @@ from duetime.common.timespec import At, Cron, Every, InvalidSchedule, Trigger
 __all__ = [
     "App", "At", "Attempt", "Cron", "Every", "InvalidSchedule", "ScheduleInfo", "ScheduleNotFound",
     "Trigger", "DuetimeError", "Fatal", "InvalidInput", "PayloadTooLarge",
-    "RedisUnavailable", "Retry", "Run", "RunContext", "RunNotFound", "UnknownTask",
+    "RedisUnavailable", "RedisRefused", "EnqueueIncomplete", "Retry", "Run", "RunContext",
+    "RunNotFound", "UnknownTask",
     "current_run",
 ]

@@ -3,7 +3,9 @@
 -- Accepted from the current fence holder. A late success from a holder whose lease expired
 -- still finishes the run if nobody claimed it since (same fence; state retrying/uncertain),
 -- instead of letting a retry run the work again. Anything else is recorded as a late result.
--- Finished records stay until the reaper's retention sweep of the done set.
+-- Finished records stay until the reaper's retention sweep of the done set. The same report
+-- sent twice (the client retries a call whose reply a broken connection lost) gets the same
+-- answer the second time and changes nothing.
 -- KEYS[1] leases zset   KEYS[2] done zset   KEYS[3] uncertain zset   KEYS[4] events
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash, attempts, the retry set of
 --         the run's queue) and schedule keys are built from it; they share this partition's
@@ -28,6 +30,8 @@ for i = 4, #ARGV, 2 do
   local result
   if not state then
     result = 'missing'
+  elseif state == 'succeeded' and f[2] == fence then
+    result = 'succeeded'  -- this very report, sent again
   elseif f[2] ~= fence or not (state == 'running' or state == 'retrying' or state == 'uncertain') then
     set_attempt(attempts_key, fence, {late = true, late_outcome = 'succeeded', late_at = now})
     emit(events_key, run_id, 'late_result_rejected', 'succeeded:' .. fence)
@@ -50,7 +54,7 @@ for i = 4, #ARGV, 2 do
     emit(events_key, run_id, 'succeeded', 'late result of attempt ' .. fence)
     result = 'late_succeeded'
   end
-  if result == 'succeeded' or result == 'late_succeeded' then
+  if (result == 'succeeded' and state == 'running') or result == 'late_succeeded' then
     finished[#finished + 1] = now_s
     finished[#finished + 1] = run_id
   end

@@ -2,7 +2,8 @@
 -- fail.lua: end an attempt that did not succeed: retry with backoff (or an explicit delay),
 -- dead-letter, or -- when the worker stopped it on a cancel request -- cancel the run.
 -- Accepted only from the current fence holder while the run is running; a stale holder's
--- failure is written into its own attempt record and changes nothing else.
+-- failure is written into its own attempt record and changes nothing else. The same report
+-- sent twice (a retried call whose reply was lost) gets the first answer again.
 -- KEYS[1] leases zset   KEYS[2] retry zset (the run's queue)   KEYS[3] dead zset
 -- KEYS[4] done zset     KEYS[5] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash and attempts, and its schedule's keys,
@@ -19,8 +20,18 @@ local channel, partition, queue = ARGV[8], ARGV[9], ARGV[10]
 local run_key, attempts_key = prefix .. K.run .. run_id, prefix .. K.attempts .. run_id
 local now = now_ms()
 
-local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started')
+local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
+  'retry_at')
 if not f[1] then return {'missing', 0} end
+if f[2] == fence and f[1] ~= 'running' then
+  -- this attempt already ended: if it ended by this very report, answer as the first time
+  local raw = redis.call('LINDEX', attempts_key, (tonumber(fence) or 0) - 1)
+  local ok, a = pcall(cjson.decode, raw or '')
+  if ok and type(a) == 'table' and (a.outcome == 'failed' or a.outcome == 'cancelled')
+      and not a.late then
+    return {f[1], tonumber(f[6]) or 0}
+  end
+end
 if f[2] ~= fence or f[1] ~= 'running' then
   set_attempt(attempts_key, fence, {late = true, late_outcome = 'failed', late_error = err,
                                     late_at = now})

@@ -441,8 +441,9 @@ def test_heartbeats_extend_leases_while_the_reaper_is_refused(app, r, lc, at_max
     assert r.zscore(app.keys.leases(p), run_id) == 0  # nothing changed, not even the index
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         lc.claim(p=app.keys.partition_of_run(later))
-    with pytest.raises(redis.exceptions.OutOfMemoryError):
-        app.enqueue(basic.noop)
+    with pytest.raises(duetime.DuetimeError, match="maxmemory") as refused:
+        app.enqueue(basic.noop)  # a duetime error that says what to do
+    assert refused.value.code == "OOM"
     keys, args = tr.heartbeat(app.keys, p, 60_000, [(run_id, "w1:1")])
     assert Scripts(r).heartbeat(keys=keys, args=args) == [1]
     assert r.zscore(app.keys.leases(p), run_id) > int(r.time()[0]) * 1000
@@ -495,3 +496,61 @@ def test_damaged_run_records_are_dead_lettered_with_a_reason_never_lost(app, r, 
     lc.expire(pc, c)
     lc.reap()
     assert app.get_run(c).state == "dead" and r.zscore(k.dead(pc), c) is not None
+
+
+def test_a_call_sent_again_after_a_lost_reply_changes_nothing(app, r, lc):
+    """redis-py sends a call again when a connection broke before its reply arrived; every
+    transition must then answer as the first time and change nothing (no run reset, no
+    second attempt entry, no misleading 'stale')."""
+    scripts = Scripts(r)
+    # enqueue: the same chunk twice, with a claim in between, leaves the running run alone
+    rid = "a1b2c3d4e5f6a7b8c9d0"
+    p = app.keys.partition_of_run(rid)
+    keys, args = tr.enqueue(app.keys, p, "default", ["task", "noop", "queue", "default",
+                                                      "max_attempts", 3],
+                            [(rid, "", 0, ["payload", b"\x92\x90\x80"])])
+    assert scripts.enqueue(keys=keys, args=args) == 1
+    [(_, c)] = lc.claim(p=p)
+    assert scripts.enqueue(keys=keys, args=args) == 0
+    run = app.get_run(rid)
+    assert run.state == "running" and run.fence == 1
+    assert r.zscore(app.keys.due(p, "default"), rid) is None
+    # complete: twice, one attempt entry, the same answer
+    assert lc.complete(p, c) == "succeeded"
+    assert lc.complete(p, c) == "succeeded"
+    assert r.llen(app.keys.attempts(p, rid)) == 1
+    # fail: twice, the same state and retry time, one attempt entry
+    other = app.enqueue(basic.always_fails)
+    po = app.keys.partition_of_run(other)
+    [(_, f)] = lc.claim(p=po)
+    keys, args = tr.fail(app.keys, po, "default", other, f.fence, "boom", "error", 0, 0.5)
+    first = scripts.fail(keys=keys, args=args)
+    assert first[0] == b"retrying"
+    assert scripts.fail(keys=keys, args=args) == first
+    assert r.llen(app.keys.attempts(po, other)) == 1
+    assert not app.get_run(other).attempts[0].late
+
+
+def test_a_bulk_enqueue_stopped_by_redis_says_which_runs_exist(app, r, at_maxmemory):
+    """maxmemory is reached part way through a bulk enqueue: the error lists the ids that were
+    created and those that were not (each script call is all or nothing), and it is right."""
+    app.enqueue(basic.noop)  # the namespace exists
+    used = r.info("memory")["used_memory"]
+    r.config_set("maxmemory", used + 1_500_000)  # room for a few thousand runs, not 20,000
+    try:
+        with pytest.raises(duetime.EnqueueIncomplete) as stopped:
+            app.enqueue_many([(basic.noop, [i]) for i in range(20_000)])
+    finally:
+        r.config_set("maxmemory", 0)
+    err = stopped.value
+    assert len(err.ids) == 20_000 and not err.unknown
+    assert 0 < len(err.created) < 20_000
+    assert len(err.created) + len(err.not_created) == 20_000
+    assert "maxmemory" in str(err) and f"{len(err.created):,} of 20,000" in str(err)
+    pipe = r.pipeline(transaction=False)
+    for i in err.ids:
+        pipe.exists(app.keys.run(app.keys.partition_of_run(i), i))
+    exists = dict(zip(err.ids, pipe.execute(), strict=True))
+    assert all(exists[i] for i in err.created) and not any(exists[i] for i in err.not_created)
+    due = sum(r.zcard(app.keys.due(p, "default")) for p in range(app.keys.partitions))
+    assert due == len(err.created) + 1  # nothing half-written
