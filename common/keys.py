@@ -49,6 +49,8 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "sched_due": KeyKind("sched_due", "zset", "schedule name -> next fire time (ms)"),
     "schedules": KeyKind("schedules", "zset",
                          "schedule name -> created (ms): the partition's schedule index"),
+    "quarantine": KeyKind("quarantine", "zset", "schedule name -> time (ms) it was set aside "
+                          "because its record could not be evaluated"),
     "sched_running": KeyKind("sched_running:", "set",
                              "runs running now of a schedule whose overlap policy is not allow",
                              "name"),
@@ -152,6 +154,9 @@ class Keyspace:
 
     def sched(self, p: int, name: str) -> str:
         return self.prefix(p) + SUFFIX["sched"] + name
+
+    def quarantine(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["quarantine"]
 
     def sched_due(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["sched_due"]

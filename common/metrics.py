@@ -32,6 +32,8 @@ REAPED = Counter(
 MISSED = Counter("duetime_runs_missed_total", "Runs not started before their starting deadline")
 SKIPPED = Counter("duetime_runs_skipped_total", "Occurrences skipped by catch-up or overlap policy")
 MATERIALIZED = Counter("duetime_runs_materialized_total", "Runs created from schedules")
+QUARANTINED = Counter("duetime_schedules_quarantined_total",
+                      "Schedules set aside because their stored record could not be evaluated")
 PARTITIONS_OWNED = Gauge("duetime_scheduler_partitions_owned", "Partitions this scheduler evaluates")
 INFLIGHT = Gauge("duetime_worker_inflight_runs", "Runs executing in this worker")
 QUEUE_DELAY = Histogram(

@@ -49,6 +49,7 @@ SCRIPT_NAMES = (
     "replay",
     "resolve",
     "purge",
+    "schedule_quarantine",
 )
 LIB = "_lib.lua"
 _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")

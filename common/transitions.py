@@ -165,7 +165,7 @@ def materialize(k: Keyspace, p: int, name: str, queue: str, runs: list[Any],
 
 def schedule_upsert(k: Keyspace, p: int, name: str, def_hash: str, version: int | str,
                     cursor_ms: int | None, paused: bool, fields: list[Any]) -> Call:
-    return ([k.sched_due(p), k.schedules(p)],
+    return ([k.sched_due(p), k.schedules(p), k.quarantine(p)],
             [k.prefix(p), name, def_hash, version, "" if cursor_ms is None else cursor_ms,
              int(paused), *fields])
 
@@ -175,7 +175,11 @@ def schedule_pause(k: Keyspace, p: int, name: str, paused: bool, note: str = "")
 
 
 def schedule_delete(k: Keyspace, p: int, name: str) -> Call:
-    return [k.sched_due(p), k.schedules(p)], [k.prefix(p), name]
+    return [k.sched_due(p), k.schedules(p), k.quarantine(p)], [k.prefix(p), name]
+
+
+def schedule_quarantine(k: Keyspace, p: int, name: str, version: bytes | str, reason: str) -> Call:
+    return [k.sched_due(p), k.quarantine(p), k.events(p)], [k.prefix(p), name, version, reason]
 
 
 def partition_lease(k: Keyspace, p: int, scheduler_id: str, ttl_ms: int, mode: str) -> Call:

@@ -33,6 +33,13 @@ SCHED_FIELDS = ("version", "next_ms", "queue", "catchup", "max_catchup", "jitter
 BATCH = 200
 
 
+def _about_the_record(exc: Exception) -> bool:
+    """An error raised while a script read a schedule's own record (a runtime error located in
+    a script, or a key of the wrong type), not a refusal by the server (OOM, READONLY, ...)."""
+    text = str(exc)
+    return isinstance(exc, redis.ResponseError) and (".lua:" in text or text.startswith("WRONGTYPE"))
+
+
 class Ownership:
     """Partition leases: every live scheduler holds about P / (live schedulers) partitions;
     a dead one's leases expire and the others pick its partitions up."""
@@ -143,15 +150,19 @@ class Evaluator:
             pipe.hmget(k.sched(p, name), *SCHED_FIELDS)
         records = pipe.execute()
         pipe = self.client.pipeline(transaction=False)
-        calls = 0
+        calls: list[tuple[int, str, bytes]] = []
         for (p, name), f in zip(due, records, strict=True):
             version, next_ms, queue, catchup, max_catchup, jitter_ms, paused = f[:7]
             if version is None or next_ms is None or paused == b"1":
                 continue  # deleted, finished or paused meanwhile: upsert/pause fix the index
-            q = queue.decode()
-            pl = plan(self._trigger(name, version, f[7:]), int(next_ms), now, self.lead_ms,
-                      name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
-                      jitter_ms=int(jitter_ms or 0), tolerance_ms=self.miss_tolerance_ms)
+            try:
+                q = queue.decode()
+                pl = plan(self._trigger(name, version, f[7:]), int(next_ms), now, self.lead_ms,
+                          name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
+                          jitter_ms=int(jitter_ms or 0), tolerance_ms=self.miss_tolerance_ms)
+            except Exception as exc:  # noqa: BLE001 - one damaged record must not stop the rest
+                self._quarantine(p, name, version, f"{type(exc).__name__}: {exc}")
+                continue
             runs: list[Any] = []
             for r in pl.runs:
                 runs += [run_id_for(name, r.occurrence_ms), r.occurrence_ms, r.due_ms, r.coalesced,
@@ -164,13 +175,31 @@ class Evaluator:
                 k, p, name, q, runs, expected=(version, next_ms, "" if pl.next_ms is None else pl.next_ms),
                 skipped=pl.skipped)
             self.scripts.materialize(keys=keys, args=args, client=pipe)
-            calls += 1
+            calls.append((p, name, version))
         if not calls:
             return 0
-        created = sum(int(res[1]) for res in pipe.execute())
+        created = 0
+        for (p, name, version), res in zip(calls, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(res, Exception):
+                if not _about_the_record(res):
+                    raise res  # the server, not this schedule: the loop backs off
+                self._quarantine(p, name, version, f"materialize.lua failed on it: {res}")
+                continue
+            created += int(res[1])
         metrics.MATERIALIZED.inc(created)
         self.materialized += created
         return created
+
+    def _quarantine(self, p: int, name: str, version: bytes, reason: str) -> None:
+        """Set a schedule whose record cannot be evaluated aside (it stays visible, with the
+        reason, in `schedule list` and `doctor`); registering it again brings it back."""
+        reason = reason[:500]
+        keys, args = tr.schedule_quarantine(self.keys, p, name, version, reason)
+        if self.scripts.schedule_quarantine(keys=keys, args=args) == b"quarantined":
+            metrics.QUARANTINED.inc()
+            log.error("schedule quarantined: its record cannot be evaluated; the others go on",
+                      schedule=name, reason=reason,
+                      fix="register the schedule again (app.schedule or `duetime schedule add`)")
 
     def run(self) -> None:
         log.info("evaluator started", scheduler_id=self.id, lead_ms=self.lead_ms,
