@@ -1,4 +1,6 @@
-"""Payload encoding: msgpack only (never pickle), with a size cap checked before any write."""
+"""Payload encoding: msgpack only (never pickle), with a size cap checked before any write and
+again on every read (a record written by hand or by another client must not make a worker or
+`runs show` decode gigabytes)."""
 
 from __future__ import annotations
 
@@ -27,8 +29,11 @@ def pack_payload(args: tuple | list, kwargs: dict, limit: int = DEFAULT_MAX_PAYL
     return data
 
 
-def unpack_payload(data: bytes | None) -> tuple[list[Any], dict[str, Any]]:
+def unpack_payload(data: bytes | None, limit: int = DEFAULT_MAX_PAYLOAD
+                   ) -> tuple[list[Any], dict[str, Any]]:
     if not data:
         return [], {}
+    if len(data) > limit:
+        raise PayloadTooLarge(f"stored payload is {len(data)} bytes, over the {limit}-byte cap")
     args, kwargs = msgpack.unpackb(data, raw=False, strict_map_key=False)
     return args, kwargs

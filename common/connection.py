@@ -15,7 +15,7 @@ import hiredis
 import redis
 import redis.asyncio as aredis
 from duetime.common import scripts
-from duetime.common.errors import PartitionMismatch, RedisUnavailable
+from duetime.common.errors import PartitionMismatch, RedisRefused, RedisUnavailable
 from duetime.common.keys import Keyspace
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -42,14 +42,41 @@ def _split(url: str) -> tuple[str, bool]:
     return url, False
 
 
+class _ExplainScriptErrors:
+    """An error raised inside one of duetime's scripts names the script's file and line
+    (`claim.lua:30`), not a line of the assembled source (common.scripts.explain)."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except redis.ResponseError as exc:
+            raise scripts.explained(exc) from None
+
+
+class _Connection(_ExplainScriptErrors, redis.Connection):
+    pass
+
+
+class _SSLConnection(_ExplainScriptErrors, redis.SSLConnection):
+    pass
+
+
+_SYNC = {redis.Connection: _Connection, redis.SSLConnection: _SSLConnection}
+
+
 def sync_client(url: str, **kw: Any) -> redis.Redis:
     """Every connection it opens loads duetime's scripts first (common.scripts)."""
     real, cluster = _split(url)
     kw.setdefault("socket_connect_timeout", 5)
     if cluster:  # the cluster client runs its own handshake, then calls ours
+        ssl = urlsplit(real).scheme == "rediss"
         return RedisCluster.from_url(  # type: ignore[return-value]
-            real, redis_connect_func=scripts.load_scripts, **kw)
-    return redis.Redis.from_url(real, redis_connect_func=scripts.connect_and_load, **kw)
+            real, redis_connect_func=scripts.load_scripts,
+            connection_class=_SSLConnection if ssl else _Connection, **kw)
+    client = redis.Redis.from_url(real, redis_connect_func=scripts.connect_and_load, **kw)
+    pool = client.connection_pool
+    pool.connection_class = _SYNC.get(pool.connection_class, pool.connection_class)
+    return client
 
 
 class _HiredisPacking:
@@ -62,11 +89,19 @@ class _HiredisPacking:
         return [hiredis.pack_command(args)]
 
 
-class _FastConnection(_HiredisPacking, aredis.Connection):
+class _AsyncExplainScriptErrors:
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except redis.ResponseError as exc:
+            raise scripts.explained(exc) from None
+
+
+class _FastConnection(_AsyncExplainScriptErrors, _HiredisPacking, aredis.Connection):
     pass
 
 
-class _FastSSLConnection(_HiredisPacking, aredis.SSLConnection):
+class _FastSSLConnection(_AsyncExplainScriptErrors, _HiredisPacking, aredis.SSLConnection):
     pass
 
 
@@ -99,22 +134,59 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailable:
     return RedisUnavailable(f"cannot reach Redis at {redact(url)}: {reason}")
 
 
+# What to do about a refusal, by Redis's error code.
+ADVICE = {
+    "OOM": "the server is at maxmemory and refuses writes: raise maxmemory or free memory "
+           "(`duetime dead purge`, a shorter --retention); `duetime doctor` shows the numbers",
+    "READONLY": "this is a read-only replica (after a failover?): point the URL at the primary, "
+                "or use a redis+cluster:// URL so the client follows the topology",
+    "NOPERM": "the Redis ACL user lacks a permission duetime needs: see the ACL roles in "
+              "docs/operations.md",
+    "WRONGTYPE": "a duetime key holds another type (written by something else?): "
+                 "`duetime keys` shows the layout",
+    "NOSCRIPT": "the server lost duetime's scripts mid-call (restart or failover): retry",
+    "BUSY": "a script is running too long on the server: retry, and check the server's log",
+    "MASTERDOWN": "the replica lost its primary: wait for the failover, then retry",
+    "CLUSTERDOWN": "the cluster is down or resharding: wait for it, then retry",
+}
+
+
+def refused(url: str, exc: redis.ResponseError) -> RedisRefused:
+    """A refusal as a duetime error: Redis's words, then what to do."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    code = getattr(exc, "status_code", None) or (text.split(" ", 1)[0] if text[:1].isupper() else "")
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        code = "OOM"
+    elif isinstance(exc, redis.exceptions.ReadOnlyError):
+        code = "READONLY"
+    elif isinstance(exc, redis.exceptions.NoPermissionError):
+        code = "NOPERM"
+    advice = ADVICE.get(code, "see the server's log; `duetime doctor` checks the deployment")
+    return RedisRefused(f"Redis at {redact(url)} refused the call: {text} ({advice})", code)
+
+
 @contextmanager
 def translated(url: str) -> Iterator[None]:
-    """Connection errors inside become RedisUnavailable with a password-free message."""
+    """Connection errors inside become RedisUnavailable, refusals RedisRefused with advice;
+    both with a password-free message."""
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise unavailable(url, exc) from None
+    except redis.ResponseError as exc:
+        raise refused(url, exc) from None
 
 
 def ensure_meta(client: redis.Redis, keys: Keyspace, url: str) -> None:
-    """Record the partition count on first use; refuse a namespace made with another one."""
+    """Record the partition count on first use; refuse a namespace made with another one.
+    Reads first: a process starting while the server refuses writes (maxmemory) still starts."""
     try:
-        client.hsetnx(keys.meta, "partitions", keys.partitions)
-        client.hsetnx(keys.meta, "version", META_VERSION)
-        client.hsetnx(keys.meta, "created_ms", int(time.time() * 1000))
         stored = client.hget(keys.meta, "partitions")
+        if stored is None:
+            client.hsetnx(keys.meta, "partitions", keys.partitions)
+            client.hsetnx(keys.meta, "version", META_VERSION)
+            client.hsetnx(keys.meta, "created_ms", int(time.time() * 1000))
+            stored = client.hget(keys.meta, "partitions")
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise unavailable(url, exc) from None
     if stored is not None and int(stored) != keys.partitions:

@@ -57,14 +57,28 @@ def check_server(client: redis.Redis) -> list[Finding]:
 
 
 def check_memory(client: redis.Redis) -> list[Finding]:
-    policy = str(_info(client, "memory").get("maxmemory_policy", "unknown"))
+    info = _info(client, "memory")
+    policy = str(info.get("maxmemory_policy", "unknown"))
     if policy != "noeviction":
-        return [Finding("maxmemory-policy", "fatal",
-                        f"maxmemory-policy is {policy!r}: under memory pressure Redis would "
-                        "silently delete run records and indexes",
-                        "set `maxmemory-policy noeviction` (CONFIG SET and in redis.conf); "
-                        "writes then fail loudly instead")]
-    return [Finding("maxmemory-policy", "ok", "maxmemory-policy is noeviction")]
+        found = [Finding("maxmemory-policy", "fatal",
+                         f"maxmemory-policy is {policy!r}: under memory pressure Redis would "
+                         "silently delete run records and indexes",
+                         "set `maxmemory-policy noeviction` (CONFIG SET and in redis.conf); "
+                         "writes then fail loudly instead")]
+    else:
+        found = [Finding("maxmemory-policy", "ok", "maxmemory-policy is noeviction")]
+    limit, used = int(info.get("maxmemory", 0) or 0), int(info.get("used_memory", 0) or 0)
+    if limit and used >= limit:
+        found.append(Finding(
+            "memory", "fatal", f"used memory {used:,} B has reached maxmemory {limit:,} B: the "
+            "server refuses writes, so no run is created, claimed, completed or recovered "
+            "(heartbeats still extend leases)",
+            "raise maxmemory, or free memory: `duetime dead purge`, a shorter --retention"))
+    elif limit and used >= 0.9 * limit:
+        found.append(Finding("memory", "warn", f"used memory {used:,} B is {used / limit:.0%} "
+                             f"of maxmemory {limit:,} B",
+                             "raise maxmemory before writes are refused"))
+    return found
 
 
 def check_persistence(client: redis.Redis) -> list[Finding]:
@@ -162,6 +176,27 @@ def check_processes(insp: Inspector) -> list[Finding]:
     return out
 
 
+def check_schedules(client: redis.Redis, keys: Keyspace) -> list[Finding]:
+    """Schedules the evaluator set aside (their record cannot be evaluated): read from the
+    partitions' quarantine indexes, never a scan."""
+    pipe = client.pipeline(transaction=False)
+    for p in range(keys.partitions):
+        pipe.zrange(keys.quarantine(p), 0, 4)
+    names = [n.decode(errors="replace") for found in pipe.execute() for n in found]
+    if not names:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for n in names[:5]:
+        pipe.hget(keys.sched(keys.partition_of_schedule(n), n), "quarantined")
+    reasons = [f"{n} ({(r or b'').decode(errors='replace')[:120]})"
+               for n, r in zip(names[:5], pipe.execute(), strict=True)]
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return [Finding("schedules", "warn", f"quarantined schedule(s), not firing: "
+                    f"{'; '.join(reasons)}{more}",
+                    "fix the definition and register each again (app.schedule or "
+                    "`duetime schedule add`); `duetime schedule list` marks them")]
+
+
 def run_checks(client: redis.Redis, keys: Keyspace, url: str,
                configured_partitions: int | None = None) -> list[Finding]:
     """Every check; a server that cannot be reached is itself a fatal finding."""
@@ -179,6 +214,7 @@ def run_checks(client: redis.Redis, keys: Keyspace, url: str,
         lambda: check_clock(client),
         lambda: check_partitions(client, keys, configured_partitions),
         lambda: check_processes(Inspector(client, keys, url)),
+        lambda: check_schedules(client, keys),
     ]
     for check in checks:
         try:

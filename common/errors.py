@@ -27,6 +27,26 @@ class RedisUnavailable(DuetimeError, ConnectionError):
     """Redis cannot be reached; the message names the (password-free) URL."""
 
 
+class RedisRefused(DuetimeError):
+    """Redis answered but refused the call (at maxmemory, a read-only replica, a missing ACL
+    permission, a damaged key); the message says what to do. `code` is Redis's error code."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class EnqueueIncomplete(DuetimeError):
+    """A bulk enqueue stopped part way. Every run id was fixed before the first write, and each
+    script call creates all of its runs or none, so every id is in exactly one of `created`,
+    `not_created` (safe to enqueue again) or `unknown` (the reply was lost: `get_run` tells)."""
+
+    def __init__(self, message: str, ids: list[str], created: list[str],
+                 not_created: list[str], unknown: list[str]) -> None:
+        super().__init__(message)
+        self.ids, self.created, self.not_created, self.unknown = ids, created, not_created, unknown
+
+
 class PartitionMismatch(DuetimeError):
     """The namespace was created with another partition count; keys would be misrouted."""
 

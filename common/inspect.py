@@ -95,10 +95,10 @@ class LeaseInfo:
     task: str
     queue: str
     schedule: str | None
-    worker: str | None  # the lease key's owner token says who; None once it expired
+    worker: str | None  # the holder (the run's worker); None once the lease expired
     fence: int
     attempt: int
-    lease_left_s: float | None  # None: the lease key expired, the reaper will recover the run
+    lease_left_s: float | None  # None: the lease expired, the reaper will recover the run
     heartbeat: datetime | None
     heartbeat_age_s: float | None
     started: datetime | None
@@ -313,33 +313,31 @@ class Inspector:
 
     # -- leases and processes ---------------------------------------------------------
     def leases(self) -> list[LeaseInfo]:
+        """The leases zset is the lease (score = expiry); the run hash names the holder."""
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
         for p in range(k.partitions):
-            pipe.zrange(k.leases(p), 0, -1)
-        held = [(p, m.decode()) for p, ms in enumerate(self._exec(pipe)) for m in ms]
+            pipe.zrange(k.leases(p), 0, -1, withscores=True)
+        held = [(p, m.decode(), expiry) for p, ms in enumerate(self._exec(pipe)) for m, expiry in ms]
         now = self.now_ms()
         pipe = self.client.pipeline(transaction=False)
         fields = ("task", "queue", "schedule", "fence", "attempt", "heartbeat", "started",
-                  "cancel_requested", "state")
-        for p, run_id in held:
-            pipe.get(k.lease(p, run_id))
-            pipe.pttl(k.lease(p, run_id))
+                  "cancel_requested", "state", "worker")
+        for p, run_id, _ in held:
             pipe.hmget(k.run(p, run_id), *fields)
-        res = self._exec(pipe)
         out = []
-        for i, (_, run_id) in enumerate(held):
-            token, pttl, f = res[3 * i], res[3 * i + 1], res[3 * i + 2]
+        for (_, run_id, expiry), f in zip(held, self._exec(pipe), strict=True):
             v = dict(zip(fields, (x.decode() if x else None for x in f), strict=True))
             if v["state"] != "running":
                 continue  # finished between the two reads
             hb = int(v["heartbeat"]) if v["heartbeat"] else None
             started = int(v["started"]) if v["started"] else None
+            alive = expiry > now
             out.append(LeaseInfo(
                 run_id=run_id, task=v["task"] or "", queue=v["queue"] or "", schedule=v["schedule"],
-                worker=token.decode().rsplit(":", 1)[0] if token else None,
+                worker=v["worker"] if alive else None,
                 fence=int(v["fence"] or 0), attempt=int(v["attempt"] or 0),
-                lease_left_s=pttl / 1000 if pttl and pttl > 0 else None,
+                lease_left_s=(expiry - now) / 1000 if alive else None,
                 heartbeat=from_ms(hb), heartbeat_age_s=(now - hb) / 1000 if hb else None,
                 started=from_ms(started), running_s=(now - started) / 1000 if started else None,
                 cancel_requested=v["cancel_requested"] is not None,

@@ -1,5 +1,6 @@
-"""`duetime keys`: the key layout (docs/keys.md) for a live namespace, each key type with a real
-example key (taken from the data when there is one) and the redis-cli command that reads it."""
+"""`duetime keys`: the key layout (common/keys.py, docs/keys.md) for a live namespace, each
+key type with a real example key (taken from the data when there is one) and the redis-cli
+command that reads it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from dataclasses import dataclass
 
 import redis
 from duetime.common.connection import CLUSTER_SCHEMES, redact
-from duetime.common.keys import Keyspace
+from duetime.common.keys import GLOBAL_KEYS, PARTITION_KEYS, KeyKind, Keyspace
 
-Q, RUN, NAME, WORKER = "<queue>", "<run>", "<name>", "<worker>"
+RUN, NAME, WORKER = "<run>", "<name>", "<worker>"
 
 
 @dataclass(frozen=True)
@@ -23,44 +24,27 @@ class KeyDoc:
     live: bool  # the example key exists right now
 
 
-# (pattern, type, holds, command template with {k} for the key)
-PER_PARTITION = (
-    ("due:<queue>", "zset", "run id -> due time (ms); claimable once due <= now",
-     ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"]),
-    ("retry:<queue>", "zset", "run id -> retry time (ms) after a failed attempt",
-     ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"]),
-    ("leases", "zset", "running run id -> lease expiry (ms): the reaper's index",
-     ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"]),
-    ("lease:<run>", "string", "owner token 'worker-id:fence', PX TTL (PTTL = lease left)",
-     ["GET", "{k}"]),
-    ("run:<run>", "hash", "the run record (plain fields; payload is msgpack)", ["HGETALL", "{k}"]),
-    ("attempts:<run>", "list", "one JSON entry per finished attempt", ["LRANGE", "{k}", "0", "-1"]),
-    ("sched:<name>", "hash", "schedule definition and evaluation state", ["HGETALL", "{k}"]),
-    ("sched_due", "zset", "schedule name -> next fire time (ms)", ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"]),
-    ("schedules", "zset", "schedule name -> created (ms): the partition's schedule index",
-     ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"]),
-    ("sched_running:<name>", "set", "runs running now of a schedule whose overlap policy is not allow",
-     ["SMEMBERS", "{k}"]),
-    ("deadlines", "zset", "run id -> starting deadline (ms); later: missed",
-     ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"]),
-    ("dead", "zset", "dead-lettered run id -> time (ms)", ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"]),
-    ("uncertain", "zset", "uncertain run id -> time (ms): an operator decides",
-     ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"]),
-    ("done", "zset", "finished run id -> time (ms), for listing and retention",
-     ["ZREVRANGE", "{k}", "0", "9", "WITHSCORES"]),
-    ("events", "stream", "capped lifecycle events, for audit", ["XREVRANGE", "{k}", "+", "-", "COUNT", "10"]),
-    ("owner", "string", "id of the scheduler evaluating this partition, PX TTL", ["GET", "{k}"]),
-)
-GLOBAL = (
-    ("meta", "hash", "partition count and format version of the namespace", ["HGETALL", "{k}"]),
-    ("queues", "set", "every queue name used in the namespace", ["SMEMBERS", "{k}"]),
-    ("workers", "zset", "worker id -> last heartbeat (ms)", ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"]),
-    ("worker:<worker>", "hash", "a live worker: queues, concurrency, in-flight (expires)",
-     ["HGETALL", "{k}"]),
-    ("schedulers", "zset", "scheduler id -> last seen (ms)", ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"]),
-    ("wake", "channel", "pub/sub: '<partition>|<queue>|<due ms>' wakes idle workers",
-     ["PUBSUB", "NUMSUB", "{k}"]),
-)
+# The command that shows a key of each type ({k} = the key); the layout itself is
+# common/keys.py's table.
+READ_COMMAND = {
+    "zset": ["ZRANGE", "{k}", "0", "-1", "WITHSCORES"],
+    "hash": ["HGETALL", "{k}"],
+    "list": ["LRANGE", "{k}", "0", "-1"],
+    "set": ["SMEMBERS", "{k}"],
+    "string": ["GET", "{k}"],
+    "stream": ["XREVRANGE", "{k}", "+", "-", "COUNT", "10"],
+    "channel": ["PUBSUB", "NUMSUB", "{k}"],
+}
+LATEST_FIRST = {"done": ["ZREVRANGE", "{k}", "0", "9", "WITHSCORES"]}
+
+
+def _rows(table: dict[str, KeyKind]) -> list[tuple[str, str, str, list[str]]]:
+    return [(kind.pattern, kind.type, kind.holds, LATEST_FIRST.get(name, READ_COMMAND[kind.type]))
+            for name, kind in table.items()]
+
+
+PER_PARTITION = _rows(PARTITION_KEYS)
+GLOBAL = _rows(GLOBAL_KEYS)
 
 
 class KeyGuide:
@@ -78,8 +62,8 @@ class KeyGuide:
         return shlex.join(["redis-cli", *flags, "-u", url, *command])
 
     def _samples(self) -> dict[str, str]:
-        """Real names to build examples from: a queue, a run (one holding a lease if any), a
-        schedule (one running if any), a worker."""
+        """Real names to build examples from: a queue, a run (a finished one, which has an
+        attempt history, if any), a schedule (one running if any), a worker."""
         k, c = self.keys, self.client
         out: dict[str, str] = {}
         queues = sorted(m.decode() for m in c.smembers(k.queues))
@@ -93,8 +77,6 @@ class KeyGuide:
         leased = [m.decode() for i in range(0, len(res), 3) for m in res[i]]
         done = [m.decode() for i in range(1, len(res), 3) for m in res[i]]
         names = [m.decode() for i in range(2, len(res), 3) for m in res[i]]
-        if leased:
-            out["lease_run"] = leased[0]
         if done or leased:
             out["run"] = (done or leased)[0]
         if names:
@@ -109,21 +91,20 @@ class KeyGuide:
             out["worker"] = workers[0]
         return out
 
-    def _example(self, pattern: str, s: dict[str, str]) -> str:
+    def _example(self, name: str, kind: KeyKind, s: dict[str, str]) -> str:
+        """A real key of this kind (one that exists if any does), built by the Keyspace method
+        of the same name."""
         k = self.keys
-        if pattern.endswith("<run>"):
-            run = s.get("lease_run" if pattern.startswith("lease:") else "run", RUN)
-            p = k.partition_of_run(run) if run != RUN else 0
-            return k.prefix(p) + pattern.replace(RUN, run)
-        if pattern.endswith("<name>"):
-            name = s.get("running_name" if pattern.startswith("sched_running") else "name", NAME)
-            p = k.partition_of_schedule(name) if name != NAME else 0
-            return k.prefix(p) + pattern.replace(NAME, name)
-        if Q in pattern:
-            q = s["queue"]
-            kind = pattern.split(":", 1)[0]
-            return self._first_existing([f"{k.prefix(p)}{kind}:{q}" for p in range(k.partitions)])
-        return self._first_existing([k.prefix(p) + pattern for p in range(k.partitions)])
+        build = getattr(k, name)
+        if kind.item == "run":
+            run = s.get("run", RUN)
+            return build(k.partition_of_run(run) if run != RUN else 0, run)
+        if kind.item == "name":
+            sched = s.get("running_name" if name == "sched_running" else "name", NAME)
+            return build(k.partition_of_schedule(sched) if sched != NAME else 0, sched)
+        if kind.item == "queue":
+            return self._first_existing([build(p, s["queue"]) for p in range(k.partitions)])
+        return self._first_existing([build(p) for p in range(k.partitions)])
 
     def _first_existing(self, candidates: list[str]) -> str:
         pipe = self.client.pipeline(transaction=False)
@@ -138,8 +119,9 @@ class KeyGuide:
         k = self.keys
         s = self._samples()
         docs: list[KeyDoc] = []
-        for pattern, typ, holds, cmd in PER_PARTITION:
-            example = self._example(pattern, s)
+        for (name, kind), (pattern, typ, holds, cmd) in zip(PARTITION_KEYS.items(), PER_PARTITION,
+                                                             strict=True):
+            example = self._example(name, kind, s)
             docs.append(KeyDoc("T:" + pattern, typ, holds, example,
                                [a.replace("{k}", example) for a in cmd], False))
         for pattern, typ, holds, cmd in GLOBAL:
@@ -162,4 +144,4 @@ class KeyGuide:
         k = self.keys
         p = k.partition_of_run(run_id)
         return {"partition": p, "run": k.run(p, run_id), "attempts": k.attempts(p, run_id),
-                "lease": k.lease(p, run_id)}
+                "leases": k.leases(p)}

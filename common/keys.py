@@ -19,6 +19,63 @@ SLOTS = 16384
 MAX_PARTITIONS = 1024
 
 
+@dataclass(frozen=True)
+class KeyKind:
+    """One kind of key: its suffix (after `ns:{tag}:` or `ns:`), Redis type, what it holds,
+    and what follows the suffix (a queue, run id, schedule name or worker id), if anything."""
+
+    suffix: str
+    type: str
+    holds: str
+    item: str = ""
+
+    @property
+    def pattern(self) -> str:
+        return self.suffix + (f"<{self.item}>" if self.item else "")
+
+
+# Every key of a partition, spelled here and nowhere else: the Python side builds names with
+# the Keyspace methods below; the Lua scripts name them `K.<kind>` and common/scripts.py
+# writes the suffix in when it loads them; `duetime keys` documents them from this table.
+# A suffix ending in ':' is followed by a run id, queue or schedule name.
+PARTITION_KEYS: dict[str, KeyKind] = {
+    "due": KeyKind("due:", "zset", "run id -> due time (ms); claimable once due <= now", "queue"),
+    "retry": KeyKind("retry:", "zset", "run id -> retry time (ms) after a failed attempt", "queue"),
+    "leases": KeyKind("leases", "zset", "running run id -> lease expiry (ms): the lease itself "
+                      "(owner and fence are the run's worker and fence fields)"),
+    "run": KeyKind("run:", "hash", "the run record (plain fields; payload is msgpack)", "run"),
+    "attempts": KeyKind("attempts:", "list", "one JSON entry per finished attempt", "run"),
+    "sched": KeyKind("sched:", "hash", "schedule definition and evaluation state", "name"),
+    "sched_due": KeyKind("sched_due", "zset", "schedule name -> next fire time (ms)"),
+    "schedules": KeyKind("schedules", "zset",
+                         "schedule name -> created (ms): the partition's schedule index"),
+    "quarantine": KeyKind("quarantine", "zset", "schedule name -> time (ms) it was set aside "
+                          "because its record could not be evaluated"),
+    "sched_running": KeyKind("sched_running:", "set",
+                             "runs running now of a schedule whose overlap policy is not allow",
+                             "name"),
+    "deadlines": KeyKind("deadlines", "zset", "run id -> starting deadline (ms); later: missed"),
+    "dead": KeyKind("dead", "zset", "dead-lettered run id -> time (ms)"),
+    "uncertain": KeyKind("uncertain", "zset", "uncertain run id -> time (ms): an operator decides"),
+    "done": KeyKind("done", "zset", "finished run id -> time (ms), for listing and retention"),
+    "events": KeyKind("events", "stream", "capped lifecycle events, for audit"),
+    "owner": KeyKind("owner", "string", "id of the scheduler evaluating this partition, PX TTL"),
+}
+SUFFIX: dict[str, str] = {name: kind.suffix for name, kind in PARTITION_KEYS.items()}
+
+# Keys and the channel shared by the whole namespace: `<ns>:` + the suffix.
+GLOBAL_KEYS: dict[str, KeyKind] = {
+    "meta": KeyKind("meta", "hash", "partition count and format version of the namespace"),
+    "queues": KeyKind("queues", "set", "every queue name used in the namespace"),
+    "workers": KeyKind("workers", "zset", "worker id -> last heartbeat (ms)"),
+    "worker": KeyKind("worker:", "hash", "a live worker: queues, concurrency, in-flight (expires)",
+                      "worker"),
+    "schedulers": KeyKind("schedulers", "zset", "scheduler id -> last seen (ms)"),
+    "wake": KeyKind("wake", "channel", "pub/sub: '<partition>|<queue>|<due ms>' wakes idle workers"),
+}
+GLOBAL: dict[str, str] = {name: kind.suffix for name, kind in GLOBAL_KEYS.items()}
+
+
 def _tag_for(p: int, partitions: int) -> str:
     lo, hi = p * SLOTS // partitions, (p + 1) * SLOTS // partitions
     n = 0
@@ -61,76 +118,79 @@ class Keyspace:
             return self.partition_of_schedule(run_id.rsplit("@", 1)[0])
         return stable_hash(run_id) % self.partitions
 
-    # -- per-partition keys -------------------------------------------------------
+    # -- per-partition keys (suffixes from SUFFIX) ------------------------------------------
     def due(self, p: int, queue: str) -> str:
-        return f"{self.prefix(p)}due:{queue}"
+        return self.prefix(p) + SUFFIX["due"] + queue
 
     def retry(self, p: int, queue: str) -> str:
-        return f"{self.prefix(p)}retry:{queue}"
+        return self.prefix(p) + SUFFIX["retry"] + queue
 
     def leases(self, p: int) -> str:
-        return f"{self.prefix(p)}leases"
-
-    def lease(self, p: int, run_id: str) -> str:
-        return f"{self.prefix(p)}lease:{run_id}"
+        return self.prefix(p) + SUFFIX["leases"]
 
     def run(self, p: int, run_id: str) -> str:
-        return f"{self.prefix(p)}run:{run_id}"
+        return self.prefix(p) + SUFFIX["run"] + run_id
 
     def attempts(self, p: int, run_id: str) -> str:
-        return f"{self.prefix(p)}attempts:{run_id}"
+        return self.prefix(p) + SUFFIX["attempts"] + run_id
 
     def dead(self, p: int) -> str:
-        return f"{self.prefix(p)}dead"
+        return self.prefix(p) + SUFFIX["dead"]
 
     def uncertain(self, p: int) -> str:
-        return f"{self.prefix(p)}uncertain"
+        return self.prefix(p) + SUFFIX["uncertain"]
 
     def done(self, p: int) -> str:
-        return f"{self.prefix(p)}done"
+        return self.prefix(p) + SUFFIX["done"]
 
     def deadlines(self, p: int) -> str:
-        return f"{self.prefix(p)}deadlines"
+        return self.prefix(p) + SUFFIX["deadlines"]
 
     def sched_running(self, p: int, name: str) -> str:
-        return f"{self.prefix(p)}sched_running:{name}"
+        return self.prefix(p) + SUFFIX["sched_running"] + name
 
     def events(self, p: int) -> str:
-        return f"{self.prefix(p)}events"
+        return self.prefix(p) + SUFFIX["events"]
 
     def sched(self, p: int, name: str) -> str:
-        return f"{self.prefix(p)}sched:{name}"
+        return self.prefix(p) + SUFFIX["sched"] + name
+
+    def quarantine(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["quarantine"]
 
     def sched_due(self, p: int) -> str:
-        return f"{self.prefix(p)}sched_due"
+        return self.prefix(p) + SUFFIX["sched_due"]
 
     def schedules(self, p: int) -> str:
-        return f"{self.prefix(p)}schedules"
+        return self.prefix(p) + SUFFIX["schedules"]
 
     def owner(self, p: int) -> str:
-        return f"{self.prefix(p)}owner"
+        return self.prefix(p) + SUFFIX["owner"]
 
-    # -- global keys --------------------------------------------------------------
+    # -- global keys (`<ns>:` + GLOBAL[...]) ----------------------------------------------
+    def _global(self, name: str) -> str:
+        return f"{self.namespace}:{GLOBAL[name]}"
+
     @cached_property
     def meta(self) -> str:
-        return f"{self.namespace}:meta"
+        return self._global("meta")
 
     @cached_property
     def workers(self) -> str:
-        return f"{self.namespace}:workers"
+        return self._global("workers")
 
     def worker(self, worker_id: str) -> str:
-        return f"{self.namespace}:worker:{worker_id}"
+        return self._global("worker") + worker_id
 
     @cached_property
     def queues(self) -> str:
         """SET of every queue name ever used in the namespace (for `top` and the gauges)."""
-        return f"{self.namespace}:queues"
+        return self._global("queues")
 
     @cached_property
     def schedulers(self) -> str:
-        return f"{self.namespace}:schedulers"
+        return self._global("schedulers")
 
     @cached_property
     def wake_channel(self) -> str:
-        return f"{self.namespace}:wake"
+        return self._global("wake")

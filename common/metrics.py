@@ -32,6 +32,8 @@ REAPED = Counter(
 MISSED = Counter("duetime_runs_missed_total", "Runs not started before their starting deadline")
 SKIPPED = Counter("duetime_runs_skipped_total", "Occurrences skipped by catch-up or overlap policy")
 MATERIALIZED = Counter("duetime_runs_materialized_total", "Runs created from schedules")
+QUARANTINED = Counter("duetime_schedules_quarantined_total",
+                      "Schedules set aside because their stored record could not be evaluated")
 PARTITIONS_OWNED = Gauge("duetime_scheduler_partitions_owned", "Partitions this scheduler evaluates")
 INFLIGHT = Gauge("duetime_worker_inflight_runs", "Runs executing in this worker")
 QUEUE_DELAY = Histogram(
@@ -56,6 +58,11 @@ DEAD_RUNS = Gauge("duetime_dead_letter_runs", "Dead-lettered runs not yet replay
 UNCERTAIN_RUNS = Gauge("duetime_uncertain_runs", "Runs whose outcome is unknown (await an operator)")
 PARTITIONS_UNOWNED = Gauge("duetime_partitions_unowned", "Partitions no scheduler evaluates")
 WORKERS_LIVE = Gauge("duetime_workers_live", "Workers that heartbeated recently")
+REFUSING_WRITES = Gauge(
+    "duetime_redis_refusing_writes",
+    "1 while Redis refuses writes (at maxmemory with noeviction): no run is created, claimed or "
+    "recovered meanwhile; heartbeats still extend leases",
+)
 
 
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -70,6 +77,7 @@ def child(metric: Any, *labels: str) -> Any:
     return c
 
 
-def serve(port: int | None, addr: str = "0.0.0.0") -> None:
+def serve(port: int | None, addr: str = "127.0.0.1") -> None:
+    """Metrics on loopback unless told otherwise (they name tasks, queues and owners)."""
     if port:
         start_http_server(port, addr=addr)

@@ -100,11 +100,20 @@ class Run:
         return self.key or self.id
 
     @classmethod
-    def decode(cls, run_id: str, h: dict[bytes, bytes], attempts: list[bytes]) -> Run:
-        """Absent fields hold their defaults (attempt/fence 0); see lua/enqueue.lua."""
+    def decode(cls, run_id: str, h: dict[bytes, bytes], attempts: list[bytes],
+               lease_expiry: float | None = None) -> Run:
+        """Absent fields hold their defaults (attempt/fence 0); see lua/enqueue.lua. The lease
+        expiry is the run's score in the leases zset, while it runs."""
         def s(name: str) -> str | None:
-            v = h.get(name.encode())
-            return v.decode() if v not in (None, b"") else None
+            v = h.get(name.encode(), b"")
+            return v.decode(errors="replace") if v != b"" else None
+
+        def n(name: str, default: int) -> int:
+            """A number field; a record damaged by hand still reads (and is shown)."""
+            try:
+                return int(s(name) or default)
+            except ValueError:
+                return default
 
         try:
             args, kwargs = unpack_payload(h.get(b"payload"))
@@ -113,7 +122,7 @@ class Run:
         history = [Attempt.decode(a) for a in attempts]
         if s("state") == "running":
             # the attempt in progress is written to the history when it ends
-            history.append(Attempt(number=int(s("attempt") or 0), fence=int(s("fence") or 0),
+            history.append(Attempt(number=n("attempt", 0), fence=n("fence", 0),
                                    worker=s("worker") or "", started=from_ms(s("started")),
                                    ended=None, outcome="running"))
         return cls(
@@ -127,9 +136,9 @@ class Run:
             due=from_ms(s("due")),
             started=from_ms(s("started")),
             finished=from_ms(s("finished")),
-            attempt=int(s("attempt") or 0),
-            max_attempts=int(s("max_attempts") or 1),
-            fence=int(s("fence") or 0),
+            attempt=n("attempt", 0),
+            max_attempts=n("max_attempts", 1),
+            fence=n("fence", 0),
             worker=s("worker"),
             error=s("error"),
             reason=s("reason"),
@@ -143,5 +152,5 @@ class Run:
             cancel_requested=from_ms(s("cancel_requested")),
             resolved_as=s("resolved_as"),
             heartbeat=from_ms(s("heartbeat")),
-            lease_expires=from_ms(s("lease_expires")),
+            lease_expires=from_ms(lease_expiry) if s("state") == "running" else None,
         )

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 import redis
 from duetime.common import transitions as tr
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
-from duetime.common.connection import ensure_meta, sync_client, translated
-from duetime.common.errors import InvalidInput, RunNotFound
+from duetime.common.connection import ensure_meta, refused, sync_client, translated, unavailable
+from duetime.common.errors import EnqueueIncomplete, InvalidInput, RunNotFound
 from duetime.common.keys import Keyspace
 from duetime.common.models import Run, to_ms
 from duetime.common.names import check_name
@@ -42,10 +42,11 @@ def read_run(client: redis.Redis, keys: Keyspace, run_id: str) -> Run:
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.run(p, run_id))
     pipe.lrange(keys.attempts(p, run_id), 0, -1)
-    h, attempts = pipe.execute()
+    pipe.zscore(keys.leases(p), run_id)
+    h, attempts, lease_expiry = pipe.execute()
     if not h:
         raise RunNotFound(f"no run {run_id!r} in namespace {keys.namespace!r}")
-    return Run.decode(run_id, h, attempts)
+    return Run.decode(run_id, h, attempts, lease_expiry)
 
 
 @dataclass(slots=True)
@@ -82,7 +83,6 @@ class Prepared(NamedTuple):
     partition: int
     queue: str
     spec: TaskSpec
-    may_exist: bool  # an id from an idempotency key (or given): look before creating
     due: str  # absolute ms, or '' for server time + delay_ms
     delay_ms: int
     fields: list[Any]
@@ -140,8 +140,8 @@ class RunStore:
                 fields += ["key", req.key]
             for k, v in req.extra.items():
                 fields += [k, v]
-            out.append(Prepared(run_id, partition_of_run(run_id), queue, spec,
-                                bool(req.key or req.run_id), due, delay_ms, fields))
+            out.append(Prepared(run_id, partition_of_run(run_id), queue, spec, due, delay_ms,
+                                fields))
         return out
 
     def enqueue(self, req: EnqueueRequest) -> str:
@@ -151,44 +151,76 @@ class RunStore:
         """Validates everything first (nothing is written if one request is bad), then sends
         one enqueue.lua call per (partition, queue) chunk, pipelined PIPELINE_RUNS runs per
         round trip. With several round trips, one thread sends while this one builds the
-        next pipeline, so Redis's time and ours overlap (the GIL is free while it waits)."""
-        prepared = self._prepare_all(reqs)
-        client = self.ready()
-        with translated(self.url):
-            pipes = self._pipelines(client, prepared)
-            first = next(pipes, None)
-            second = next(pipes, None)
-            if second is None:
-                if first is not None:
-                    first.execute()
-                return [pr.run_id for pr in prepared]
-            with ThreadPoolExecutor(1, thread_name_prefix="duetime-enqueue") as sender:
-                sent = sender.submit(first.execute)
-                for pipe in itertools.chain([second], pipes):
-                    sent.result()
-                    sent = sender.submit(pipe.execute)
-                sent.result()
-        return [pr.run_id for pr in prepared]
+        next pipeline, so Redis's time and ours overlap (the GIL is free while it waits).
 
-    def _pipelines(self, client: redis.Redis, prepared: list[Prepared]) -> Iterator[Any]:
+        Every id is fixed before the first write and each script call creates all its runs or
+        none (refused as a whole at maxmemory), so a batch stopped by Redis raises
+        EnqueueIncomplete saying which runs exist, which do not, and which are unknown."""
+        prepared = self._prepare_all(reqs)
+        ids = [pr.run_id for pr in prepared]
+        client = self.ready()
+        done: list[list[str]] = []  # the ids of each acknowledged chunk
+        with ThreadPoolExecutor(1, thread_name_prefix="duetime-enqueue") as sender:
+            inflight = None
+            for batch in itertools.chain(self._pipelines(client, prepared), [None]):
+                if inflight is not None:  # the previous round trip, sent while this one was built
+                    self._judge(inflight[1], inflight[0], ids, done)
+                if batch is None:
+                    break
+                pipe, chunks = batch
+                inflight = (chunks, sender.submit(pipe.execute, raise_on_error=False))
+        return ids
+
+    def _judge(self, future: Any, chunks: list[list[str]], ids: list[str],
+               done: list[list[str]]) -> None:
+        """Record a round trip's chunks as done, or raise if Redis refused or was lost."""
+        try:
+            results = future.result()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._incomplete(ids, done, chunks, unavailable(self.url, exc))
+        bad = [r for r in results if isinstance(r, Exception)]
+        done += [c for c, r in zip(chunks, results, strict=True) if not isinstance(r, Exception)]
+        if bad:
+            cause = bad[0]
+            self._incomplete(ids, done, [], refused(self.url, cause)
+                             if isinstance(cause, redis.ResponseError) else cause)
+
+    def _incomplete(self, ids: list[str], done: list[list[str]], lost: list[list[str]],
+                    cause: BaseException) -> None:
+        created = [i for c in done for i in c]
+        unknown = [i for c in lost for i in c]
+        settled = set(created) | set(unknown)
+        not_created = [i for i in ids if i not in settled]
+        if len(ids) == 1:
+            raise cause  # one run: the plain error says it all
+        raise EnqueueIncomplete(
+            f"enqueue stopped after {len(created):,} of {len(ids):,} runs were created: {cause} "
+            f"-- {len(not_created):,} were not created (safe to enqueue again), "
+            f"{len(unknown):,} unknown (the reply was lost; get_run tells)",
+            ids, created, not_created, unknown) from None
+
+    def _pipelines(self, client: redis.Redis, prepared: list[Prepared]
+                   ) -> Iterator[tuple[Any, list[list[str]]]]:
+        """(pipeline, the run ids of each script call in it), PIPELINE_RUNS runs at a time."""
         groups: dict[tuple[int, str, str], list[Prepared]] = {}
         for pr in prepared:
             groups.setdefault((pr.partition, pr.queue, pr.spec.name), []).append(pr)
-        pipe, pending = client.pipeline(transaction=False), 0
+        pipe, chunks, pending = client.pipeline(transaction=False), [], 0
         for (p, queue, _), items in groups.items():
             shared = task_fields(items[0].spec, queue)
             for i in range(0, len(items), SCRIPT_CHUNK):
                 chunk = items[i : i + SCRIPT_CHUNK]
                 keys, args = tr.enqueue(self.keys, p, queue, shared,
-                                        [(x.run_id, x.due, x.delay_ms, x.may_exist, x.fields)
+                                        [(x.run_id, x.due, x.delay_ms, x.fields)
                                          for x in chunk])
                 self.scripts.enqueue(keys=keys, args=args, client=pipe)
+                chunks.append([x.run_id for x in chunk])
                 pending += len(chunk)
                 if pending >= PIPELINE_RUNS:
-                    yield pipe
-                    pipe, pending = client.pipeline(transaction=False), 0
+                    yield pipe, chunks
+                    pipe, chunks, pending = client.pipeline(transaction=False), [], 0
         if pending:
-            yield pipe
+            yield pipe, chunks
 
     # -- read -------------------------------------------------------------------------
     def get_run(self, run_id: str) -> Run:

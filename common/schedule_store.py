@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 import redis
+from duetime.common import transitions as tr
 from duetime.common.codec import unpack_payload
 from duetime.common.connection import server_time_ms, translated
 from duetime.common.errors import DuetimeError, InvalidInput
@@ -23,6 +24,33 @@ BACKFILL_CHUNK = 500
 
 class ScheduleNotFound(DuetimeError, LookupError):
     pass
+
+
+def _int(raw: bytes | None) -> int:
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0  # damaged by hand: start from now
+
+
+class UnreadableTrigger(Trigger):
+    """Stands in for a stored trigger this process cannot read, so listings still show the
+    schedule (marked) instead of failing as a whole; it has no occurrences."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def next_after(self, t: datetime) -> datetime | None:
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "unreadable", "reason": self.reason}
+
+    def describe(self) -> str:
+        return f"<unreadable trigger: {self.reason}>"
+
+    def _key(self) -> tuple[Any, ...]:
+        return ("unreadable", self.reason)
 
 
 @dataclass(frozen=True)
@@ -49,19 +77,39 @@ class ScheduleInfo:
     materialized_count: int
     created: datetime | None
     updated: datetime | None
+    # set aside by the evaluator, with the reason (registering the schedule again clears it)
+    quarantined: str | None = None
+    problem: str | None = None  # what this process could not read in the stored record
 
     @classmethod
     def decode(cls, h: dict[bytes, bytes]) -> ScheduleInfo:
+        """Every field read defensively: one record damaged by hand shows as damaged (in
+        `problem`) rather than failing a whole listing."""
+        problems: list[str] = []
+
         def s(k: str) -> str:
-            return h.get(k.encode(), b"").decode()
+            return h.get(k.encode(), b"").decode(errors="replace")
 
         def i(k: str) -> int:
-            return int(s(k) or 0)
+            try:
+                return int(s(k) or 0)
+            except ValueError:
+                problems.append(f"{k} {s(k)!r} is not a number")
+                return 0
 
-        args, kwargs = unpack_payload(h.get(b"payload"))
-        return cls(
-            name=s("name"), trigger=trigger_from_fields({k: s(k) or None for k in TRIGGER_FIELDS}),
-            task=s("task"),
+        try:
+            args, kwargs = unpack_payload(h.get(b"payload"))
+        except Exception as exc:  # noqa: BLE001 - shown, not raised
+            args, kwargs = [f"<unreadable payload: {exc!r}>"], {}
+            problems.append("payload unreadable")
+        trigger: Trigger
+        try:
+            trigger = trigger_from_fields({k: s(k) or None for k in TRIGGER_FIELDS})
+        except Exception as exc:  # noqa: BLE001 - shown, not raised
+            trigger = UnreadableTrigger(f"{type(exc).__name__}: {exc}")
+            problems.append(f"trigger unreadable ({exc})")
+        info = cls(
+            name=s("name"), trigger=trigger, task=s("task"),
             queue=s("queue"), args=args, kwargs=kwargs, catchup=s("catchup"),
             max_catchup=i("max_catchup"), lateness_s=i("lateness_ms") / 1000,
             overlap=s("overlap"), jitter_s=i("jitter_ms") / 1000, owner=s("owner") or None,
@@ -70,7 +118,11 @@ class ScheduleInfo:
             skipped_count=i("skipped_count"), missed_count=i("missed_count"),
             materialized_count=i("materialized_count"),
             created=from_ms(s("created") or None), updated=from_ms(s("updated") or None),
+            quarantined=s("quarantined") or None,
         )
+        if s("next_ms") and info.next_fire is None:
+            problems.append(f"next_ms {s('next_ms')!r} is not a time")
+        return replace(info, problem="; ".join(problems) or None) if problems else info
 
 
 class ScheduleStore:
@@ -103,27 +155,26 @@ class ScheduleStore:
             where = [self._where(defs[i].name) for i in todo]
             pipe = self.client.pipeline(transaction=False)
             for _, key in where:
-                pipe.hmget(key, "version", "last_ms", "def_hash")
+                pipe.hmget(key, "version", "last_ms", "def_hash", "quarantined")
             current = self._call(pipe.execute)
             now = self._call(server_time_ms, self.client)
             pipe = self.client.pipeline(transaction=False)
             sent = []
-            for i, (p, key), (version, last, stored_hash) in zip(todo, where, current, strict=True):
+            for i, (p, _key), (version, last, stored_hash, quarantined) in zip(
+                    todo, where, current, strict=True):
                 d, version = defs[i], int(version or 0)
                 def_hash = d.def_hash()
-                if version and stored_hash and stored_hash.decode() == def_hash:
+                if version and stored_hash and stored_hash.decode() == def_hash and not quarantined:
                     out[i] = ("unchanged", version)
                     continue
                 # the next occurrence after the newest one that already has a run (or now)
-                nxt = d.trigger.next_after(at_ms(max(now, int(last or 0))))
+                nxt = d.trigger.next_after(at_ms(max(now, _int(last))))
                 flat: list[Any] = []
                 for k, v in d.fields().items():
                     flat += [k, v]
-                self.scripts.schedule_upsert(
-                    keys=[key, self.keys.sched_due(p), self.keys.schedules(p)],
-                    args=[d.name, def_hash, version, "" if nxt is None else ms(nxt), int(paused),
-                          *flat],
-                    client=pipe)
+                keys, args = tr.schedule_upsert(self.keys, p, d.name, def_hash, version,
+                                                None if nxt is None else ms(nxt), paused, flat)
+                self.scripts.schedule_upsert(keys=keys, args=args, client=pipe)
                 sent.append(i)
             todo = []
             for i, (status, version) in zip(sent, self._call(pipe.execute) if sent else [],
@@ -149,45 +200,41 @@ class ScheduleStore:
             pipe.zrange(self.keys.schedules(p), 0, -1)
         for names in self._call(pipe.execute):
             for n in names:
-                yield n.decode()
+                yield n.decode(errors="replace")
 
     def list(self) -> list[ScheduleInfo]:
         names = sorted(self.names())
         out = []
         for i in range(0, len(names), 500):
             pipe = self.client.pipeline(transaction=False)
-            for n in names[i : i + 500]:
-                pipe.hgetall(self._where(n)[1])
+            for n in names[i : i + 500]:  # names read from the index: no check, no refusal
+                pipe.hgetall(self.keys.sched(self.keys.partition_of_schedule(n), n))
             out += [ScheduleInfo.decode(h) for h in self._call(pipe.execute) if h]
         return out
 
     def set_paused(self, name: str, paused: bool, note: str = "") -> None:
-        p, key = self._where(name)
-        res = self._call(self.scripts.schedule_pause, keys=[key, self.keys.sched_due(p)],
-                         args=[name, int(paused), note])
+        p, _ = self._where(name)
+        keys, args = tr.schedule_pause(self.keys, p, name, paused, note)
+        res = self._call(self.scripts.schedule_pause, keys=keys, args=args)
         if res == b"missing":
             raise ScheduleNotFound(f"no schedule {name!r}")
 
     def delete(self, name: str) -> None:
-        p, key = self._where(name)
-        if not self._call(self.scripts.schedule_delete,
-                          keys=[key, self.keys.sched_due(p), self.keys.schedules(p)], args=[name]):
+        p, _ = self._where(name)
+        keys, args = tr.schedule_delete(self.keys, p, name)
+        if not self._call(self.scripts.schedule_delete, keys=keys, args=args):
             raise ScheduleNotFound(f"no schedule {name!r}")
 
     # -- runs outside the evaluator ------------------------------------------------------
     def _create(self, name: str, runs: list[tuple[str, int]]) -> int:
         """Create runs (id, occurrence ms), due at their occurrence, without compare-and-set."""
         info = self.get(name)
-        p, key = self._where(name)
-        k = self.keys
+        p, _ = self._where(name)
         flat: list[Any] = []
         for run_id, occ in runs:
             flat += [run_id, occ, occ, 1, occ]
-        status, created = self._call(
-            self.scripts.materialize,
-            keys=[key, k.sched_due(p), k.due(p, info.queue), k.deadlines(p), k.events(p)],
-            args=[k.prefix(p) + "run:", name, "", "", "", 0, k.wake_channel, f"{p}|{info.queue}",
-                  *flat])
+        keys, args = tr.materialize(self.keys, p, name, info.queue, flat)
+        status, created = self._call(self.scripts.materialize, keys=keys, args=args)
         if status == b"missing":
             raise ScheduleNotFound(f"no schedule {name!r}")
         return int(created)

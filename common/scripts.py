@@ -1,19 +1,34 @@
-"""The Lua scripts of `lua/` (one per state transition, with the shared `_lib.lua`
-prepended), called by EVALSHA on a client or a pipeline, standalone or cluster.
+"""The Lua scripts of `lua/`: one per state transition, assembled, loaded and called here.
 
-Every connection loads all scripts when it is opened (see `load_on_connect`, one pipelined
-round trip per connection), so an EVALSHA never meets an empty script cache after a restart
-or failover, and pipelines need no `SCRIPT EXISTS` round trip before each execute (redis-py's
-own Script helper sends one per pipeline, and refuses cluster pipelines).
+Assembly. A script is its own file plus only the helpers of `lua/_lib.lua` it uses (found by
+name, with the helpers those use), and `K.<kind>` key suffixes written in from
+`common/keys.py` (the one place a suffix is spelled). An optional first line `#!lua flags=...`
+stays first: Redis 7 then checks the script as a whole before it runs (a script without
+`allow-oom` is refused at maxmemory before its first write, never halfway).
+
+Errors. Redis and Valkey report a script's error at a line of the source they ran
+(`user_script:3030`). Lines are laid out so that number alone says which file and line it is
+(helpers keep their _lib.lua line numbers; script number i starts at line 500·i), and every
+connection duetime opens rewrites it to what a developer opens (`claim.lua:30`), for direct
+calls and pipelines alike, see `explain`.
+
+Why EVALSHA scripts, not a Redis Functions library: every connection loads the scripts when it
+opens (one pipelined round trip), so a restarted server or a promoted replica never meets a
+missing script, and two versions of duetime running side by side in a rolling deploy each call
+their own script versions (a FUNCTION LOAD REPLACE would swap one library under both).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
+import redis
+from duetime.common.keys import SUFFIX
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 
@@ -34,20 +49,152 @@ SCRIPT_NAMES = (
     "replay",
     "resolve",
     "purge",
+    "schedule_quarantine",
 )
+LIB = "_lib.lua"
+_DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_KEY = re.compile(r"\bK\.([a-z_]+)")
+_AT = re.compile(r"(@?)user_script:(\d+)")
+STRIDE = 500  # lines per script in the numbering of `assembled`
+
+
+@dataclass(frozen=True)
+class Helper:
+    name: str
+    lines: list[str]  # the definition with the comment lines just above it
+    first: int  # its first line in _lib.lua (1-based)
+    uses: frozenset[str]  # other helpers it calls
+
+
+@dataclass(frozen=True)
+class Assembled:
+    name: str
+    source: str
+    sha: str
+
+
+def _read(name: str) -> str:
+    return (resources.files("duetime.lua") / name).read_text()
+
+
+def _strip_comment(line: str) -> str:
+    return line.split("--", 1)[0]
+
+
+def _words(lines: list[str]) -> set[str]:
+    return {w for line in lines for w in _WORD.findall(_strip_comment(line))}
 
 
 @cache
+def helpers(lib_text: str | None = None) -> dict[str, Helper]:
+    """`_lib.lua` split into its top-level definitions (`local function f` / `local X =`),
+    each with the comments right above it; a function ends at the first `end` in column 0, a
+    value where its braces close."""
+    lines = (_read(LIB) if lib_text is None else lib_text).splitlines()
+    found: list[tuple[str, int, int, int]] = []  # name, comment start, def line, end (excl.)
+    i, comment_start = 0, None
+    while i < len(lines):
+        line = lines[i]
+        m = _DEF.match(line)
+        if line.startswith("--"):
+            comment_start = i if comment_start is None else comment_start
+        elif m:
+            end = i + 1
+            if line.startswith("local function"):
+                while not lines[end - 1].startswith("end"):
+                    end += 1
+            else:  # a value, maybe a table over several lines
+                depth = line.count("{") - line.count("}")
+                while depth > 0:
+                    depth += lines[end].count("{") - lines[end].count("}")
+                    end += 1
+            found.append((m.group(1), i if comment_start is None else comment_start, i, end))
+            i, comment_start = end, None
+            continue
+        else:
+            comment_start = None
+        i += 1
+    names = {n for n, *_ in found}
+    out = {}
+    for name, start, def_line, end in found:
+        body = lines[def_line:end]
+        out[name] = Helper(name, lines[start:end], start + 1, frozenset((_words(body) & names) - {name}))
+    return out
+
+
+def _needed(body: list[str], lib_text: str | None = None) -> list[Helper]:
+    """The helpers `body` uses, with the helpers they use, in _lib.lua's order."""
+    lib = helpers(lib_text)
+    todo, need = list(_words(body) & lib.keys()), set()
+    while todo:
+        n = todo.pop()
+        if n not in need:
+            need.add(n)
+            todo += lib[n].uses
+    return [h for h in lib.values() if h.name in need]
+
+
+def _suffixes(text: str, where: str) -> str:
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) not in SUFFIX:
+            raise ValueError(f"{where}: unknown key kind K.{m.group(1)} (see common/keys.py)")
+        return repr(SUFFIX[m.group(1)])
+
+    return _KEY.sub(sub, text)
+
+
+def assemble(name: str, lib_text: str, body_text: str) -> str:
+    """_lib.lua with the definitions this script does not use blanked out, padded with empty
+    lines, then the script's own lines from line `STRIDE * (its index + 1) + 1`: every line of
+    every script has a number of its own, so an error's line alone says where it is."""
+    lib, body = lib_text.splitlines(), body_text.splitlines()
+    if len(lib) >= STRIDE or len(body) >= STRIDE:
+        raise ValueError(f"{LIB} and every script must stay under {STRIDE} lines")
+    keep: set[int] = set()
+    for h in _needed(body, lib_text):
+        keep.update(range(h.first, h.first + len(h.lines)))
+    base = STRIDE * (SCRIPT_NAMES.index(name) + 1)
+    out = [lib[i - 1] if i in keep else "" for i in range(1, base + 1)]
+    if body and body[0].startswith("#!"):  # the flags line must be the first line
+        out[0], body = body[0], ["", *body[1:]]
+    return _suffixes("\n".join(out + body) + "\n", f"{name}.lua")
+
+
+@cache
+def assembled(name: str) -> Assembled:
+    source = assemble(name, _read(LIB), _read(f"{name}.lua"))
+    return Assembled(name, source, hashlib.sha1(source.encode()).hexdigest())
+
+
 def source(name: str) -> str:
-    lua = resources.files("duetime.lua")
-    lib = (lua / "_lib.lua").read_text()
-    body = (lua / f"{name}.lua").read_text()
-    return f"{lib}\n{body}"
+    return assembled(name).source
 
 
-@cache
 def sha(name: str) -> str:
-    return hashlib.sha1(source(name).encode()).hexdigest()
+    return assembled(name).sha
+
+
+def locate(line: int) -> str:
+    """`claim.lua:30` for a line of an assembled script (see `assembled`)."""
+    index, offset = divmod(line, STRIDE)
+    if index == 0 or offset == 0:
+        return f"{LIB}:{line}" if index == 0 else f"{SCRIPT_NAMES[index - 1]}.lua:?"
+    if index > len(SCRIPT_NAMES):
+        return f"user_script:{line}"
+    return f"{SCRIPT_NAMES[index - 1]}.lua:{offset}"
+
+
+def explain(message: str) -> str:
+    """A Redis error text with `user_script:N` turned into the file and line behind it."""
+    return _AT.sub(lambda m: m.group(1) + locate(int(m.group(2))), message)
+
+
+def explained(exc: redis.ResponseError) -> redis.ResponseError:
+    """The same exception, its message explained (see `explain`)."""
+    if exc.args and isinstance(exc.args[0], str) and "user_script:" in exc.args[0]:
+        exc.args = (explain(exc.args[0]), *exc.args[1:])
+    return exc
 
 
 def load_scripts(conn: Any) -> None:
@@ -97,7 +244,8 @@ def _bind(script: _Script, default: Any) -> Any:
 
 class Scripts:
     """Attribute access to the scripts: `scripts.claim(keys=..., args=..., client=pipe)`;
-    without `client=` the call goes to the client the Scripts were made for."""
+    without `client=` the call goes to the client the Scripts were made for. The KEYS/ARGV
+    lists come from common/transitions.py."""
 
     def __init__(self, client: Any) -> None:
         self.client = client

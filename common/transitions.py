@@ -1,7 +1,11 @@
-"""KEYS/ARGV of every state-transition script, built in one place.
+"""KEYS/ARGV of every script of `lua/`, built here and nowhere else.
 
-The worker (asyncio), the reaper and the tools all call the same scripts; building their
-arguments here keeps the key lists in step with the headers of `lua/*.lua`.
+The worker (asyncio), the scheduler, the reaper and the tools all call the same scripts;
+building their arguments in one module keeps them in step with the headers of `lua/*.lua`.
+The convention of every script: KEYS are the partition's index keys the caller can name
+(due/retry set of a queue, leases, done, dead, ...); ARGV[1] is the partition prefix, from
+which a script builds the keys it only learns while it runs (a run's hash and attempts, a
+schedule's hash, the sets of a queue read from a record). All carry the partition's hash tag.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def _s(b: bytes | None) -> str:
 def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms: int,
           ahead_ms: int = 0) -> Call:
     return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.deadlines(p),
-             k.events(p)],
+             k.events(p), k.dead(p)],
             [k.prefix(p), worker_id, limit, lease_ms, ahead_ms])
 
 
@@ -78,10 +82,6 @@ def parse_claim(res: list[Any]) -> ClaimReply:
     return ClaimReply(None if nxt < 0 else nxt, runs, int(res[1]), int(res[2]))
 
 
-def _run_keys(k: Keyspace, p: int, run_id: str) -> list[str]:
-    return [k.run(p, run_id), k.lease(p, run_id), k.leases(p), k.attempts(p, run_id)]
-
-
 def complete(k: Keyspace, p: int, done: list[tuple[str, int]]) -> Call:
     """done: (run id, fence) pairs of one partition, acknowledged in one call."""
     keys = [k.leases(p), k.done(p), k.uncertain(p), k.events(p)]
@@ -92,13 +92,12 @@ def complete(k: Keyspace, p: int, done: list[tuple[str, int]]) -> Call:
 
 
 def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
-            runs: list[tuple[str, str, int, bool, list[Any]]]) -> Call:
+            runs: list[tuple[str, str, int, list[Any]]]) -> Call:
     """shared: field/value pairs common to every run of the call; runs: (run id, due ms or '',
-    delay ms, may the id exist already, the run's own field/value pairs) of one partition and
-    queue."""
+    delay ms, the run's own field/value pairs) of one partition and queue."""
     args: list[Any] = [k.prefix(p), k.wake_channel, f"{p}|{queue}", len(shared), *shared]
-    for run_id, due, delay_ms, may_exist, fields in runs:
-        args += [run_id, due, delay_ms, int(may_exist), len(fields), *fields]
+    for run_id, due, delay_ms, fields in runs:
+        args += [run_id, due, delay_ms, len(fields), *fields]
     return [k.due(p, queue)], args
 
 
@@ -106,22 +105,21 @@ def fail(k: Keyspace, p: int, queue: str, run_id: str, fence: int, error: str, m
          delay_ms: int, jitter: float) -> Call:
     """mode: 'error' (backoff), 'retry' (explicit delay_ms), 'fatal' (dead-letter) or
     'cancel' (stopped on a cancel request)."""
-    return ([*_run_keys(k, p, run_id), k.retry(p, queue), k.dead(p), k.done(p), k.events(p)],
-            [run_id, fence, error, mode, delay_ms, jitter, k.prefix(p), k.wake_channel, p, queue])
+    return ([k.leases(p), k.retry(p, queue), k.dead(p), k.done(p), k.events(p)],
+            [k.prefix(p), run_id, fence, error, mode, delay_ms, jitter, k.wake_channel, p, queue])
 
 
 def release(k: Keyspace, p: int, queue: str, run_id: str, fence: int) -> Call:
-    return ([*_run_keys(k, p, run_id), k.due(p, queue), k.uncertain(p), k.events(p)],
-            [run_id, fence, k.prefix(p), k.wake_channel, p, queue])
+    return ([k.leases(p), k.due(p, queue), k.uncertain(p), k.events(p)],
+            [k.prefix(p), run_id, fence, k.wake_channel, p, queue])
 
 
 def heartbeat(k: Keyspace, p: int, lease_ms: int, held: list[tuple[str, str]]) -> Call:
     """held: (run id, owner token 'worker:fence') pairs of one partition."""
-    keys, args = [k.leases(p)], [lease_ms]
+    args: list[Any] = [k.prefix(p), lease_ms]
     for run_id, token in held:
-        keys += [k.lease(p, run_id), k.run(p, run_id)]
         args += [run_id, token]
-    return keys, args
+    return [k.leases(p)], args
 
 
 def reap(k: Keyspace, p: int, limit: int, seed: float, retention_ms: int) -> Call:
@@ -131,24 +129,59 @@ def reap(k: Keyspace, p: int, limit: int, seed: float, retention_ms: int) -> Cal
 
 # -- operator transitions (cancel, replay, resolve, purge) --------------------------------
 def cancel(k: Keyspace, p: int, queue: str, run_id: str, reason: str) -> Call:
-    return ([k.run(p, run_id), k.due(p, queue), k.retry(p, queue), k.done(p), k.deadlines(p),
-             k.events(p)],
-            [run_id, k.prefix(p), queue, reason])
+    return ([k.due(p, queue), k.retry(p, queue), k.done(p), k.deadlines(p), k.events(p)],
+            [k.prefix(p), run_id, queue, reason])
 
 
 def replay(k: Keyspace, p: int, queue: str, old_id: str, new_id: str, force: bool,
            note: str = "") -> Call:
     """old and new run ids must live in partition p (see common.admin.replay_id)."""
-    return ([k.run(p, old_id), k.run(p, new_id), k.due(p, queue), k.dead(p), k.uncertain(p),
-             k.done(p), k.events(p)],
-            [old_id, new_id, int(force), queue, k.wake_channel, f"{p}|{queue}", note])
+    return ([k.due(p, queue), k.dead(p), k.uncertain(p), k.done(p), k.events(p)],
+            [k.prefix(p), old_id, new_id, int(force), queue, k.wake_channel, f"{p}|{queue}", note])
 
 
 def resolve(k: Keyspace, p: int, run_id: str, verdict: str, note: str = "") -> Call:
     """verdict: 'succeeded' or 'failed' (the 'replay' verdict is `replay`)."""
-    return ([k.run(p, run_id), k.uncertain(p), k.dead(p), k.done(p), k.events(p)],
-            [run_id, verdict, note])
+    return ([k.uncertain(p), k.dead(p), k.done(p), k.events(p)],
+            [k.prefix(p), run_id, verdict, note])
 
 
 def purge(k: Keyspace, p: int, limit: int, before_ms: int | None = None) -> Call:
     return [k.dead(p), k.events(p)], [k.prefix(p), limit, "" if before_ms is None else before_ms]
+
+
+# -- schedules and scheduler ownership --------------------------------------------------------
+def materialize(k: Keyspace, p: int, name: str, queue: str, runs: list[Any],
+                expected: tuple[bytes | str, bytes | str, int | str] | None = None,
+                skipped: int = 0) -> Call:
+    """runs: flat (run id, occurrence ms, due ms, coalesced count, first ms) values.
+    expected: (version, cursor ms, new cursor ms or '') for the evaluator's compare-and-set;
+    None for backfill and trigger-now (runs only, no cursor move, no starting deadline)."""
+    version, cursor, new_cursor = expected if expected is not None else ("", "", "")
+    return ([k.sched_due(p), k.due(p, queue), k.deadlines(p), k.events(p)],
+            [k.prefix(p), name, version, cursor, new_cursor, skipped, k.wake_channel,
+             f"{p}|{queue}", *runs])
+
+
+def schedule_upsert(k: Keyspace, p: int, name: str, def_hash: str, version: int | str,
+                    cursor_ms: int | None, paused: bool, fields: list[Any]) -> Call:
+    return ([k.sched_due(p), k.schedules(p), k.quarantine(p)],
+            [k.prefix(p), name, def_hash, version, "" if cursor_ms is None else cursor_ms,
+             int(paused), *fields])
+
+
+def schedule_pause(k: Keyspace, p: int, name: str, paused: bool, note: str = "") -> Call:
+    return [k.sched_due(p)], [k.prefix(p), name, int(paused), note]
+
+
+def schedule_delete(k: Keyspace, p: int, name: str) -> Call:
+    return [k.sched_due(p), k.schedules(p), k.quarantine(p)], [k.prefix(p), name]
+
+
+def schedule_quarantine(k: Keyspace, p: int, name: str, version: bytes | str, reason: str) -> Call:
+    return [k.sched_due(p), k.quarantine(p), k.events(p)], [k.prefix(p), name, version, reason]
+
+
+def partition_lease(k: Keyspace, p: int, scheduler_id: str, ttl_ms: int, mode: str) -> Call:
+    """mode: 'hold' (acquire or renew) or 'release'."""
+    return [k.owner(p)], [scheduler_id, ttl_ms, mode]

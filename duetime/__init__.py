@@ -10,11 +10,13 @@ from duetime.app import App
 from duetime.common.context import RunContext, current_run
 from duetime.common.errors import (
     DuetimeError,
+    EnqueueIncomplete,
     Fatal,
     InvalidInput,
     InvalidState,
     PartitionMismatch,
     PayloadTooLarge,
+    RedisRefused,
     RedisUnavailable,
     Retry,
     RunNotFound,
@@ -43,7 +45,8 @@ __all__ = [
     "Retry", "Fatal",
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "UnknownTask",
-    "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "PartitionMismatch",
+    "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
+    "EnqueueIncomplete", "PartitionMismatch",
     "ServerBinaryNotFound",
     "__version__",
 ]

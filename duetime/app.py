@@ -10,6 +10,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from duetime.common.admin import RunAdmin
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import DEFAULT_URL, translated
+from duetime.common.errors import InvalidInput
 from duetime.common.keys import Keyspace
 from duetime.common.models import Run
 from duetime.common.runs import EnqueueRequest, RunStore
@@ -20,6 +21,8 @@ from duetime.common.timespec import Trigger
 
 P = ParamSpec("P")
 R = TypeVar("R")
+# what an enqueue_many dict item may hold: enqueue's own arguments, nothing internal
+ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
 
 
@@ -131,7 +134,8 @@ class App:
 
     def enqueue_many(self, items: Iterable[dict[str, Any] | tuple]) -> list[str]:
         """Bulk enqueue, pipelined. Items are dicts of `enqueue`'s arguments or
-        `(task, args)` / `(task, args, kwargs)` tuples."""
+        `(task, args)` / `(task, args, kwargs)` tuples. Nothing is written if an item is bad;
+        if Redis stops the batch part way, EnqueueIncomplete says which runs were created."""
         reqs = []
         # task object -> (task, spec): resolved once per call; holding the task keeps its id
         # from being reused by another object while the call runs
@@ -139,6 +143,10 @@ class App:
         resolve = self.registry.resolve
         for it in items:
             if isinstance(it, dict):
+                unknown = it.keys() - ENQUEUE_FIELDS
+                if unknown or "task" not in it:
+                    raise InvalidInput(f"enqueue_many item: unknown field(s) {sorted(unknown)}"
+                                       if unknown else "enqueue_many item: no 'task'")
                 d = dict(it)
                 d["spec"] = resolve(d.pop("task"))
                 d.setdefault("kwargs", {})

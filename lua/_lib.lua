@@ -1,7 +1,14 @@
--- _lib.lua: helpers prepended to every duetime script (local functions only; no keys).
+-- _lib.lua: helpers shared by the scripts. common/scripts.py gives each script only the
+-- definitions it uses (and those they use), so every definition here is a top-level
+-- `local function` (ending with `end` in column 0) or a `local NAME =` value.
+-- Keys are written `prefix .. K.<kind> .. id`: the suffixes come from common/keys.py.
 -- Time comes only from the server clock, so every process agrees on due times and leases.
 
 local EVENTS_MAXLEN = 10000
+
+-- Every run state (the same list as common/models.py STATES, checked by a test).
+local STATES = {scheduled = true, running = true, retrying = true, succeeded = true, dead = true,
+  uncertain = true, cancelled = true, skipped = true, missed = true}
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -38,18 +45,21 @@ end
 
 -- Merge fields into attempt entry number `fence` (1-based), if it was pushed already.
 local function set_attempt(attempts_key, fence, fields)
-  local idx = tonumber(fence) - 1
+  local idx = (tonumber(fence) or 0) - 1
+  if idx < 0 then return end
   local raw = redis.call('LINDEX', attempts_key, idx)
   if not raw then return end
-  local a = cjson.decode(raw)
+  local ok, a = pcall(cjson.decode, raw)
+  if not ok or type(a) ~= 'table' then return end
   for k, v in pairs(fields) do a[k] = v end
   redis.call('LSET', attempts_key, idx, cjson.encode(a))
 end
 
 -- Exponential backoff with "equal jitter": half fixed, half random (jitter in [0,1)), capped.
+-- base, cap, attempt: numbers (the caller checked them).
 local function backoff_ms(base, cap, attempt, jitter)
-  local d = tonumber(base) * (2 ^ (tonumber(attempt) - 1))
-  if d > tonumber(cap) then d = tonumber(cap) end
+  local d = base * (2 ^ (attempt - 1))
+  if d > cap then d = cap end
   return math.floor(d / 2 + (d / 2) * tonumber(jitter))
 end
 
@@ -58,23 +68,39 @@ local function add_due(zkey, score, run_id, channel, wake_tag)
   local head = redis.call('ZRANGE', zkey, 0, 0, 'WITHSCORES')
   redis.call('ZADD', zkey, score, run_id)
   if head[2] == nil or score < tonumber(head[2]) then
-    redis.call('PUBLISH', channel, wake_tag .. '|' .. score)
+    redis.call('PUBLISH', channel, wake_tag .. '|' .. int_s(score))
   end
 end
 
--- A failed or abandoned attempt: retry with backoff, or dead-letter when attempts ran out.
--- Returns the new state and the retry time (or 0).
+-- A run that cannot go on because its record is damaged (a field edited by hand, a state
+-- nobody wrote): dead-lettered with the reason, so an operator sees it; never dropped.
+local function dead_letter(run_key, dead_key, events_key, run_id, now, reason)
+  redis.call('HSET', run_key, 'state', 'dead', 'finished', now, 'reason', reason)
+  redis.call('ZADD', dead_key, now, run_id)
+  emit(events_key, run_id, 'dead', reason)
+end
+
+-- A failed or abandoned attempt: retry (with backoff, or `delay` ms, counted from `from`,
+-- default now) or dead-letter when attempts ran out. A run whose attempt counters or retry
+-- policy are unreadable is dead-lettered saying so. Returns the new state and the retry time.
 local function retry_or_dead(run_key, retry_key, dead_key, run_id, now, force_dead, delay,
-                             jitter, reason, channel, wake_tag)
+                             jitter, reason, channel, wake_tag, from)
   local f = redis.call('HMGET', run_key, 'attempt', 'max_attempts', 'backoff_base', 'backoff_max')
-  if force_dead or tonumber(f[1]) >= tonumber(f[2]) then
+  local attempt, max_attempts = tonumber(f[1]), tonumber(f[2])
+  local base, cap = tonumber(f[3] or 0), tonumber(f[4] or 0)
+  if not (attempt and max_attempts and base and cap) then
+    force_dead = true
+    reason = reason .. '; run record damaged: attempt/max_attempts/backoff unreadable'
+  end
+  if force_dead or attempt >= max_attempts then
     redis.call('HSET', run_key, 'state', 'dead', 'finished', now, 'reason', reason)
     redis.call('ZADD', dead_key, now, run_id)
     return 'dead', 0
   end
-  if delay == nil then delay = backoff_ms(f[3], f[4], f[1], jitter) end
-  local at = now + delay
-  redis.call('HSET', run_key, 'state', 'retrying', 'retry_at', at, 'reason', reason)
+  if delay == nil then delay = backoff_ms(base, cap, attempt, jitter) end
+  local at = (from or now) + delay
+  redis.call('HSET', run_key, 'state', 'retrying', 'retry_at', int_s(math.max(at, now)),
+    'reason', reason)
   add_due(retry_key, at, run_id, channel, wake_tag)
   return 'retrying', at
 end
@@ -87,17 +113,17 @@ local function leave_running(prefix, run_key, run_id, now, channel, partition)
   local f = redis.call('HMGET', run_key, 'schedule', 'overlap')
   local sched, overlap = f[1], f[2]
   if not sched or sched == '' or not overlap or overlap == 'allow' then return end
-  local running = prefix .. 'sched_running:' .. sched
+  local running = prefix .. K.sched_running .. sched
   redis.call('SREM', running, run_id)
   if redis.call('SCARD', running) > 0 then return end
-  local sched_key = prefix .. 'sched:' .. sched
+  local sched_key = prefix .. K.sched .. sched
   local buffered = redis.call('HGET', sched_key, 'buffered')
   if buffered and buffered ~= '' then
     redis.call('HDEL', sched_key, 'buffered')
     -- due now, but never before its own due time (it may have been claimed ahead of it)
-    local b = redis.call('HMGET', prefix .. 'run:' .. buffered, 'queue', 'due')
+    local b = redis.call('HMGET', prefix .. K.run .. buffered, 'queue', 'due')
     if b[1] then
-      add_due(prefix .. 'due:' .. b[1], math.max(now, tonumber(b[2]) or 0), buffered, channel,
+      add_due(prefix .. K.due .. b[1], math.max(now, tonumber(b[2]) or 0), buffered, channel,
         partition .. '|' .. b[1])
     end
   end
@@ -106,13 +132,13 @@ end
 -- A run that will never start (skipped, missed, cancelled before it ran) is finished.
 local function finish_unstarted(prefix, run_id, state, reason, now, done_key, deadlines_key,
                                  events_key)
-  local run_key = prefix .. 'run:' .. run_id
+  local run_key = prefix .. K.run .. run_id
   redis.call('HSET', run_key, 'state', state, 'finished', now, 'reason', reason)
   redis.call('ZADD', done_key, now, run_id)
   redis.call('ZREM', deadlines_key, run_id)
   local sched = redis.call('HGET', run_key, 'schedule')
   if sched and sched ~= '' then
-    redis.call('HINCRBY', prefix .. 'sched:' .. sched, state .. '_count', 1)
+    redis.call('HINCRBY', prefix .. K.sched .. sched, state .. '_count', 1)
   end
   emit(events_key, run_id, state, reason)
 end

@@ -1,21 +1,23 @@
+#!lua
 -- cancel.lua: cancel one run on an operator's request.
 -- A run that has not started (scheduled, retrying, or held back by its schedule's overlap
 -- policy) becomes `cancelled` at once and leaves its due/retry set. A running run gets the
 -- field `cancel_requested`: its worker sees it at the next heartbeat (heartbeat.lua returns
 -- 2), stops the task and reports through fail.lua mode 'cancel'. Finished runs are left as
 -- they are; an `uncertain` run needs an operator's verdict (resolve.lua), not a cancel.
--- KEYS[1] run hash   T:run:<id>        KEYS[2] due zset    T:due:<queue>
--- KEYS[3] retry zset T:retry:<queue>   KEYS[4] done zset   T:done
--- KEYS[5] deadlines  T:deadlines       KEYS[6] events      T:events
--- ARGV[1] run id   ARGV[2] partition prefix 'ns:{tag}:' (the schedule's hash, whose name is
---         read from the run, is built from it; same hash tag)
+-- KEYS[1] due zset    T:due:<queue>     KEYS[2] retry zset  T:retry:<queue>
+-- KEYS[3] done zset   T:done            KEYS[4] deadlines   T:deadlines
+-- KEYS[5] events      T:events
+-- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash, and its schedule's hash whose name is
+--         read from the run, are built from it; same hash tag)
+-- ARGV[2] run id
 -- ARGV[3] the run's queue as the caller read it (a run's queue never changes; checked here)
 -- ARGV[4] reason (recorded on the run)
 -- Returns {result, detail}: 'cancelled'; 'requested' (running; detail = worker);
 -- 'finished' or 'uncertain' (detail = state); 'missing'; 'queue' (detail = the real queue).
-local run_key, due_key, retry_key = KEYS[1], KEYS[2], KEYS[3]
-local done_key, deadlines_key, events_key = KEYS[4], KEYS[5], KEYS[6]
-local run_id, prefix, queue, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local due_key, retry_key, done_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local prefix, run_id, queue, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local run_key = prefix .. K.run .. run_id
 
 local f = redis.call('HMGET', run_key, 'state', 'queue', 'worker', 'schedule')
 local state = f[1]
@@ -36,7 +38,7 @@ if state ~= 'scheduled' and state ~= 'retrying' then return {'finished', state} 
 redis.call('ZREM', due_key, run_id)
 redis.call('ZREM', retry_key, run_id)
 if f[4] and f[4] ~= '' then
-  local sched_key = prefix .. 'sched:' .. f[4]
+  local sched_key = prefix .. K.sched .. f[4]
   if redis.call('HGET', sched_key, 'buffered') == run_id then
     redis.call('HDEL', sched_key, 'buffered')
   end

@@ -1,24 +1,29 @@
--- claim.lua: move up to N claimable runs of one partition and queue to `running`,
--- each with a new fence token, a lease key with a PX TTL and an attempt record.
+#!lua
+-- claim.lua: move up to N claimable runs of one partition and queue to `running`, each with
+-- a new fence token and a lease: its score in the leases zset is the expiry, the run hash's
+-- worker and fence say who holds it.
 -- Applies, atomically, the starting deadline (-> missed) and the schedule's overlap policy
 -- (a schedule and its runs share this partition). The attempt's history entry is written
 -- when the attempt ends; while it runs, the run hash holds worker, fence and start.
 -- KEYS[1] due zset     T:due:<queue>       KEYS[2] retry zset   T:retry:<queue>
 -- KEYS[3] leases zset  T:leases            KEYS[4] done zset    T:done
 -- KEYS[5] deadlines    T:deadlines         KEYS[6] events       T:events
--- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run:, lease:, attempts:) and
---         per-schedule keys (sched:, sched_running:) are built from it; they carry the
---         same hash tag, so they live in this partition's slot
+-- KEYS[7] dead zset    T:dead
+-- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash) and per-schedule keys
+--         (schedule hash, its running set) are built from it; they carry the same hash tag,
+--         so they live in this partition's slot
 -- ARGV[2] worker id    ARGV[3] max runs to claim    ARGV[4] lease ms
 -- ARGV[5] claim-ahead ms (optional, default 0): runs due up to this far ahead are claimed too;
 --         the worker starts each at its due time (the reply carries it), never before, so a
 --         start is not delayed by the claim's round trip. Attempt start = max(now, due).
 -- A run with a pending cancel request (its worker died before honouring it) is cancelled.
+-- A run record without a known state is dead-lettered with the reason (never dropped); an
+-- index entry whose record is gone, or is in another state, is stale and only removed.
 -- Returns {next_due_ms or -1, missed, skipped, run fields...}: 11 fields per run (see
 -- common/transitions.py). next_due_ms is the earliest due/retry time left in this partition
 -- and queue; missed/skipped count the runs this call finished instead of starting.
 local due_key, retry_key, leases_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local deadlines_key, events_key = KEYS[5], KEYS[6]
+local deadlines_key, events_key, dead_key = KEYS[5], KEYS[6], KEYS[7]
 local prefix, worker = ARGV[1], ARGV[2]
 local limit, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
@@ -46,7 +51,7 @@ local skipped = 0
 -- The overlap policy of a scheduled run; returns true when the run may start now.
 local function overlap_allows(id, run_key, sched, overlap)
   if overlap == 'allow' or overlap == '' then return true end  -- nothing to track
-  local running = prefix .. 'sched_running:' .. sched
+  local running = prefix .. K.sched_running .. sched
   if redis.call('SCARD', running) == 0 then
     redis.call('SADD', running, id)
     return true
@@ -58,7 +63,7 @@ local function overlap_allows(id, run_key, sched, overlap)
     return false
   end
   -- buffer_one / cancel_other: wait (out of the due set) until the running one has left
-  local sched_key = prefix .. 'sched:' .. sched
+  local sched_key = prefix .. K.sched .. sched
   local buffered = redis.call('HGET', sched_key, 'buffered')
   if buffered and buffered ~= '' and buffered ~= id then
     finish_unstarted(prefix, id, 'skipped', 'overlap: a run is already buffered', now,
@@ -70,7 +75,7 @@ local function overlap_allows(id, run_key, sched, overlap)
   emit(events_key, id, 'buffered', overlap)
   if overlap == 'cancel_other' then
     for _, other in ipairs(redis.call('SMEMBERS', running)) do
-      redis.call('HSET', prefix .. 'run:' .. other, 'cancel_requested', now)
+      redis.call('HSET', prefix .. K.run .. other, 'cancel_requested', now)
       emit(events_key, other, 'cancel_requested', 'overlap: cancel_other by ' .. id)
     end
   end
@@ -81,7 +86,7 @@ local out = {-1, 0, 0}
 local leased, from_due, from_retry = {}, {}, {}
 for n, id in ipairs(ids) do
   if froms[n] then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
-  local run_key = prefix .. 'run:' .. id
+  local run_key = prefix .. K.run .. id
   local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
     'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested')
   local state, deadline, sched = f[1], tonumber(f[2]), f[3]
@@ -102,9 +107,8 @@ for n, id in ipairs(ids) do
       local started = now_s
       if tonumber(scores[n]) > now then started = scores[n] end
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt', int_s(attempt),
-        'worker', worker, 'started', started, 'lease_expires', until_s)
+        'worker', worker, 'started', started)
       if deadline then redis.call('ZREM', deadlines_key, id) end
-      redis.call('SET', prefix .. 'lease:' .. id, worker .. ':' .. fence_s, 'PX', ARGV[4])
       leased[#leased + 1] = until_s
       leased[#leased + 1] = id
       local o = #out
@@ -119,6 +123,11 @@ for n, id in ipairs(ids) do
       out[o + 9] = f[12] or ''
       out[o + 10] = sched or ''
       out[o + 11] = scores[n]
+    end
+  elseif not STATES[state] then
+    if redis.call('EXISTS', run_key) == 1 then
+      dead_letter(run_key, dead_key, events_key, id, now,
+        'run record damaged: state ' .. tostring(state or '(missing)') .. ' is not a run state')
     end
   end
   -- any other state: a stale index entry (cancelled, deleted); it is removed below

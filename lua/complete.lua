@@ -1,61 +1,65 @@
+#!lua
 -- complete.lua: record successful attempts of runs of one partition (a worker's batch).
 -- Accepted from the current fence holder. A late success from a holder whose lease expired
 -- still finishes the run if nobody claimed it since (same fence; state retrying/uncertain),
 -- instead of letting a retry run the work again. Anything else is recorded as a late result.
--- Finished records stay until the reaper's retention sweep of the done set.
+-- Finished records stay until the reaper's retention sweep of the done set. The same report
+-- sent twice (the client retries a call whose reply a broken connection lost) gets the same
+-- answer the second time and changes nothing.
 -- KEYS[1] leases zset   KEYS[2] done zset   KEYS[3] uncertain zset   KEYS[4] events
--- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run:, lease:, attempts:, retry:<q>)
---         and schedule keys are built from it; they share this partition's hash tag (a
---         batch of hundreds of runs would otherwise send three key names per run)
+-- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash, attempts, the retry set of
+--         the run's queue) and schedule keys are built from it; they share this partition's
+--         hash tag (a batch of hundreds of runs would otherwise send three key names per run)
 -- ARGV[2] wake channel   ARGV[3] partition index
 -- ARGV[4..] per run, 2 values: run id, fence
--- Returns per run: 'ok', 'late_ok' (late success accepted), 'stale' (rejected) or 'missing'.
+-- Returns per run: 'succeeded' (accepted), 'late_succeeded' (a late success finished the run)
+-- 'stale' (refused: another attempt owns the run, or it finished) or 'missing'.
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, channel, partition = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local now_s = int_s(now)  -- one number-to-string per call, not per run
-local out, finished, unleased, lease_keys = {}, {}, {}, {}
+local out, finished, unleased = {}, {}, {}
 
-for i = 0, (#ARGV - 3) / 2 - 1 do
-  local run_id, fence = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
-  local run_key = prefix .. 'run:' .. run_id
-  local lease_key, attempts_key = prefix .. 'lease:' .. run_id, prefix .. 'attempts:' .. run_id
+for i = 4, #ARGV, 2 do
+  local run_id, fence = ARGV[i], ARGV[i + 1]
+  local run_key = prefix .. K.run .. run_id
+  local attempts_key = prefix .. K.attempts .. run_id
   local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
     'schedule', 'queue', 'overlap')
   local state = f[1]
   local result
   if not state then
     result = 'missing'
+  elseif state == 'succeeded' and f[2] == fence then
+    result = 'succeeded'  -- this very report, sent again
   elseif f[2] ~= fence or not (state == 'running' or state == 'retrying' or state == 'uncertain') then
     set_attempt(attempts_key, fence, {late = true, late_outcome = 'succeeded', late_at = now})
     emit(events_key, run_id, 'late_result_rejected', 'succeeded:' .. fence)
     result = 'stale'
   elseif state == 'running' then
-    lease_keys[#lease_keys + 1] = lease_key
     unleased[#unleased + 1] = run_id
     redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
+    -- an earlier attempt's error stays in its attempt entry, not on a succeeded run
+    if f[3] ~= '1' then redis.call('HDEL', run_key, 'error', 'reason') end
     push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now_s, nil)
     if f[8] and f[8] ~= 'allow' then leave_running(prefix, run_key, run_id, now, channel, partition) end
-    result = 'ok'
+    result = 'succeeded'
   else
     -- late success of a reaped attempt that nobody claimed again: it finishes the run
-    redis.call('ZREM', prefix .. 'retry:' .. f[7], run_id)
+    redis.call('ZREM', prefix .. K.retry .. (f[7] or ''), run_id)
     redis.call('ZREM', uncertain_key, run_id)
     redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
-    redis.call('HDEL', run_key, 'retry_at', 'reason')
+    redis.call('HDEL', run_key, 'retry_at', 'reason', 'error')
     set_attempt(attempts_key, fence, {outcome = 'succeeded', late = true, late_at = now})
     emit(events_key, run_id, 'succeeded', 'late result of attempt ' .. fence)
-    result = 'late_ok'
+    result = 'late_succeeded'
   end
-  if result == 'ok' or result == 'late_ok' then
+  if (result == 'succeeded' and state == 'running') or result == 'late_succeeded' then
     finished[#finished + 1] = now_s
     finished[#finished + 1] = run_id
   end
   out[#out + 1] = result
 end
-if #unleased > 0 then
-  redis.call('DEL', unpack(lease_keys))
-  redis.call('ZREM', leases_key, unpack(unleased))
-end
+if #unleased > 0 then redis.call('ZREM', leases_key, unpack(unleased)) end
 if #finished > 0 then redis.call('ZADD', done_key, unpack(finished)) end
 return out

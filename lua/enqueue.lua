@@ -1,16 +1,19 @@
+#!lua
 -- enqueue.lua: create runs of one partition and queue, each once (state: scheduled).
--- A run id that exists already is left alone (idempotency key): its due time is returned.
+-- A run id that exists already is left alone: an idempotency key's second use, and a call
+-- sent again after its reply was lost (the client retries on a broken connection), create
+-- nothing the second time.
 -- KEYS[1] due zset  T:due:<queue>
 -- ARGV[1] partition prefix 'ns:{tag}:' -- each run's hash T:run:<id> is built from it (same
 --         hash tag, so the same slot), as in the other batch scripts
 -- ARGV[2] wake channel   ARGV[3] wake tag '<partition>|<queue>'
 -- ARGV[4] count S of shared values, then S values: field, value pairs every run of the call
 --         gets (task, queue, retry policy: the same for a batch of one task)
--- then per run: run id, due ms ('' = server time + delay), delay ms, may-exist flag (1 for
---         ids derived from an idempotency key; random ids are never looked up), field count F,
+-- then per run: run id, due ms ('' = server time + delay), delay ms, field count F,
 --         then F values: the run's own field, value pairs (payload, key, ...)
 -- Fields left at their defaults are not stored: attempt/fence absent = 0, idempotent absent =
 -- yes, timeout absent = none; the id is the key's suffix.
+-- Refused as a whole at maxmemory (no allow-oom flag): a call creates all its runs or none.
 -- Returns how many runs were created (the others existed already).
 local due_key, prefix = KEYS[1], ARGV[1]
 local now = now_ms()
@@ -26,7 +29,7 @@ for j = 5, 4 + shared_n do fields[#fields + 1] = ARGV[j] end
 local base_n = #fields
 while i <= #ARGV do
   local run_id = ARGV[i]
-  local run_key = prefix .. 'run:' .. run_id
+  local run_key = prefix .. K.run .. run_id
   local due_s = ARGV[i + 1]
   local due = tonumber(due_s)
   if due == nil then
@@ -38,18 +41,18 @@ while i <= #ARGV do
     end
     due, due_s = last_due, last_due_s
   end
-  local nf = tonumber(ARGV[i + 4])
-  if ARGV[i + 3] ~= '1' or redis.call('EXISTS', run_key) == 0 then
+  local nf = tonumber(ARGV[i + 3])
+  if redis.call('EXISTS', run_key) == 0 then
     fields[6] = due_s
     local n = base_n
-    for j = i + 5, i + 4 + nf do n = n + 1; fields[n] = ARGV[j] end
+    for j = i + 4, i + 3 + nf do n = n + 1; fields[n] = ARGV[j] end
     redis.call('HSET', run_key, unpack(fields, 1, n))
     added[#added + 1] = due_s
     added[#added + 1] = run_id
     if earliest == nil or due < earliest then earliest = due end
     created = created + 1
   end
-  i = i + 5 + nf
+  i = i + 4 + nf
 end
 if earliest ~= nil then
   local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')

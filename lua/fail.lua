@@ -1,25 +1,37 @@
+#!lua
 -- fail.lua: end an attempt that did not succeed: retry with backoff (or an explicit delay),
 -- dead-letter, or -- when the worker stopped it on a cancel request -- cancel the run.
 -- Accepted only from the current fence holder while the run is running; a stale holder's
--- failure is written into its own attempt record and changes nothing else.
--- KEYS[1] run hash     KEYS[2] lease string   KEYS[3] leases zset   KEYS[4] attempts list
--- KEYS[5] retry zset (the run's queue)        KEYS[6] dead zset     KEYS[7] done zset
--- KEYS[8] events
--- ARGV[1] run id   ARGV[2] fence   ARGV[3] error text
--- ARGV[4] mode: 'error' (backoff) | 'retry' (explicit delay ARGV[5]) | 'fatal' (no retry)
+-- failure is written into its own attempt record and changes nothing else. The same report
+-- sent twice (a retried call whose reply was lost) gets the first answer again.
+-- KEYS[1] leases zset   KEYS[2] retry zset (the run's queue)   KEYS[3] dead zset
+-- KEYS[4] done zset     KEYS[5] events
+-- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash and attempts, and its schedule's keys,
+--         are built from it; same hash tag)
+-- ARGV[2] run id   ARGV[3] fence   ARGV[4] error text
+-- ARGV[5] mode: 'error' (backoff) | 'retry' (explicit delay ARGV[6]) | 'fatal' (no retry)
 --         | 'cancel' (stopped on a cancel request)
--- ARGV[5] delay ms (mode 'retry')   ARGV[6] jitter in [0,1)
--- ARGV[7] partition prefix (schedule keys are built from it)   ARGV[8] wake channel
--- ARGV[9] partition index           ARGV[10] queue
+-- ARGV[6] delay ms (mode 'retry')   ARGV[7] jitter in [0,1)
+-- ARGV[8] wake channel   ARGV[9] partition index   ARGV[10] queue
 -- Returns {state, retry_at_ms}: 'retrying', 'dead', 'cancelled', 'stale' or 'missing'.
-local run_key, lease_key, leases_key, attempts_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local retry_key, dead_key, done_key, events_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local run_id, fence, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local prefix, channel, partition, queue = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+local leases_key, retry_key, dead_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local prefix, run_id, fence, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local channel, partition, queue = ARGV[8], ARGV[9], ARGV[10]
+local run_key, attempts_key = prefix .. K.run .. run_id, prefix .. K.attempts .. run_id
 local now = now_ms()
 
-local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started')
+local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
+  'retry_at')
 if not f[1] then return {'missing', 0} end
+if f[2] == fence and f[1] ~= 'running' then
+  -- this attempt already ended: if it ended by this very report, answer as the first time
+  local raw = redis.call('LINDEX', attempts_key, (tonumber(fence) or 0) - 1)
+  local ok, a = pcall(cjson.decode, raw or '')
+  if ok and type(a) == 'table' and (a.outcome == 'failed' or a.outcome == 'cancelled')
+      and not a.late then
+    return {f[1], tonumber(f[6]) or 0}
+  end
+end
 if f[2] ~= fence or f[1] ~= 'running' then
   set_attempt(attempts_key, fence, {late = true, late_outcome = 'failed', late_error = err,
                                     late_at = now})
@@ -27,7 +39,6 @@ if f[2] ~= fence or f[1] ~= 'running' then
   return {'stale', 0}
 end
 
-redis.call('DEL', lease_key)
 redis.call('ZREM', leases_key, run_id)
 leave_running(prefix, run_key, run_id, now, channel, partition)
 if mode == 'cancel' then
@@ -40,8 +51,8 @@ end
 push_attempt(attempts_key, f[3], fence, f[4], f[5], 'failed', now, err)
 redis.call('HSET', run_key, 'error', err)
 local delay = nil
-if mode == 'retry' then delay = tonumber(ARGV[5]) end
+if mode == 'retry' then delay = tonumber(ARGV[6]) end
 local state, at = retry_or_dead(run_key, retry_key, dead_key, run_id, now, mode == 'fatal',
-  delay, ARGV[6], err, channel, partition .. '|' .. queue)
+  delay, ARGV[7], err, channel, partition .. '|' .. queue)
 emit(events_key, run_id, state, err)
 return {state, at}

@@ -1,3 +1,4 @@
+#!lua
 -- materialize.lua: turn planned occurrences of one schedule into runs, exactly once.
 -- Run ids are derived from (schedule, occurrence), so an occurrence that already has a run
 -- is never created twice, whoever evaluates it. With an expected version and cursor (the
@@ -5,18 +6,19 @@
 -- cursor another scheduler already moved makes it a no-op. Without them (backfill,
 -- trigger-now) only the runs are created, without a starting deadline, and the cursor is
 -- left alone. `last_ms` keeps the newest occurrence that has a run.
--- KEYS[1] schedule hash  T:sched:<name>     KEYS[2] sched_due zset  T:sched_due
--- KEYS[3] due zset       T:due:<queue>      KEYS[4] deadlines zset  T:deadlines
--- KEYS[5] events
--- ARGV[1] run-key prefix 'ns:{tag}:run:' (run ids are only known here; same hash tag)
+-- KEYS[1] sched_due zset  T:sched_due      KEYS[2] due zset  T:due:<queue>
+-- KEYS[3] deadlines zset  T:deadlines      KEYS[4] events
+-- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash and the runs' hashes are built
+--         from it; same hash tag)
 -- ARGV[2] schedule name    ARGV[3] expected version ('' = no compare-and-set)
 -- ARGV[4] expected cursor ms    ARGV[5] new cursor ms ('' = no more occurrences)
 -- ARGV[6] occurrences skipped by the catch-up policy (added to skipped_count)
 -- ARGV[7] wake channel     ARGV[8] wake tag '<partition>|<queue>'
 -- ARGV[9..] per run, 5 values: run id, occurrence ms, due ms, coalesced count, first ms
 -- Returns {status, created}: status 'ok', 'conflict', 'paused' or 'missing'.
-local sched_key, sched_due_key, due_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local run_prefix, name, expected = ARGV[1], ARGV[2], ARGV[3]
+local sched_due_key, due_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix, name, expected = ARGV[1], ARGV[2], ARGV[3]
+local sched_key = prefix .. K.sched .. name
 
 local s = redis.call('HMGET', sched_key, 'version', 'next_ms', 'paused', 'task', 'queue',
   'payload', 'max_attempts', 'backoff_base', 'backoff_max', 'timeout', 'idempotent', 'owner',
@@ -33,7 +35,7 @@ local created = 0
 local last = tonumber(redis.call('HGET', sched_key, 'last_ms')) or 0
 for i = 9, #ARGV, 5 do
   local run_id, occ, due = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-  local run_key = run_prefix .. run_id
+  local run_key = prefix .. K.run .. run_id
   if redis.call('EXISTS', run_key) == 0 then
     local fields = {'id', run_id, 'state', 'scheduled', 'created', now, 'due', due,
       'occurrence', occ, 'attempt', 0, 'fence', 0, 'schedule', name,

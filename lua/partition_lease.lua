@@ -1,4 +1,7 @@
+#!lua flags=allow-oom
 -- partition_lease.lua: a scheduler acquires, renews or releases one partition.
+-- Flag allow-oom: renewing rewrites one small key, so ownership stays put while the server
+-- is at maxmemory (nothing is materialised meanwhile: materialize.lua is refused).
 -- KEYS[1] owner string T:owner (PX TTL)
 -- ARGV[1] scheduler id   ARGV[2] ttl ms   ARGV[3] 'hold' (acquire or renew) | 'release'
 -- Returns 1 if the caller owns the partition after the call, else 0.

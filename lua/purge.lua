@@ -1,8 +1,10 @@
+#!lua flags=allow-oom
 -- purge.lua: delete dead-lettered runs of one partition: their records and attempt histories.
 -- Only runs still dead are deleted; an index entry without a dead record is just dropped.
+-- Flag allow-oom: it only deletes, so it may run when the server is at maxmemory.
 -- KEYS[1] dead zset T:dead   KEYS[2] events
 -- ARGV[1] partition prefix 'ns:{tag}:' -- run ids are read from the dead index, so their
---         run:<id> and attempts:<id> keys are built from it (same hash tag)
+--         run hashes and attempt lists are built from it (same hash tag)
 -- ARGV[2] max runs per call   ARGV[3] only runs dead-lettered at or before this ms ('' = all)
 -- Returns {purged, examined}; call again while examined equals the limit.
 local dead_key, events_key = KEYS[1], KEYS[2]
@@ -13,10 +15,10 @@ if upto == '' then upto = '+inf' end
 local ids = redis.call('ZRANGE', dead_key, '-inf', upto, 'BYSCORE', 'LIMIT', 0, limit)
 local purged = 0
 for _, id in ipairs(ids) do
-  local run_key = prefix .. 'run:' .. id
+  local run_key = prefix .. K.run .. id
   local state = redis.call('HGET', run_key, 'state')
   if state == 'dead' then
-    redis.call('DEL', run_key, prefix .. 'attempts:' .. id)
+    redis.call('DEL', run_key, prefix .. K.attempts .. id)
     purged = purged + 1
   end
 end

@@ -1,3 +1,4 @@
+#!lua
 -- replay.lua: a new run that does the work of a finished run again, linked both ways
 -- (new `replay_of` = old id, old `replayed_by` = new id). Task, queue, payload, task options,
 -- owner, schedule and idempotency key are copied: a replay is the same business operation, so
@@ -5,17 +6,18 @@
 -- The old run is handled: it leaves the dead-letter / uncertain index for the done index
 -- (kept for the retention, then swept). An uncertain old run is thereby resolved as failed
 -- (state dead, resolved_as replay). A run is replayed once; asking again returns that replay.
--- KEYS[1] old run hash T:run:<old>   KEYS[2] new run hash T:run:<new>   KEYS[3] due zset T:due:<queue>
--- KEYS[4] dead zset    KEYS[5] uncertain zset    KEYS[6] done zset    KEYS[7] events
--- ARGV[1] old run id   ARGV[2] new run id (same partition as the old one)
--- ARGV[3] '1' = also replay a succeeded run    ARGV[4] the run's queue as the caller read it
--- ARGV[5] wake channel    ARGV[6] wake tag '<partition>|<queue>'    ARGV[7] note
+-- KEYS[1] due zset T:due:<queue>   KEYS[2] dead zset   KEYS[3] uncertain zset
+-- KEYS[4] done zset                 KEYS[5] events
+-- ARGV[1] partition prefix 'ns:{tag}:' (both run hashes are built from it; same hash tag)
+-- ARGV[2] old run id   ARGV[3] new run id (same partition as the old one)
+-- ARGV[4] '1' = also replay a succeeded run    ARGV[5] the run's queue as the caller read it
+-- ARGV[6] wake channel    ARGV[7] wake tag '<partition>|<queue>'    ARGV[8] note
 -- Returns {status, detail}: 'created' (new id), 'already' (the existing replay's id),
 -- 'active' (state: still scheduled/running/retrying), 'succeeded' (needs force),
 -- 'missing', 'queue' (the real queue).
-local old_key, new_key, due_key = KEYS[1], KEYS[2], KEYS[3]
-local dead_key, uncertain_key, done_key, events_key = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local old_id, new_id, force, queue = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local due_key, dead_key, uncertain_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local prefix, old_id, new_id, force, queue = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local old_key, new_key = prefix .. K.run .. old_id, prefix .. K.run .. new_id
 
 local COPY = {'task', 'queue', 'payload', 'max_attempts', 'backoff_base', 'backoff_max',
   'timeout', 'idempotent', 'owner', 'schedule'}
@@ -43,7 +45,7 @@ for i, name in ipairs(COPY) do
   end
 end
 redis.call('HSET', new_key, unpack(fields))
-add_due(due_key, now, new_id, ARGV[5], ARGV[6])
+add_due(due_key, now, new_id, ARGV[6], ARGV[7])
 emit(events_key, new_id, 'scheduled', 'replay of ' .. old_id)
 
 redis.call('HSET', old_key, 'replayed_by', new_id, 'replayed_at', now)
@@ -51,7 +53,7 @@ if state == 'uncertain' then
   redis.call('HSET', old_key, 'state', 'dead', 'resolved_as', 'replay', 'resolved_at', now,
     'reason', 'outcome unknown; resolved by a replay')
 end
-if ARGV[7] ~= '' then redis.call('HSET', old_key, 'replay_note', ARGV[7]) end
+if ARGV[8] ~= '' then redis.call('HSET', old_key, 'replay_note', ARGV[8]) end
 redis.call('ZREM', dead_key, old_id)
 redis.call('ZREM', uncertain_key, old_id)
 redis.call('ZADD', done_key, now, old_id)

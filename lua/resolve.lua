@@ -1,15 +1,17 @@
+#!lua
 -- resolve.lua: an operator's verdict on an `uncertain` run (its last attempt's outcome is
 -- unknown: a non-idempotent task whose worker vanished or was stopped).
 -- 'succeeded': the work did happen -> state succeeded, done index.
 -- 'failed': it did not, and must not be retried by itself -> dead-letter (dead index), where
 -- its owner sees it. (The third verdict, run it again, is replay.lua.)
 -- The attempt history is left as observed (outcome unknown); the verdict is on the run.
--- KEYS[1] run hash T:run:<id>   KEYS[2] uncertain zset   KEYS[3] dead zset
--- KEYS[4] done zset             KEYS[5] events
--- ARGV[1] run id   ARGV[2] 'succeeded' | 'failed'   ARGV[3] note
+-- KEYS[1] uncertain zset   KEYS[2] dead zset   KEYS[3] done zset   KEYS[4] events
+-- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash is built from it; same hash tag)
+-- ARGV[2] run id   ARGV[3] 'succeeded' | 'failed'   ARGV[4] note
 -- Returns {status, state}: 'ok' (new state), 'not_uncertain' (current state), 'missing'.
-local run_key, uncertain_key, dead_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local run_id, verdict, note = ARGV[1], ARGV[2], ARGV[3]
+local uncertain_key, dead_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix, run_id, verdict, note = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local run_key = prefix .. K.run .. run_id
 
 local state = redis.call('HGET', run_key, 'state')
 if not state then return {'missing', ''} end

@@ -1,8 +1,12 @@
+#!lua flags=allow-oom
 -- schedule_delete.lua: remove a schedule's definition. Its runs stay (history); runs not yet
--- started keep their place and run unless cancelled.
--- KEYS[1] schedule hash   KEYS[2] sched_due zset   KEYS[3] schedules index zset
--- ARGV[1] name
+-- started keep their place and run unless cancelled. Flag allow-oom: it only deletes.
+-- KEYS[1] sched_due zset   KEYS[2] schedules index zset   KEYS[3] quarantine zset
+-- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
+-- ARGV[2] name
 -- Returns 1 if it existed, else 0.
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-return redis.call('DEL', KEYS[1])
+local name = ARGV[2]
+redis.call('ZREM', KEYS[1], name)
+redis.call('ZREM', KEYS[2], name)
+redis.call('ZREM', KEYS[3], name)
+return redis.call('DEL', ARGV[1] .. K.sched .. name)

@@ -1,15 +1,17 @@
+#!lua
 -- schedule_pause.lua: pause (with a note) or resume a schedule.
 -- Paused, it leaves the evaluator's due set; its cursor stays where it was, so on resume the
 -- occurrences missed meanwhile follow the schedule's catch-up policy.
--- KEYS[1] schedule hash   KEYS[2] sched_due zset
--- ARGV[1] name   ARGV[2] '1' pause | '0' resume   ARGV[3] note (pause)
+-- KEYS[1] sched_due zset
+-- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
+-- ARGV[2] name   ARGV[3] '1' pause | '0' resume   ARGV[4] note (pause)
 -- Returns 'ok' or 'missing'.
-local sched_key, sched_due_key = KEYS[1], KEYS[2]
-local name, pause = ARGV[1], ARGV[2]
+local sched_due_key, prefix, name, pause = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local sched_key = prefix .. K.sched .. name
 if redis.call('EXISTS', sched_key) == 0 then return 'missing' end
 local now = now_ms()
 if pause == '1' then
-  redis.call('HSET', sched_key, 'paused', '1', 'pause_note', ARGV[3], 'paused_at', now)
+  redis.call('HSET', sched_key, 'paused', '1', 'pause_note', ARGV[4], 'paused_at', now)
   redis.call('ZREM', sched_due_key, name)
 else
   redis.call('HSET', sched_key, 'paused', '0', 'resumed_at', now)

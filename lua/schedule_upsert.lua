@@ -1,28 +1,37 @@
+#!lua
 -- schedule_upsert.lua: create or change a schedule's definition (compare-and-set on version).
 -- The same definition again changes nothing. A changed one bumps the version (so an
 -- evaluation planned on the old one is refused) and takes the new cursor computed by the
 -- caller from the newest occurrence that already has a run, so none is lost or doubled.
--- KEYS[1] schedule hash T:sched:<name>   KEYS[2] sched_due zset   KEYS[3] schedules index zset
--- ARGV[1] name   ARGV[2] definition hash   ARGV[3] expected version ('0' = must not exist)
--- ARGV[4] new cursor ms ('' = the trigger has no more occurrences)
--- ARGV[5] paused when created ('0'/'1')  ARGV[6..] definition field, value pairs
+-- A quarantined schedule (see schedule_quarantine.lua) registered again is taken back, even
+-- with the same definition: its evaluation state is reset from the caller's cursor.
+-- KEYS[1] sched_due zset   KEYS[2] schedules index zset   KEYS[3] quarantine zset
+-- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
+-- ARGV[2] name   ARGV[3] definition hash   ARGV[4] expected version ('0' = must not exist)
+-- ARGV[5] new cursor ms ('' = the trigger has no more occurrences)
+-- ARGV[6] paused when created ('0'/'1')  ARGV[7..] definition field, value pairs
 -- Returns {status, version}: 'created', 'updated', 'unchanged' or 'conflict'.
-local sched_key, sched_due_key, index_key = KEYS[1], KEYS[2], KEYS[3]
-local name, def_hash, expected, cursor = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local sched_due_key, index_key, quarantine_key = KEYS[1], KEYS[2], KEYS[3]
+local prefix, name, def_hash, expected, cursor = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local sched_key = prefix .. K.sched .. name
 local now = now_ms()
 
-local cur = redis.call('HMGET', sched_key, 'version', 'def_hash', 'paused')
+local cur = redis.call('HMGET', sched_key, 'version', 'def_hash', 'paused', 'quarantined')
 local version = tonumber(cur[1]) or 0
 if tostring(version) ~= expected then return {'conflict', version} end
-if version > 0 and cur[2] == def_hash then return {'unchanged', version} end
+if version > 0 and cur[2] == def_hash and not cur[4] then return {'unchanged', version} end
+if cur[4] then
+  redis.call('HDEL', sched_key, 'quarantined', 'quarantined_at')
+  redis.call('ZREM', quarantine_key, name)
+end
 
 local fields = {}
-for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', sched_key, unpack(fields))
 redis.call('HSET', sched_key, 'version', version + 1, 'def_hash', def_hash, 'updated', now)
 local paused = cur[3]
 if version == 0 then
-  paused = ARGV[5]
+  paused = ARGV[6]
   redis.call('HSET', sched_key, 'created', now, 'paused', paused)
   redis.call('ZADD', index_key, now, name)
 end

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 from duetime.common import metrics
+from duetime.common import transitions as tr
 from duetime.common.connection import server_time_ms, sync_client, unavailable
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
@@ -30,6 +31,13 @@ log = get_logger("duetime.scheduler")
 SCHED_FIELDS = ("version", "next_ms", "queue", "catchup", "max_catchup", "jitter_ms", "paused",
                 *TRIGGER_FIELDS)
 BATCH = 200
+
+
+def _about_the_record(exc: Exception) -> bool:
+    """An error raised while a script read a schedule's own record (a runtime error located in
+    a script, or a key of the wrong type), not a refusal by the server (OOM, READONLY, ...)."""
+    text = str(exc)
+    return isinstance(exc, redis.ResponseError) and (".lua:" in text or text.startswith("WRONGTYPE"))
 
 
 class Ownership:
@@ -79,8 +87,8 @@ class Ownership:
         return self.owned
 
     def _lease(self, pipe: Any, p: int, mode: str) -> None:
-        self.scripts.partition_lease(keys=[self.keys.owner(p)], args=[self.id, self.ttl_ms, mode],
-                                     client=pipe)
+        keys, args = tr.partition_lease(self.keys, p, self.id, self.ttl_ms, mode)
+        self.scripts.partition_lease(keys=keys, args=args, client=pipe)
 
     def release_all(self) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -142,15 +150,19 @@ class Evaluator:
             pipe.hmget(k.sched(p, name), *SCHED_FIELDS)
         records = pipe.execute()
         pipe = self.client.pipeline(transaction=False)
-        calls = 0
+        calls: list[tuple[int, str, bytes]] = []
         for (p, name), f in zip(due, records, strict=True):
             version, next_ms, queue, catchup, max_catchup, jitter_ms, paused = f[:7]
             if version is None or next_ms is None or paused == b"1":
                 continue  # deleted, finished or paused meanwhile: upsert/pause fix the index
-            q = queue.decode()
-            pl = plan(self._trigger(name, version, f[7:]), int(next_ms), now, self.lead_ms,
-                      name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
-                      jitter_ms=int(jitter_ms or 0), tolerance_ms=self.miss_tolerance_ms)
+            try:
+                q = queue.decode()
+                pl = plan(self._trigger(name, version, f[7:]), int(next_ms), now, self.lead_ms,
+                          name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
+                          jitter_ms=int(jitter_ms or 0), tolerance_ms=self.miss_tolerance_ms)
+            except Exception as exc:  # noqa: BLE001 - one damaged record must not stop the rest
+                self._quarantine(p, name, version, f"{type(exc).__name__}: {exc}")
+                continue
             runs: list[Any] = []
             for r in pl.runs:
                 runs += [run_id_for(name, r.occurrence_ms), r.occurrence_ms, r.due_ms, r.coalesced,
@@ -159,19 +171,35 @@ class Evaluator:
                 metrics.SKIPPED.inc(pl.skipped)
                 log.info("occurrences skipped by catch-up policy", schedule=name,
                          skipped=pl.skipped, catchup=catchup.decode())
-            self.scripts.materialize(
-                keys=[k.sched(p, name), k.sched_due(p), k.due(p, q), k.deadlines(p), k.events(p)],
-                args=[k.prefix(p) + "run:", name, version, next_ms,
-                      "" if pl.next_ms is None else pl.next_ms, pl.skipped, k.wake_channel,
-                      f"{p}|{q}", *runs],
-                client=pipe)
-            calls += 1
+            keys, args = tr.materialize(
+                k, p, name, q, runs, expected=(version, next_ms, "" if pl.next_ms is None else pl.next_ms),
+                skipped=pl.skipped)
+            self.scripts.materialize(keys=keys, args=args, client=pipe)
+            calls.append((p, name, version))
         if not calls:
             return 0
-        created = sum(int(res[1]) for res in pipe.execute())
+        created = 0
+        for (p, name, version), res in zip(calls, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(res, Exception):
+                if not _about_the_record(res):
+                    raise res  # the server, not this schedule: the loop backs off
+                self._quarantine(p, name, version, f"materialize.lua failed on it: {res}")
+                continue
+            created += int(res[1])
         metrics.MATERIALIZED.inc(created)
         self.materialized += created
         return created
+
+    def _quarantine(self, p: int, name: str, version: bytes, reason: str) -> None:
+        """Set a schedule whose record cannot be evaluated aside (it stays visible, with the
+        reason, in `schedule list` and `doctor`); registering it again brings it back."""
+        reason = reason[:500]
+        keys, args = tr.schedule_quarantine(self.keys, p, name, version, reason)
+        if self.scripts.schedule_quarantine(keys=keys, args=args) == b"quarantined":
+            metrics.QUARANTINED.inc()
+            log.error("schedule quarantined: its record cannot be evaluated; the others go on",
+                      schedule=name, reason=reason,
+                      fix="register the schedule again (app.schedule or `duetime schedule add`)")
 
     def run(self) -> None:
         log.info("evaluator started", scheduler_id=self.id, lead_ms=self.lead_ms,

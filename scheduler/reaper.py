@@ -97,7 +97,16 @@ class Reaper:
             try:
                 self.reap_once()
                 backoff = 0.1
+                metrics.REFUSING_WRITES.set(0)
                 self.stopping.wait(self._sleep_s())
+            except redis.exceptions.OutOfMemoryError as exc:
+                # reap.lua is refused as a whole at maxmemory while heartbeats (allow-oom) go
+                # on extending leases: nothing is expired that a live worker could keep
+                metrics.REFUSING_WRITES.set(1)
+                log.error("redis is at maxmemory and refuses writes; recovery waits (heartbeats "
+                          "still extend leases)", error=str(exc), retry_in=backoff)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("redis unavailable; reaper retrying",
                             error=str(unavailable(self.url, exc)), retry_in=backoff)

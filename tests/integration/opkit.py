@@ -66,14 +66,13 @@ class Driver:
         ids = self.app.enqueue_many([(task, [])] * n)
         for p, c in self.claim_all():
             keys, args = tr.complete(self.k, p, [(c.run_id, c.fence)])
-            assert self.scripts.complete(keys=keys, args=args) == [b"ok"]
+            assert self.scripts.complete(keys=keys, args=args) == [b"succeeded"]
         return ids
 
     def uncertain(self, task: Any, n: int) -> list[str]:
         """Non-idempotent runs whose worker vanished: lease expired, reaped."""
         ids = self.app.enqueue_many([(task, [0.0])] * n)
         for p, c in self.claim_all():
-            self.r.delete(self.k.lease(p, c.run_id))
             self.r.zadd(self.k.leases(p), {c.run_id: 0})
         for p in range(self.k.partitions):
             keys, args = tr.reap(self.k, p, 100, 0.3, 0)

@@ -111,3 +111,13 @@ def test_worker_bad_app_reference_is_a_usage_error():
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "cannot import 'no_such_module'" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_enqueue_many_refuses_internal_fields(app):
+    """A dict item holds enqueue's own arguments only: no run id (could hold a newline), no
+    `extra` (could overwrite `state`)."""
+    for bad in ({"task": basic.noop, "run_id": "x\ny"}, {"task": basic.noop, "extra": {"state": "dead"}},
+                {"args": [1]}):
+        with pytest.raises(InvalidInput):
+            app.enqueue_many([{"task": basic.noop}, bad])
+    assert app.enqueue_many([{"task": basic.noop, "args": [1], "key": "k1", "delay": 5}])

@@ -107,6 +107,23 @@ def test_doctor_fatal_findings_exit_non_zero(namespace):
     assert "hunter2" not in res.stdout + res.stderr
 
 
+def test_doctor_says_when_the_server_refuses_writes(namespace):
+    """At maxmemory (noeviction) nothing is created, claimed or recovered: doctor says so."""
+    with EmbeddedServer("redis") as full:
+        client = redis.Redis.from_url(full.url)
+        client.set("ballast", "x" * 100_000)
+        client.config_set("maxmemory", 1)  # below what is used: writes are refused
+        res = cli(full.url, namespace, "doctor", "--json")
+        body = json.loads(res.stdout)
+        memory = [f for f in body["findings"] if f["check"] == "memory"]
+        assert res.exit_code == 1 and body["fatal"] is True
+        assert memory and memory[0]["level"] == "fatal" and "refuses writes" in memory[0]["message"]
+        client.config_set("maxmemory", 0)
+        body = json.loads(cli(full.url, namespace, "doctor", "--json").stdout)
+        assert not [f for f in body["findings"] if f["check"] == "memory"]
+        client.close()
+
+
 def test_usage_errors_are_one_line_with_exit_2(url, namespace):
     for args in (["runs", "show"], ["runs", "list", "--limit", "x"], ["top", "--bogus"],
                  ["nosuchcommand"], ["schedule", "add", "x", "--every", "1m"]):

@@ -47,7 +47,7 @@ def test_every_documented_key_is_readable_with_redis_cli(app, url, namespace, pr
     assert doc["namespace"] == namespace and doc["partitions"] == 16
     assert doc["prefixes"][0] == app.keys.prefix(0)
     entries = {e["pattern"]: e for e in doc["keys"]}
-    core = {"T:due:<queue>", "T:retry:<queue>", "T:leases", "T:lease:<run>", "T:run:<run>",
+    core = {"T:due:<queue>", "T:retry:<queue>", "T:leases", "T:run:<run>",
             "T:attempts:<run>", "T:sched:<name>", "T:sched_due", "T:schedules",
             "T:sched_running:<name>", "T:dead", "T:uncertain", "T:done", "T:events", "T:owner",
             f"{namespace}:meta", f"{namespace}:queues", f"{namespace}:workers",
@@ -62,10 +62,15 @@ def test_every_documented_key_is_readable_with_redis_cli(app, url, namespace, pr
         out = redis_cli(url, *e["command"])
         assert out.strip(), e  # the command shows the live key's content
         assert e["redis_cli"] == shlex.join(["redis-cli", "-u", url, *e["command"]])
-    # what the layout says holds, holds: the lease key names the run's owner and fence ...
-    lease = entries["T:lease:<run>"]
-    assert lease["example"].endswith(f":lease:{running}")
-    assert redis_cli(url, *lease["command"]).strip() == f"{app.get_run(running).worker}:1"
+    # what the layout says holds, holds: the leases zset holds the running run, scored with
+    # its expiry (the lease itself; the run record names the holder) ...
+    assert "lease:<run>" not in " ".join(entries)  # the lease exists once
+    leases = redis_cli(url, *entries["T:leases"]["command"]).split()
+    assert running in leases
+    expiry = int(float(leases[leases.index(running) + 1]))
+    assert expiry > int(redis_cli(url, "TIME").split()[0]) * 1000
+    rp = app.keys.partition_of_run(running)
+    assert redis_cli(url, "HGET", app.keys.run(rp, running), "worker").strip() == app.get_run(running).worker
     # ... the running set of the schedule holds the run, the wake channel has a subscriber
     assert redis_cli(url, *entries["T:sched_running:<name>"]["command"]).strip() == running
     assert redis_cli(url, *entries[f"{namespace}:wake"]["command"]).split()[-1] != "0"
@@ -85,4 +90,4 @@ def test_every_documented_key_is_readable_with_redis_cli(app, url, namespace, pr
     # and a run's own keys
     key = ok(cli(url, namespace, "keys", "--run", running)).strip()
     assert redis_cli(url, "HGET", key, "state").strip() == "running"
-    assert as_json(cli(url, namespace, "keys", "--run", running, "--json"))["lease"] == lease["example"]
+    assert as_json(cli(url, namespace, "keys", "--run", running, "--json"))["leases"] == app.keys.leases(rp)

@@ -103,3 +103,34 @@ def _try(fn: Callable[[], object]) -> bool:
         return bool(fn())
     except (OSError, TypeError):
         return False
+
+
+def test_a_reaper_holds_off_while_redis_refuses_writes_and_says_so(app, r, procs):
+    """At maxmemory the reaper's script is refused as a whole: an expired lease stays as it
+    was (nothing half-done), the refusal shows as a metric, and recovery resumes after."""
+    port = free_port()
+    d = Driver(app)
+    run_id = app.enqueue(basic.noop)
+    [(p, _)] = d.claim_all()
+    r.zadd(app.keys.leases(p), {run_id: 0})  # its worker is gone: the lease has expired
+    old = r.config_get("maxmemory")["maxmemory"]
+    r.config_set("maxmemory", 1)
+    try:
+        procs.duetime("reaper", "--tick", "100ms", "--metrics-port", str(port))
+        wait_for(lambda: _up(port) and value(scrape(port), "duetime_redis_refusing_writes") == 1,
+                 20, what="the refusing-writes gauge")
+        assert app.get_run(run_id).state == "running"
+        assert r.zscore(app.keys.leases(p), run_id) == 0
+    finally:
+        r.config_set("maxmemory", old)
+    wait_for(lambda: app.get_run(run_id).state == "retrying", 20,
+             what="recovery after the refusal ends")
+    wait_for(lambda: value(scrape(port), "duetime_redis_refusing_writes") == 0, 20)
+
+
+def _up(port: int) -> bool:
+    try:
+        scrape(port)
+    except OSError:
+        return False
+    return True

@@ -291,3 +291,55 @@ def test_a_silent_scheduler_s_partitions_are_taken_a_tick_after_its_leases_expir
     assert 3.0 <= taken_after < 3.0 + 0.8, taken_after
     b.tick()
     assert not b.ownership.suspect  # a has left the live set: back to renewing every 1 s
+
+
+def test_a_damaged_schedule_is_quarantined_and_the_others_keep_firing(app, procs):
+    """A schedule hash edited by hand (a trigger kind nobody wrote, a cursor that is not a
+    number) is set aside with its reason; every other schedule keeps firing; registering the
+    damaged one again brings it back."""
+    every = duetime.Every(timedelta(seconds=1))
+    for name in ("good", "bad-kind", "bad-cursor"):
+        app.schedule(name, every, basic.noop)
+    r, k = app.store.client, app.keys
+    r.hset(k.sched(k.partition_of_schedule("bad-kind"), "bad-kind"), "t.kind", "weekly")
+    r.hset(k.sched(k.partition_of_schedule("bad-cursor"), "bad-cursor"), "next_ms", "abc")
+    procs.duetime("scheduler", "--tick", "100ms")
+    wait_for(lambda: len(runs_of(app, "good")) >= 3, 20, what="the good schedule to keep firing")
+    for name in ("bad-kind", "bad-cursor"):
+        wait_for(lambda n=name: app.get_schedule(n).quarantined, 10, what=f"{name} quarantined")
+        assert not runs_of(app, name)
+        p = k.partition_of_schedule(name)
+        assert r.zscore(k.quarantine(p), name) is not None and r.zscore(k.sched_due(p), name) is None
+    assert "weekly" in app.get_schedule("bad-kind").quarantined
+    assert app.get_schedule("bad-kind").problem  # listings mark it instead of failing
+    assert "abc" in app.get_schedule("bad-cursor").quarantined
+    assert {s.name for s in app.list_schedules()} == {"good", "bad-kind", "bad-cursor"}
+    from tests.integration.opkit import as_json, cli
+
+    doctor = as_json(cli(app.redis_url, k.namespace, "doctor", "--json"))
+    [finding] = [f for f in doctor["findings"] if f["check"] == "schedules"]
+    assert finding["level"] == "warn" and "bad-kind" in finding["message"]
+    # the fix: register it again (same definition): back in, fires
+    assert app.schedule("bad-cursor", every, basic.noop) == "updated"
+    assert app.get_schedule("bad-cursor").quarantined is None
+    wait_for(lambda: runs_of(app, "bad-cursor"), 20, what="the repaired schedule to fire")
+    assert procs.procs[-1].poll() is None  # the scheduler kept serving throughout
+
+
+def test_a_scheduler_whose_evaluator_dies_exits_non_zero(url, namespace):
+    """A bug that kills a part of the scheduler process stops the process (so a supervisor
+    restarts it) instead of leaving one that looks alive and evaluates nothing."""
+    import subprocess
+    import sys
+
+    code = (
+        "from duetime.scheduler import evaluator, service\n"
+        "from duetime.common.keys import Keyspace\n"
+        "def broken(self): raise RuntimeError('a bug in the evaluator')\n"
+        "evaluator.Evaluator.tick = broken\n"
+        f"service.run_scheduler({url!r}, Keyspace({namespace!r}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert p.returncode == 1
+    err = p.stderr.decode() + p.stdout.decode()
+    assert "a bug in the evaluator" in err and "exiting so it is restarted" in err

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import pytest
+import redis
 from duetime.common import transitions as tr
 from duetime.common.scripts import Scripts
 
@@ -43,8 +46,8 @@ def lc(app, r):
             return total
 
         def expire(self, p, run_id):
-            """Make the lease look expired right now (instead of sleeping through it)."""
-            r.delete(self.k.lease(p, run_id))
+            """Make the lease expired right now (instead of sleeping through it): the lease is
+            the run's score in the leases zset."""
             r.zadd(self.k.leases(p), {run_id: 0})
 
     return Driver()
@@ -54,9 +57,11 @@ def test_claim_sets_lease_fence_and_attempt(app, r, lc):
     run_id = app.enqueue(basic.noop)
     [(p, c)] = lc.claim(worker="w1", lease_ms=5000)
     assert c.run_id == run_id and c.fence == 1 and c.attempt == 1
-    assert r.get(app.keys.lease(p, run_id)) == b"w1:1"
-    assert 0 < r.pttl(app.keys.lease(p, run_id)) <= 5000
-    assert r.zscore(app.keys.leases(p), run_id) is not None
+    # the lease is one entry: its score is the expiry, the run hash names holder and fence
+    expiry = r.zscore(app.keys.leases(p), run_id)
+    assert 0 < expiry - int(r.time()[0]) * 1000 <= 5000 + 1000
+    assert r.hmget(app.keys.run(p, run_id), "worker", "fence") == [b"w1", b"1"]
+    assert not r.keys(f"{app.keys.namespace}:*lease:*")  # no second copy of the lease
     assert lc.claim() == []  # nothing left to claim
     assert app.get_run(run_id).state == "running"
 
@@ -74,7 +79,7 @@ def test_stale_worker_cannot_complete_or_fail(app, r, lc):
     run = app.get_run(run_id)
     assert run.state == "running" and run.fence == 2 and run.worker == "w2"
     assert run.attempts[0].late and run.attempts[0].late_outcome == "failed"
-    assert lc.complete(p, new) == "ok"
+    assert lc.complete(p, new) == "succeeded"
     assert app.get_run(run_id).state == "succeeded"
 
 
@@ -84,7 +89,7 @@ def test_late_success_finishes_a_run_not_claimed_again(app, r, lc):
     lc.expire(p, run_id)
     assert lc.reap() == 1
     assert app.get_run(run_id).state == "retrying"
-    assert lc.complete(p, c) == "late_ok"
+    assert lc.complete(p, c) == "late_succeeded"
     run = app.get_run(run_id)
     assert run.state == "succeeded"
     assert r.zscore(app.keys.retry(p, "default"), run_id) is None  # the retry will not run
@@ -97,7 +102,7 @@ def test_late_success_resolves_uncertain(app, r, lc):
     lc.expire(p, run_id)
     lc.reap()
     assert app.get_run(run_id).state == "uncertain"
-    assert lc.complete(p, c) == "late_ok"
+    assert lc.complete(p, c) == "late_succeeded"
     assert app.get_run(run_id).state == "succeeded"
     assert r.zscore(app.keys.uncertain(p), run_id) is None
 
@@ -108,10 +113,12 @@ def test_heartbeat_extends_only_the_current_fence(app, r, lc):
     [(p, c)] = lc.claim(worker="w1", lease_ms=1000)
     keys, args = tr.heartbeat(app.keys, p, 60_000, [(run_id, "w1:1"), (run_id, "w9:1")])
     assert scripts.heartbeat(keys=keys, args=args) == [1, 0]
-    assert r.pttl(app.keys.lease(p, run_id)) > 50_000
+    assert r.zscore(app.keys.leases(p), run_id) - int(r.time()[0]) * 1000 > 50_000
     # an expired lease of a run nobody re-claimed is revived by its holder
-    r.delete(app.keys.lease(p, run_id))
+    r.zadd(app.keys.leases(p), {run_id: 0})
     keys, args = tr.heartbeat(app.keys, p, 60_000, [(run_id, "w1:1")])
+    assert scripts.heartbeat(keys=keys, args=args) == [1]
+    assert r.zscore(app.keys.leases(p), run_id) > 0
     assert scripts.heartbeat(keys=keys, args=args) == [1]
     # ... but not once the reaper has taken it
     lc.expire(p, run_id)
@@ -187,7 +194,7 @@ def test_complete_acknowledges_a_batch_and_judges_each_fence(app, r, lc):
         items = [(c.run_id, c.fence) for c in cs] + [(cs[0].run_id, 99)]  # one stale fence
         keys, args = tr.complete(app.keys, p, items)
         res = [x.decode() for x in scripts.complete(keys=keys, args=args)]
-        assert res == ["ok"] * len(cs) + ["stale"]
+        assert res == ["succeeded"] * len(cs) + ["stale"]
     for i in ids:
         run = app.get_run(i)
         assert run.state == "succeeded" and [a.outcome for a in run.attempts] == ["succeeded"]
@@ -198,7 +205,7 @@ def test_retention_sweep_deletes_old_finished_runs_only(app, r, lc):
     done_id = app.enqueue(basic.noop)
     waiting = app.enqueue(basic.noop, delay=60)
     [(p, c)] = lc.claim()
-    assert lc.complete(p, c) == "ok"
+    assert lc.complete(p, c) == "succeeded"
     time.sleep(0.05)
     lc.reap(retention_ms=10)
     with pytest.raises(duetime.RunNotFound):
@@ -313,7 +320,7 @@ def test_a_buffered_run_claimed_ahead_is_never_made_due_before_its_time(app, r, 
     assert a.run_id == a_id
     assert lc.claim(p=p, ahead_ms=5000) == []  # B: buffered behind the running A
     assert r.hget(app.keys.sched(p, "nightly"), "buffered") == b_id.encode()
-    assert lc.complete(p, a) == "ok"
+    assert lc.complete(p, a) == "succeeded"
     b_due = int(app.get_run(b_id).due.timestamp() * 1000)
     assert r.zscore(app.keys.due(p, "default"), b_id) == b_due
 
@@ -340,18 +347,16 @@ def test_times_fences_and_attempt_entries_are_stored_as_plain_integers(app, r, l
     assert sorted(c.run_id for _, c in claimed) == sorted([ids[2], ids[4]])  # the due ones
     p, c = claimed[0]
     rec = r.hgetall(app.keys.run(p, c.run_id))
-    for f in (b"fence", b"attempt", b"started", b"lease_expires"):
+    for f in (b"fence", b"attempt", b"started"):
         assert digits.fullmatch(rec[f]), (f, rec[f])
-    assert int(rec[b"lease_expires"]) - int(rec[b"started"]) == 4000
-    assert r.zscore(app.keys.leases(p), c.run_id) == int(rec[b"lease_expires"])
+    assert r.zscore(app.keys.leases(p), c.run_id) - int(rec[b"started"]) == 4000
     keys, args = tr.heartbeat(app.keys, p, 9000, [(c.run_id, "w1:1")])
     assert Scripts(r).heartbeat(keys=keys, args=args) == [1]
     rec = r.hgetall(app.keys.run(p, c.run_id))
-    assert digits.fullmatch(rec[b"lease_expires"]) and digits.fullmatch(rec[b"heartbeat"])
-    assert int(rec[b"lease_expires"]) - int(rec[b"heartbeat"]) == 9000
-    assert r.zscore(app.keys.leases(p), c.run_id) == int(rec[b"lease_expires"])
+    assert digits.fullmatch(rec[b"heartbeat"])
+    assert r.zscore(app.keys.leases(p), c.run_id) - int(rec[b"heartbeat"]) == 9000
 
-    assert lc.complete(p, c) == "ok"
+    assert lc.complete(p, c) == "succeeded"
     rec = r.hgetall(app.keys.run(p, c.run_id))
     assert digits.fullmatch(rec[b"finished"])
     assert r.zscore(app.keys.done(p), c.run_id) == int(rec[b"finished"])
@@ -359,3 +364,193 @@ def test_times_fences_and_attempt_entries_are_stored_as_plain_integers(app, r, l
     entry = json.loads(raw)
     assert entry == {"n": 1, "fence": 1, "worker": "w1", "outcome": "succeeded",
                      "start": int(rec[b"started"]), "end": int(rec[b"finished"])}
+
+
+# -- errors name the script and line; the server's memory limit; damaged records -------------
+def _line_of(script: str, text: str) -> int:
+    lines = (Path(__file__).resolve().parents[2] / "lua" / script).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def test_an_error_inside_a_script_names_its_file_and_line(app, r, url):
+    """Direct calls, pipelines and the asyncio client: the message points at heartbeat.lua's
+    own line, not at a line of the assembled source."""
+    import asyncio
+
+    from duetime.common.connection import async_client
+
+    where = f"heartbeat.lua:{_line_of('heartbeat.lua', 'tonumber(ARGV[2])')}:"
+    keys, args = tr.heartbeat(app.keys, 0, 1000, [])
+    args[1] = "not-a-number"  # the lease length: arithmetic on nil inside the script
+    with pytest.raises(redis.ResponseError, match=where) as direct:
+        Scripts(r).heartbeat(keys=keys, args=args)
+    assert "user_script" not in str(direct.value)
+    pipe = r.pipeline(transaction=False)
+    Scripts(r).heartbeat(keys=keys, args=args, client=pipe)
+    [res] = pipe.execute(raise_on_error=False)
+    assert where in str(res)
+
+    async def from_asyncio() -> str:
+        client = async_client(url)
+        try:
+            await Scripts(client).heartbeat(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            return str(exc)
+        finally:
+            await client.aclose()
+        return ""
+
+    assert where in asyncio.run(from_asyncio())
+
+
+def test_a_redis_error_inside_a_helper_names_lib_and_line(app, r):
+    """WRONGTYPE raised by redis.call inside a _lib.lua helper (emit's XADD) is located there."""
+    run_id = app.enqueue(basic.noop)
+    p = app.keys.partition_of_run(run_id)
+    r.set(app.keys.events(p), "damaged")  # the events stream replaced by a string
+    keys, args = tr.cancel(app.keys, p, "default", run_id, "test")
+    with pytest.raises(redis.ResponseError, match=r"WRONGTYPE.*@_lib\.lua:(\d+)") as err:
+        Scripts(r).cancel(keys=keys, args=args)
+    line = int(re.search(r"@_lib\.lua:(\d+)", str(err.value)).group(1))
+    lib = (Path(__file__).resolve().parents[2] / "lua" / "_lib.lua").read_text().splitlines()
+    assert "XADD" in lib[line - 1]
+
+
+@pytest.fixture
+def at_maxmemory(r):
+    """The server refuses writes that may grow memory (maxmemory below what is used)."""
+    old = r.config_get("maxmemory")["maxmemory"]
+    try:
+        yield lambda: r.config_set("maxmemory", 1)
+    finally:
+        r.config_set("maxmemory", old)
+
+
+def test_heartbeats_extend_leases_while_the_reaper_is_refused(app, r, lc, at_maxmemory):
+    """At maxmemory a heartbeat still extends a lease (allow-oom), while reap.lua, claim.lua and
+    enqueue.lua are refused as a whole before they write anything: the reaper cannot expire
+    what heartbeats are able to keep alive."""
+    run_id = app.enqueue(basic.noop)
+    later = app.enqueue(basic.noop)
+    [(p, c)] = lc.claim(worker="w1", n=1, p=app.keys.partition_of_run(run_id))
+    lc.expire(p, run_id)  # expired: the next reap would take it
+    at_maxmemory()
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        lc.reap()
+    assert app.get_run(run_id).state == "running"
+    assert r.zscore(app.keys.leases(p), run_id) == 0  # nothing changed, not even the index
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        lc.claim(p=app.keys.partition_of_run(later))
+    with pytest.raises(duetime.DuetimeError, match="maxmemory") as refused:
+        app.enqueue(basic.noop)  # a duetime error that says what to do
+    assert refused.value.code == "OOM"
+    keys, args = tr.heartbeat(app.keys, p, 60_000, [(run_id, "w1:1")])
+    assert Scripts(r).heartbeat(keys=keys, args=args) == [1]
+    assert r.zscore(app.keys.leases(p), run_id) > int(r.time()[0]) * 1000
+    r.config_set("maxmemory", 0)
+    assert lc.reap() == 0  # the lease was extended: nothing to reap
+    assert lc.complete(p, c) == "succeeded"
+
+
+def test_a_reaped_run_keeps_its_place_ahead_of_a_backlog(app, r, lc):
+    """Recovery is not queued behind runs that became due after it: the retry is scored at
+    the time the run first became claimable."""
+    run_id = app.enqueue(basic.noop)
+    p = app.keys.partition_of_run(run_id)
+    [(_, c)] = lc.claim(p=p)
+    due = int(r.hget(app.keys.run(p, run_id), "due"))
+    backlog = app.enqueue_many([(basic.noop, [i]) for i in range(300)])
+    lc.expire(p, run_id)
+    assert lc.reap() == 1
+    assert r.zscore(app.keys.retry(p, "default"), run_id) == due
+    [(_, again)] = lc.claim(p=p, n=1)
+    assert again.run_id == run_id and again.fence == 2
+    assert len(backlog) == 300
+
+
+def test_damaged_run_records_are_dead_lettered_with_a_reason_never_lost(app, r, lc):
+    k = app.keys
+    # an expired lease on a run whose retry policy was damaged by hand
+    a = app.enqueue(basic.noop)
+    pa = k.partition_of_run(a)
+    lc.claim(p=pa)
+    r.hset(k.run(pa, a), "max_attempts", "abc")
+    lc.expire(pa, a)
+    assert lc.reap() == 1
+    run = app.get_run(a)
+    assert run.state == "dead" and "damaged" in run.reason
+    assert r.zscore(k.dead(pa), a) is not None and r.zscore(k.leases(pa), a) is None
+    # a due run whose state was overwritten with something that is not a state
+    b = app.enqueue(basic.noop)
+    pb = k.partition_of_run(b)
+    r.hset(k.run(pb, b), "state", "weekly")
+    assert lc.claim(p=pb) == []
+    run = app.get_run(b)
+    assert run.state == "dead" and "weekly" in run.reason
+    assert r.zscore(k.dead(pb), b) is not None
+    # a leased run whose state vanished
+    c = app.enqueue(basic.noop)
+    pc = k.partition_of_run(c)
+    lc.claim(p=pc)
+    r.hdel(k.run(pc, c), "state")
+    lc.expire(pc, c)
+    lc.reap()
+    assert app.get_run(c).state == "dead" and r.zscore(k.dead(pc), c) is not None
+
+
+def test_a_call_sent_again_after_a_lost_reply_changes_nothing(app, r, lc):
+    """redis-py sends a call again when a connection broke before its reply arrived; every
+    transition must then answer as the first time and change nothing (no run reset, no
+    second attempt entry, no misleading 'stale')."""
+    scripts = Scripts(r)
+    # enqueue: the same chunk twice, with a claim in between, leaves the running run alone
+    rid = "a1b2c3d4e5f6a7b8c9d0"
+    p = app.keys.partition_of_run(rid)
+    keys, args = tr.enqueue(app.keys, p, "default", ["task", "noop", "queue", "default",
+                                                      "max_attempts", 3],
+                            [(rid, "", 0, ["payload", b"\x92\x90\x80"])])
+    assert scripts.enqueue(keys=keys, args=args) == 1
+    [(_, c)] = lc.claim(p=p)
+    assert scripts.enqueue(keys=keys, args=args) == 0
+    run = app.get_run(rid)
+    assert run.state == "running" and run.fence == 1
+    assert r.zscore(app.keys.due(p, "default"), rid) is None
+    # complete: twice, one attempt entry, the same answer
+    assert lc.complete(p, c) == "succeeded"
+    assert lc.complete(p, c) == "succeeded"
+    assert r.llen(app.keys.attempts(p, rid)) == 1
+    # fail: twice, the same state and retry time, one attempt entry
+    other = app.enqueue(basic.always_fails)
+    po = app.keys.partition_of_run(other)
+    [(_, f)] = lc.claim(p=po)
+    keys, args = tr.fail(app.keys, po, "default", other, f.fence, "boom", "error", 0, 0.5)
+    first = scripts.fail(keys=keys, args=args)
+    assert first[0] == b"retrying"
+    assert scripts.fail(keys=keys, args=args) == first
+    assert r.llen(app.keys.attempts(po, other)) == 1
+    assert not app.get_run(other).attempts[0].late
+
+
+def test_a_bulk_enqueue_stopped_by_redis_says_which_runs_exist(app, r, at_maxmemory):
+    """maxmemory is reached part way through a bulk enqueue: the error lists the ids that were
+    created and those that were not (each script call is all or nothing), and it is right."""
+    app.enqueue(basic.noop)  # the namespace exists
+    used = r.info("memory")["used_memory"]
+    r.config_set("maxmemory", used + 1_500_000)  # room for a few thousand runs, not 20,000
+    try:
+        with pytest.raises(duetime.EnqueueIncomplete) as stopped:
+            app.enqueue_many([(basic.noop, [i]) for i in range(20_000)])
+    finally:
+        r.config_set("maxmemory", 0)
+    err = stopped.value
+    assert len(err.ids) == 20_000 and not err.unknown
+    assert 0 < len(err.created) < 20_000
+    assert len(err.created) + len(err.not_created) == 20_000
+    assert "maxmemory" in str(err) and f"{len(err.created):,} of 20,000" in str(err)
+    pipe = r.pipeline(transaction=False)
+    for i in err.ids:
+        pipe.exists(app.keys.run(app.keys.partition_of_run(i), i))
+    exists = dict(zip(err.ids, pipe.execute(), strict=True))
+    assert all(exists[i] for i in err.created) and not any(exists[i] for i in err.not_created)
+    due = sum(r.zcard(app.keys.due(p, "default")) for p in range(app.keys.partitions))
+    assert due == len(err.created) + 1  # nothing half-written

@@ -77,6 +77,6 @@ def test_readme_walkthrough_runs_as_written(url, namespace, tmp_path: Path):
     assert "next 5 fire times (UTC / UTC)" in out
     assert re.search(r"^succeeded$", out, re.M)  # runs wait
     assert "\nsucceeded\ndemo.resize\n" in out  # redis-cli HMGET of the run's hash
-    assert "T:lease:<run>" in out and "redis-cli -u" in out  # duetime keys
+    assert "T:leases" in out and "redis-cli -u" in out  # duetime keys
     assert "DONE/s" in out and "default" in out  # top --once
     assert "Traceback" not in err

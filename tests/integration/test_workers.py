@@ -219,7 +219,6 @@ def test_lost_lease_cancels_an_async_run(app, r, procs):
     # the reaper takes the run (a long backoff keeps the worker from claiming it back) ...
     r.hset(k.run(p, run_id), mapping={"attempt": 2, "backoff_base": 600_000,
                                       "backoff_max": 600_000, "max_attempts": 9})
-    r.delete(k.lease(p, run_id))
     r.zadd(k.leases(p), {run_id: 0})
     keys, args = tr.reap(k, p, 10, 0.5, 0)
     assert scripts.reap(keys=keys, args=args)[0] == 1

@@ -13,7 +13,7 @@ def slot(key: str) -> int:
 def test_every_key_of_a_partition_shares_one_slot():
     k = Keyspace("duetime", 16)
     for p in range(16):
-        keys = [k.due(p, "q"), k.retry(p, "q"), k.leases(p), k.lease(p, "r1"), k.run(p, "r1"),
+        keys = [k.due(p, "q"), k.retry(p, "q"), k.leases(p), k.run(p, "r1"),
                 k.attempts(p, "r1"), k.dead(p), k.uncertain(p), k.done(p), k.events(p),
                 k.sched(p, "s"), k.sched_due(p)]
         assert len({slot(x) for x in keys}) == 1

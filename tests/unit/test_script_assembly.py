@@ -1,0 +1,133 @@
+"""How the Lua scripts are put together: key suffixes from one table, only the helpers a
+script uses, a line numbering that names the file, flags where they matter."""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+from duetime.common import scripts
+from duetime.common.keys import GLOBAL, SUFFIX, Keyspace
+from duetime.common.models import STATES
+
+ROOT = Path(__file__).resolve().parents[2]
+LUA = ROOT / "lua"
+CODE = [ROOT / d for d in ("duetime", "common", "scheduler", "worker")]
+# a suffix that is followed by a name (`run:`, `due:`, ...), and the whole-key suffixes
+NAMED = sorted({s for s in [*SUFFIX.values(), *GLOBAL.values()] if s.endswith(":")})
+WHOLE = sorted({s for s in [*SUFFIX.values(), *GLOBAL.values()] if not s.endswith(":")})
+
+
+def _alt(words: list[str]) -> str:
+    return "(" + "|".join(map(re.escape, words)) + ")"
+
+
+def test_no_key_suffix_is_spelled_in_a_lua_script():
+    """Scripts name keys `prefix .. K.<kind> .. id`; a quoted suffix would be a second
+    spelling that common/keys.py cannot change."""
+    named = re.compile(r"""['"]""" + _alt(NAMED))
+    joined = re.compile(r"""\.\.\s*['"]""" + _alt(WHOLE) + """['"]""")
+    found = []
+    for path in sorted(LUA.glob("*.lua")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("--", 1)[0]
+            if named.search(code) or joined.search(code):
+                found.append(f"{path.name}:{n}: {line.strip()}")
+    assert not found, "key suffixes spelled outside common/keys.py:\n" + "\n".join(found)
+
+
+def _literals(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every one-line string literal; docstrings and other triple-quoted prose
+    are left out."""
+    out = []
+    for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if t.type == tokenize.STRING:
+            body = t.string.lstrip("rbfuRBFU")
+            if not body.startswith(('"""', "'''")):
+                out.append((t.start[0], body[1:-1]))
+    return out
+
+
+def test_no_key_suffix_is_spelled_in_python_outside_keys_py():
+    """A key name is built by a Keyspace method; a string like `"run:"`, `":due:"` or
+    `"}leases"` elsewhere would be a second spelling."""
+    named = re.compile(r"(^|[:}])" + _alt(NAMED))
+    whole = re.compile(r"[:}]" + _alt(WHOLE) + "$")
+    found = [f"{path.relative_to(ROOT)}:{line}: {text!r}"
+             for top in CODE for path in sorted(top.rglob("*.py"))
+             if path != ROOT / "common" / "keys.py"
+             for line, text in _literals(path) if named.search(text) or whole.search(text)]
+    assert not found, "key suffixes spelled outside common/keys.py:\n" + "\n".join(found)
+
+
+def test_every_key_kind_has_a_keyspace_method_of_its_name():
+    k = Keyspace("ns", 4)
+    for name, suffix in SUFFIX.items():
+        build = getattr(k, name)
+        args = (0,) if not suffix.endswith(":") else (0, "x")
+        assert build(*args) == k.prefix(0) + suffix + ("x" if len(args) == 2 else "")
+
+
+def test_scripts_get_the_suffixes_from_keys_py():
+    src = scripts.source("complete")
+    assert "K.run" not in src and repr(SUFFIX["run"]) in src
+
+
+def test_an_unknown_key_kind_is_refused_when_the_scripts_are_assembled():
+    with pytest.raises(ValueError, match="K.nosuchkind"):
+        scripts._suffixes("local k = prefix .. K.nosuchkind .. id", "x.lua")
+
+
+def test_each_script_carries_only_the_helpers_it_uses():
+    lib = scripts.helpers()
+    assert {"now_ms", "int_s", "emit", "retry_or_dead", "leave_running"} <= lib.keys()
+    enqueue = scripts.source("enqueue")
+    assert "local function now_ms" in enqueue and "local function int_s" in enqueue
+    for unused in ("retry_or_dead", "leave_running", "push_attempt", "emit", "backoff_ms"):
+        assert f"local function {unused}" not in enqueue
+    # a helper's own dependencies come with it (retry_or_dead uses backoff_ms and add_due)
+    fail = scripts.source("fail")
+    assert "local function backoff_ms" in fail and "local function add_due" in fail
+    assert "local function finish_unstarted" not in fail
+    assert "local function" not in scripts.source("partition_lease")
+
+
+def test_line_numbers_of_the_assembled_scripts_name_the_file():
+    for name in scripts.SCRIPT_NAMES:
+        src = scripts.source(name).splitlines()
+        own = (LUA / f"{name}.lua").read_text().splitlines()
+        base = scripts.STRIDE * (scripts.SCRIPT_NAMES.index(name) + 1)
+        for n, line in enumerate(own, 1):
+            if n == 1 and line.startswith("#!"):
+                assert src[0] == line  # flags stay on the first line
+                continue
+            assert src[base + n - 1] == scripts._suffixes(line, name), (name, n)
+            assert scripts.locate(base + n) == f"{name}.lua:{n}"
+        lib = (LUA / "_lib.lua").read_text().splitlines()
+        for n, line in enumerate(src[: scripts.STRIDE], 1):
+            if line and not line.startswith("#!"):
+                assert scripts._suffixes(lib[n - 1], "_lib.lua") == line
+                assert scripts.locate(n) == f"_lib.lua:{n}"
+    line = 2 * scripts.STRIDE + 30  # the second script, claim.lua, line 30
+    msg = f"ERR user_script:{line}: attempt to index a nil value on @user_script:{line}."
+    assert scripts.explain(msg) == (
+        "ERR claim.lua:30: attempt to index a nil value on @claim.lua:30.")
+
+
+def test_memory_flags_match_what_each_script_may_do():
+    """At maxmemory: a heartbeat, a partition-lease renewal and the deleting scripts still run;
+    every other script is refused before it writes (a shebang without allow-oom)."""
+    allow_oom = {n for n in scripts.SCRIPT_NAMES
+                 if scripts.source(n).startswith("#!lua flags=allow-oom")}
+    assert allow_oom == {"heartbeat", "partition_lease", "purge", "schedule_delete"}
+    for n in scripts.SCRIPT_NAMES:
+        assert scripts.source(n).startswith("#!lua"), n
+
+
+def test_lua_knows_the_same_run_states_as_python():
+    src = (LUA / "_lib.lua").read_text()
+    block = re.search(r"local STATES = \{(.*?)\}", src, re.S).group(1)
+    assert set(re.findall(r"(\w+) = true", block)) == set(STATES)
