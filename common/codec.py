@@ -37,3 +37,23 @@ def unpack_payload(data: bytes | None, limit: int = DEFAULT_MAX_PAYLOAD
         raise PayloadTooLarge(f"stored payload is {len(data)} bytes, over the {limit}-byte cap")
     args, kwargs = msgpack.unpackb(data, raw=False, strict_map_key=False)
     return args, kwargs
+
+
+def pack_result(value: Any, limit: int = DEFAULT_MAX_PAYLOAD) -> bytes:
+    """A task's return value as stored on its run (msgpack, capped like payloads)."""
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    try:
+        data = packer.pack(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInput(f"result is not msgpack-serialisable: {exc}") from None
+    if len(data) > limit:
+        raise PayloadTooLarge(f"result is {len(data)} bytes, over the {limit}-byte cap")
+    return data
+
+
+def unpack_result(data: bytes, limit: int = DEFAULT_MAX_PAYLOAD) -> Any:
+    if len(data) > limit:
+        raise PayloadTooLarge(f"stored result is {len(data)} bytes, over the {limit}-byte cap")
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)

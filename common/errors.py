@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DuetimeError(Exception):
     """Base class: a clear, one-line message meant for a human."""
@@ -45,6 +47,28 @@ class EnqueueIncomplete(DuetimeError):
                  not_created: list[str], unknown: list[str]) -> None:
         super().__init__(message)
         self.ids, self.created, self.not_created, self.unknown = ids, created, not_created, unknown
+
+
+class RunFailed(DuetimeError):
+    """A run waited on did not succeed: it ended dead, cancelled, skipped or missed, or is
+    uncertain (its outcome is unknown; an operator decides). `.run` is the run, `.state` its
+    state, `.error` the last error or reason."""
+
+    def __init__(self, run: Any) -> None:
+        self.run, self.state = run, run.state
+        self.error = run.error or run.reason
+        what = ("is uncertain: its outcome is unknown, an operator decides"
+                if run.state == "uncertain" else f"ended {run.state}")
+        detail = f": {self.error.splitlines()[0]}" if self.error else ""
+        super().__init__(f"run {run.id} ({run.task}) {what}{detail}")
+
+
+class WaitTimeout(DuetimeError, TimeoutError):
+    """The run did not end within the wait's timeout; `.run` is how it stood then."""
+
+    def __init__(self, run: Any, timeout: float | None) -> None:
+        self.run, self.state = run, run.state
+        super().__init__(f"run {run.id} ({run.task}) is still {run.state} after {timeout:g}s")
 
 
 class PartitionMismatch(DuetimeError):

@@ -45,6 +45,8 @@ PARTITION_KEYS: dict[str, KeyKind] = {
                       "(owner and fence are the run's worker and fence fields)"),
     "run": KeyKind("run:", "hash", "the run record (plain fields; payload is msgpack)", "run"),
     "attempts": KeyKind("attempts:", "list", "one JSON entry per finished attempt", "run"),
+    "notify": KeyKind("notify:", "list", "a run's final state, pushed for each client waiting on "
+                      "it (exists briefly, only while someone waits)", "run"),
     "sched": KeyKind("sched:", "hash", "schedule definition and evaluation state", "name"),
     "sched_due": KeyKind("sched_due", "zset", "schedule name -> next fire time (ms)"),
     "schedules": KeyKind("schedules", "zset",
@@ -71,6 +73,8 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
     "worker": KeyKind("worker:", "hash", "a live worker: queues, concurrency, in-flight (expires)",
                       "worker"),
     "schedulers": KeyKind("schedulers", "zset", "scheduler id -> last seen (ms)"),
+    "tasks": KeyKind("tasks", "hash", "task name -> its options as JSON, published by workers, so "
+                     "a producer without the task's code enqueues it with the right options"),
     "wake": KeyKind("wake", "channel", "pub/sub: '<partition>|<queue>|<due ms>' wakes idle workers"),
 }
 GLOBAL: dict[str, str] = {name: kind.suffix for name, kind in GLOBAL_KEYS.items()}
@@ -134,6 +138,9 @@ class Keyspace:
     def attempts(self, p: int, run_id: str) -> str:
         return self.prefix(p) + SUFFIX["attempts"] + run_id
 
+    def notify(self, p: int, run_id: str) -> str:
+        return self.prefix(p) + SUFFIX["notify"] + run_id
+
     def dead(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["dead"]
 
@@ -190,6 +197,10 @@ class Keyspace:
     @cached_property
     def schedulers(self) -> str:
         return self._global("schedulers")
+
+    @cached_property
+    def tasks(self) -> str:
+        return self._global("tasks")
 
     @cached_property
     def wake_channel(self) -> str:

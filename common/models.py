@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from duetime.common.codec import unpack_payload
+from duetime.common.codec import unpack_payload, unpack_result
 
 STATES = (
     "scheduled", "running", "retrying", "succeeded", "dead", "uncertain",
@@ -94,6 +94,10 @@ class Run:
     resolved_as: str | None = None
     heartbeat: datetime | None = None
     lease_expires: datetime | None = None
+    # the task's return value once it succeeded (None when it returned None, did not store
+    # its result, or has not succeeded); result_error says why a stored one cannot be read
+    result: Any = None
+    result_error: str | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -120,6 +124,12 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - damaged by hand: show it, do not crash
             args, kwargs = [f"<unreadable payload: {exc!r}>"], {}
         history = [Attempt.decode(a) for a in attempts]
+        result, result_error = None, s("result_error")
+        if h.get(b"result"):
+            try:
+                result = unpack_result(h[b"result"])
+            except Exception as exc:  # noqa: BLE001 - damaged or too large: say so
+                result_error = f"unreadable result: {exc!r}"
         if s("state") == "running":
             # the attempt in progress is written to the history when it ends
             history.append(Attempt(number=n("attempt", 0), fence=n("fence", 0),
@@ -153,4 +163,6 @@ class Run:
             resolved_as=s("resolved_as"),
             heartbeat=from_ms(s("heartbeat")),
             lease_expires=from_ms(lease_expiry) if s("state") == "running" else None,
+            result=result,
+            result_error=result_error,
         )

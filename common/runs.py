@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import os
+import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -14,15 +17,24 @@ from typing import Any, NamedTuple
 import redis
 from duetime.common import transitions as tr
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
-from duetime.common.connection import ensure_meta, refused, sync_client, translated, unavailable
-from duetime.common.errors import EnqueueIncomplete, InvalidInput, RunNotFound
+from duetime.common.connection import (
+    async_client,
+    ensure_meta,
+    refused,
+    sync_client,
+    translated,
+    unavailable,
+)
+from duetime.common.errors import EnqueueIncomplete, InvalidInput, RunFailed, RunNotFound, WaitTimeout
 from duetime.common.keys import Keyspace
-from duetime.common.models import Run, to_ms
+from duetime.common.models import TERMINAL, Run, to_ms
 from duetime.common.names import check_name
 from duetime.common.scripts import Scripts
 from duetime.common.tasks import TaskSpec
 
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call
+ASYNC_SLICE = 100  # requests validated between two yields to the event loop
+WAIT_CHUNK_S = 5.0  # a waiter re-reads the run at least this often
 PIPELINE_RUNS = 2000  # runs per round trip
 
 
@@ -37,16 +49,38 @@ def keyed_run_id(task: str, key: str) -> str:
 
 def read_run(client: redis.Redis, keys: Keyspace, run_id: str) -> Run:
     """One run with its attempt history: one round trip, reads only."""
+    pipe = client.pipeline(transaction=False)
+    queue_read_run(pipe, keys, run_id)
+    return decode_read_run(keys, run_id, pipe.execute())
+
+
+def queue_read_run(pipe: Any, keys: Keyspace, run_id: str) -> None:
+    """The reads of `read_run`, queued on a pipeline (sync or asyncio)."""
     check_name("run id", run_id)
     p = keys.partition_of_run(run_id)
-    pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.run(p, run_id))
     pipe.lrange(keys.attempts(p, run_id), 0, -1)
     pipe.zscore(keys.leases(p), run_id)
-    h, attempts, lease_expiry = pipe.execute()
+
+
+def decode_read_run(keys: Keyspace, run_id: str, replies: list[Any]) -> Run:
+    h, attempts, lease_expiry = replies
     if not h:
         raise RunNotFound(f"no run {run_id!r} in namespace {keys.namespace!r}")
     return Run.decode(run_id, h, attempts, lease_expiry)
+
+
+def outcome(run: Run) -> Any:
+    """What waiting on a run gives: its result once it succeeded; RunFailed (with the run)
+    when it ended otherwise or is uncertain; None while it is still on its way."""
+    if run.state == "succeeded":
+        return run.result
+    if run.state in TERMINAL or run.state == "uncertain":
+        raise RunFailed(run)
+    return _PENDING
+
+
+_PENDING = object()
 
 
 @dataclass(slots=True)
@@ -92,6 +126,8 @@ class RunStore:
     def __init__(self, url: str, keys: Keyspace, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         self.url, self.keys, self.max_payload = url, keys, max_payload
         self.client = sync_client(url)
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary())
         self._ready = False
         self.scripts = Scripts(self.client)
 
@@ -118,6 +154,7 @@ class RunStore:
                 queues_ok.add(check_name("queue", queue))
             if req.key is not None:
                 check_name("idempotency key", req.key)
+            spec.check_args(req.args, req.kwargs)
             payload = pack_payload(req.args, req.kwargs, limit)
             if req.run_id:
                 run_id = req.run_id
@@ -178,6 +215,10 @@ class RunStore:
             results = future.result()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._incomplete(ids, done, chunks, unavailable(self.url, exc))
+        self._judge_results(results, chunks, ids, done)
+
+    def _judge_results(self, results: list[Any], chunks: list[list[str]], ids: list[str],
+                       done: list[list[str]]) -> None:
         bad = [r for r in results if isinstance(r, Exception)]
         done += [c for c, r in zip(chunks, results, strict=True) if not isinstance(r, Exception)]
         if bad:
@@ -222,6 +263,90 @@ class RunStore:
         if pending:
             yield pipe, chunks
 
+    # -- asyncio: the same preparation, pipelines and judgement; only the sending differs ---
+    async def aclient(self) -> Any:
+        """This event loop's asyncio client (an asyncio client is bound to the loop that made
+        it: an app used from several loops gets one per loop)."""
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            if not self._ready:  # the one-time namespace check runs off the loop
+                await asyncio.to_thread(self.ready)
+            client = self._aclients[loop] = async_client(self.url)
+        return client
+
+    async def aenqueue_many(self, reqs: Iterable[EnqueueRequest]) -> list[str]:
+        """`enqueue_many` for asyncio code: requests are validated a slice at a time, yielding
+        to the loop in between, so ten thousand runs never hold it for more than a slice."""
+        reqs = list(reqs)
+        prepared: list[Prepared] = []
+        for i in range(0, len(reqs), ASYNC_SLICE):
+            prepared += self._prepare_all(reqs[i : i + ASYNC_SLICE])
+            await asyncio.sleep(0)
+        ids = [pr.run_id for pr in prepared]
+        client = await self.aclient()
+        done: list[list[str]] = []
+        batches = self._pipelines(client, prepared)
+        while True:
+            batch = next(batches, None)
+            if batch is None:
+                return ids
+            pipe, chunks = batch
+            try:
+                results = await pipe.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._incomplete(ids, done, chunks, unavailable(self.url, exc))
+            self._judge_results(results, chunks, ids, done)
+
+    async def aget_run(self, run_id: str) -> Run:
+        client = await self.aclient()
+        pipe = client.pipeline(transaction=False)
+        queue_read_run(pipe, self.keys, run_id)
+        with translated(self.url):
+            return decode_read_run(self.keys, run_id, await pipe.execute())
+
+    # -- waiting for a run's end -----------------------------------------------------------
+    def wait(self, run_id: str, timeout: float | None = None) -> Any:
+        """Block until the run ends: its result, or RunFailed; WaitTimeout after `timeout`
+        seconds (None: no limit). Blocks on the run's notify list (BLPOP), woken by the script
+        that ends the run, re-reading the run at least every WAIT_CHUNK_S (a lost notice costs
+        one chunk, never the wait)."""
+        client = self.ready()
+        p = self.keys.partition_of_run(check_name("run id", run_id))
+        keys, args = tr.wait(self.keys, p, run_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with translated(self.url):
+            self._wait_started(self.scripts.wait(keys=keys, args=args), run_id)
+            while True:
+                got = outcome(self.get_run(run_id))
+                if got is not _PENDING:
+                    return got
+                left = WAIT_CHUNK_S if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(self.get_run(run_id), timeout)
+                client.blpop([keys[0]], timeout=min(left, WAIT_CHUNK_S))
+
+    async def await_result(self, run_id: str, timeout: float | None = None) -> Any:
+        """`wait` for asyncio code: the loop waits on the notify list, it is never blocked."""
+        client = await self.aclient()
+        p = self.keys.partition_of_run(check_name("run id", run_id))
+        keys, args = tr.wait(self.keys, p, run_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with translated(self.url):
+            self._wait_started(await Scripts(client).wait(keys=keys, args=args), run_id)
+            while True:
+                got = outcome(await self.aget_run(run_id))
+                if got is not _PENDING:
+                    return got
+                left = WAIT_CHUNK_S if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(await self.aget_run(run_id), timeout)
+                await client.blpop([keys[0]], timeout=min(left, WAIT_CHUNK_S))
+
+    def _wait_started(self, status: bytes, run_id: str) -> None:
+        if status == b"missing":
+            raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
+
     # -- read -------------------------------------------------------------------------
     def get_run(self, run_id: str) -> Run:
         client = self.ready()
@@ -230,3 +355,4 @@ class RunStore:
 
     def close(self) -> None:
         self.client.close()
+        self._aclients.clear()  # asyncio clients close with their loops

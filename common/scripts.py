@@ -50,6 +50,7 @@ SCRIPT_NAMES = (
     "resolve",
     "purge",
     "schedule_quarantine",
+    "wait",
 )
 LIB = "_lib.lua"
 _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
@@ -20,14 +21,18 @@ from duetime.common.names import check_name
 
 @dataclass(frozen=True)
 class TaskSpec:
+    """A task's name and options. `fn` is None for a task this process knows by name only
+    (a producer that enqueues work its workers run)."""
+
     name: str
-    fn: Callable[..., Any]
+    fn: Callable[..., Any] | None = None
     queue: str = "default"
     retries: int = 3
     backoff: tuple[float, float] = (1.0, 300.0)
     timeout: float | None = None
     idempotent: bool = True
     owner: str | None = None
+    store_result: bool = True
 
     def __post_init__(self) -> None:
         check_name("task name", self.name)
@@ -48,26 +53,74 @@ class TaskSpec:
     def max_attempts(self) -> int:
         return self.retries + 1
 
+    @functools.cached_property
+    def signature(self) -> inspect.Signature | None:
+        try:
+            return inspect.signature(self.fn) if self.fn is not None else None
+        except (TypeError, ValueError):  # a callable without one: nothing to check against
+            return None
+
+    def check_args(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """Arguments that cannot bind to the function are refused at the call site, not after
+        three retries and a dead letter."""
+        sig = self.signature
+        if sig is not None:
+            try:
+                sig.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise InvalidInput(f"task {self.name!r} cannot take these arguments: {exc} "
+                                   f"(it is {self.name}{sig})") from None
+
+    def options_json(self) -> str:
+        """The options a producer needs to enqueue this task by name (see Registry.catalogue)."""
+        return json.dumps({"queue": self.queue, "retries": self.retries,
+                           "backoff": list(self.backoff), "timeout": self.timeout,
+                           "idempotent": self.idempotent, "owner": self.owner,
+                           "store_result": self.store_result}, sort_keys=True)
+
+    @classmethod
+    def by_name(cls, name: str, options_json: str | bytes | None) -> TaskSpec:
+        """A task known by name only, with the options a worker published (or the defaults)."""
+        o: dict[str, Any] = {}
+        if options_json:
+            try:
+                o = json.loads(options_json)
+            except ValueError:
+                o = {}
+        return cls(name=name, fn=None, queue=o.get("queue", "default"),
+                   retries=int(o.get("retries", 3)),
+                   backoff=tuple(o.get("backoff", (1.0, 300.0))),  # type: ignore[arg-type]
+                   timeout=o.get("timeout"), idempotent=bool(o.get("idempotent", True)),
+                   owner=o.get("owner"), store_result=bool(o.get("store_result", True)))
+
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
 class Enqueuer(Protocol):
-    """What a task object enqueues through (the `App`); an async client adds `aenqueue`."""
+    """What a task object enqueues through (the `App`)."""
 
     def enqueue(self, task: TaskSpec, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
                 at: datetime | None = None, delay: timedelta | float | None = None,
                 key: str | None = None, queue: str | None = None) -> str: ...
 
+    def aenqueue(self, task: TaskSpec, args: Sequence[Any] = (),
+                 kwargs: dict[str, Any] | None = None, at: datetime | None = None,
+                 delay: timedelta | float | None = None, key: str | None = None,
+                 queue: str | None = None) -> Awaitable[str]: ...
+
 
 class Task(Generic[P, R]):
     """What `@app.task` returns: the decorated function, still callable exactly like it, plus
-    its spec and an `enqueue` typed with the function's own parameters.
+    its spec and `enqueue` / `aenqueue`.
 
-    `task.enqueue(*args, **kwargs)` takes the function's arguments and nothing else, so a task
-    may have parameters named `key`, `at`, `delay` or `queue`; enqueue options go through
-    `task.options(key=..., at=..., delay=..., queue=...).enqueue(*args, **kwargs)`.
+    `task.enqueue(*args, key=..., at=..., delay=..., queue=..., **kwargs)`: the function's
+    arguments, unwrapped, and the four enqueue options by name; the arguments are checked
+    against the function's signature before anything is written. A task whose own parameters
+    are named `key`, `at`, `delay` or `queue` passes them through
+    `task.options(...).enqueue(*args, **kwargs)`, which takes the function's arguments only
+    (and is type-checked against them).
     """
 
     def __init__(self, spec: TaskSpec, fn: Callable[P, R], enqueuer: Enqueuer) -> None:
@@ -80,9 +133,19 @@ class Task(Generic[P, R]):
         """Run the function here and now (no run is created)."""
         return self.fn(*args, **kwargs)
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """Create one run of this task with these arguments, due now; → its id."""
-        return TaskOptions(self).enqueue(*args, **kwargs)
+    def enqueue(self, *args: Any, key: str | None = None, at: datetime | None = None,
+                delay: timedelta | float | None = None, queue: str | None = None,
+                **kwargs: Any) -> str:
+        """Create one run of this task with these arguments; → its id. A repeated `key`
+        returns the first run's id; `at` (aware) or `delay` (seconds or timedelta) schedule
+        it; `queue` overrides the task's."""
+        return TaskOptions(self, at, delay, key, queue).enqueue(*args, **kwargs)  # type: ignore[arg-type]
+
+    async def aenqueue(self, *args: Any, key: str | None = None, at: datetime | None = None,
+                       delay: timedelta | float | None = None, queue: str | None = None,
+                       **kwargs: Any) -> str:
+        """`enqueue` for asyncio code: never blocks the event loop."""
+        return await TaskOptions(self, at, delay, key, queue).aenqueue(*args, **kwargs)  # type: ignore[arg-type]
 
     def options(self, *, at: datetime | None = None, delay: timedelta | float | None = None,
                 key: str | None = None, queue: str | None = None) -> TaskOptions[P, R]:
@@ -144,6 +207,11 @@ class TaskOptions(Generic[P, R]):
         return self.task._enqueuer.enqueue(self.task.spec, args, dict(kwargs), at=self.at,
                                            delay=self.delay, key=self.key, queue=self.queue)
 
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        """`enqueue` for asyncio code: never blocks the event loop."""
+        return await self.task._enqueuer.aenqueue(self.task.spec, args, dict(kwargs), at=self.at,
+                                                  delay=self.delay, key=self.key, queue=self.queue)
+
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("at", "delay", "key", "queue")
                          if getattr(self, k) is not None)
@@ -170,11 +238,16 @@ class Registry:
             known = ", ".join(sorted(self._tasks)) or "none"
             raise UnknownTask(f"unknown task {name!r} (registered: {known})") from None
 
-    def resolve(self, task: str | Callable[..., Any] | TaskSpec | Task[Any, Any]) -> TaskSpec:
-        """A name, a task object, a TaskSpec, or the raw function `@app.task` decorated."""
+    def resolve(self, task: str | Callable[..., Any] | TaskSpec | Task[Any, Any],
+                by_name: Callable[[str], TaskSpec] | None = None) -> TaskSpec:
+        """A name, a task object, a TaskSpec, or the raw function `@app.task` decorated. A name
+        this registry does not know goes to `by_name` if given (a producer without the task's
+        code), else is an UnknownTask."""
         if isinstance(task, TaskSpec):
             return task
         if isinstance(task, str):
+            if by_name is not None and task not in self._tasks:
+                return by_name(check_name("task name", task))
             return self.get(task)
         spec = getattr(task, "duetime_task", None)
         if isinstance(spec, TaskSpec):
@@ -183,6 +256,9 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._tasks)
+
+    def specs(self) -> list[TaskSpec]:
+        return [self._tasks[n] for n in sorted(self._tasks)]
 
     def queues(self) -> list[str]:
         return sorted({s.queue for s in self._tasks.values()})

@@ -82,12 +82,14 @@ def parse_claim(res: list[Any]) -> ClaimReply:
     return ClaimReply(None if nxt < 0 else nxt, runs, int(res[1]), int(res[2]))
 
 
-def complete(k: Keyspace, p: int, done: list[tuple[str, int]]) -> Call:
-    """done: (run id, fence) pairs of one partition, acknowledged in one call."""
+def complete(k: Keyspace, p: int, done: list[tuple[str, int]] | list[tuple[str, int, bytes]]
+             ) -> Call:
+    """done: (run id, fence) or (run id, fence, result as msgpack) of one partition,
+    acknowledged in one call."""
     keys = [k.leases(p), k.done(p), k.uncertain(p), k.events(p)]
     args: list[Any] = [k.prefix(p), k.wake_channel, p]
-    for run_id, fence in done:
-        args += [run_id, fence]
+    for item in done:
+        args += [item[0], item[1], item[2] if len(item) > 2 else b""]
     return keys, args
 
 
@@ -148,6 +150,10 @@ def resolve(k: Keyspace, p: int, run_id: str, verdict: str, note: str = "") -> C
 
 def purge(k: Keyspace, p: int, limit: int, before_ms: int | None = None) -> Call:
     return [k.dead(p), k.events(p)], [k.prefix(p), limit, "" if before_ms is None else before_ms]
+
+
+def wait(k: Keyspace, p: int, run_id: str) -> Call:
+    return [k.notify(p, run_id)], [k.prefix(p), run_id]
 
 
 # -- schedules and scheduler ownership --------------------------------------------------------

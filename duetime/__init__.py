@@ -19,9 +19,11 @@ from duetime.common.errors import (
     RedisRefused,
     RedisUnavailable,
     Retry,
+    RunFailed,
     RunNotFound,
     ServerBinaryNotFound,
     UnknownTask,
+    WaitTimeout,
 )
 from duetime.common.models import Attempt, Run
 from duetime.common.schedule_store import ScheduleInfo, ScheduleNotFound
@@ -46,7 +48,7 @@ __all__ = [
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
-    "EnqueueIncomplete", "PartitionMismatch",
+    "EnqueueIncomplete", "PartitionMismatch", "RunFailed", "WaitTimeout",
     "ServerBinaryNotFound",
     "__version__",
 ]

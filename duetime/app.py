@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar, overload
@@ -12,6 +14,7 @@ from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import DEFAULT_URL, translated
 from duetime.common.errors import InvalidInput
 from duetime.common.keys import Keyspace
+from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
 from duetime.common.runs import EnqueueRequest, RunStore
 from duetime.common.schedule_store import ScheduleInfo, ScheduleStore
@@ -24,6 +27,8 @@ R = TypeVar("R")
 # what an enqueue_many dict item may hold: enqueue's own arguments, nothing internal
 ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
+CATALOGUE_TTL_S = 60.0  # how long a producer trusts the task options it read by name
+log = get_logger("duetime.app")
 
 
 class App:
@@ -44,6 +49,8 @@ class App:
         self._store: RunStore | None = None
         self._schedules: ScheduleStore | None = None
         self._queues_seen: set[str] = set()
+        self._catalogue: dict[str, tuple[float, TaskSpec]] = {}
+        self._warned: set[str] = set()
 
     @property
     def store(self) -> RunStore:
@@ -81,6 +88,7 @@ class App:
         timeout: float | None = None,
         idempotent: bool = True,
         owner: str | None = None,
+        store_result: bool = True,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -95,19 +103,22 @@ class App:
         timeout: float | None = None,
         idempotent: bool = True,
         owner: str | None = None,
+        store_result: bool = True,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task: `@app.task` or `@app.task(name=..., retries=...)`.
 
-        Returns a `Task`: called, it runs the function as before; `.enqueue(*args, **kwargs)`
-        creates a run, type-checked against the function's parameters; `.options(key=...,
-        at=..., delay=..., queue=...)` sets enqueue options. The name defaults to
-        `module.qualname`; name it explicitly if the code may move (runs store the name)."""
+        Returns a `Task`: called, it runs the function as before; `.enqueue(*args, key=...,
+        at=..., delay=..., queue=..., **kwargs)` creates a run (arguments checked against the
+        function's signature), `.aenqueue(...)` from asyncio code. The name defaults to
+        `module.qualname`; name it explicitly if the code may move (runs store the name).
+        The return value is stored on the run (msgpack, capped like payloads, kept for the
+        retention period) for `app.wait`; `store_result=False` skips that."""
 
         def register(f: Callable[P, R]) -> Task[P, R]:
             spec = TaskSpec(
                 name=f"{f.__module__}.{f.__qualname__}" if name is None else name, fn=f, queue=queue,
                 retries=retries, backoff=backoff, timeout=timeout, idempotent=idempotent,
-                owner=owner,
+                owner=owner, store_result=store_result,
             )
             self.registry.add(spec)
             # the raw function stays resolvable too (`app.task(fn)` without keeping the result)
@@ -126,21 +137,63 @@ class App:
         key: str | None = None,
         queue: str | None = None,
     ) -> str:
-        """Create one run; returns its id. A repeated `key` returns the first run's id."""
-        req = EnqueueRequest(self.registry.resolve(task), args, kwargs or {}, at, delay, key, queue)
+        """Create one run; returns its id. A repeated `key` returns the first run's id.
+
+        `task` is a task object, or a name: a service that only enqueues need not import the
+        task's code (`app.enqueue("send-invoice", [42], queue="billing")`); the options come
+        from what a worker published for that name (see `publish_tasks`), else the defaults.
+        Where the task is registered here, the arguments are checked against its signature."""
+        req = EnqueueRequest(self._resolve(task), args, kwargs or {}, at, delay, key, queue)
         run_id = self.store.enqueue(req)
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
+        return run_id
+
+    async def aenqueue(
+        self,
+        task: TaskRef,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        key: str | None = None,
+        queue: str | None = None,
+    ) -> str:
+        """`enqueue` for asyncio code: never blocks the event loop."""
+        spec = await self._aresolve(task)
+        req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue)
+        [run_id] = await self.store.aenqueue_many([req])
+        await self._aremember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
 
     def enqueue_many(self, items: Iterable[dict[str, Any] | tuple]) -> list[str]:
         """Bulk enqueue, pipelined. Items are dicts of `enqueue`'s arguments or
         `(task, args)` / `(task, args, kwargs)` tuples. Nothing is written if an item is bad;
         if Redis stops the batch part way, EnqueueIncomplete says which runs were created."""
+        reqs = self._requests(items, self._resolve)
+        ids = self.store.enqueue_many(reqs)
+        self._remember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
+        return ids
+
+    async def aenqueue_many(self, items: Iterable[dict[str, Any] | tuple]) -> list[str]:
+        """`enqueue_many` for asyncio code: the loop is never held for more than a slice of
+        the batch (see RunStore.aenqueue_many)."""
+        items = list(items)
+        names = {t for t in (it["task"] if isinstance(it, dict) else it[0] for it in items)
+                 if isinstance(t, str) and self.registry.find(t) is None}
+        known = {n: await self._aresolve(n) for n in names}  # by-name lookups, off the loop
+        reqs = self._requests(items, lambda t: known[t] if isinstance(t, str) and t in known
+                              else self._resolve(t))
+        ids = await self.store.aenqueue_many(reqs)
+        await self._aremember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
+        return ids
+
+    @staticmethod
+    def _requests(items: Iterable[dict[str, Any] | tuple],
+                  resolve: Callable[[Any], TaskSpec]) -> list[EnqueueRequest]:
         reqs = []
         # task object -> (task, spec): resolved once per call; holding the task keeps its id
         # from being reused by another object while the call runs
         specs: dict[int, tuple[Any, Any]] = {}
-        resolve = self.registry.resolve
         for it in items:
             if isinstance(it, dict):
                 unknown = it.keys() - ENQUEUE_FIELDS
@@ -157,9 +210,38 @@ class App:
                 if known is None:
                     known = specs[id(task)] = (task, resolve(task))
                 reqs.append(EnqueueRequest(known[1], *it[1:]))
-        ids = self.store.enqueue_many(reqs)
-        self._remember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
-        return ids
+        return reqs
+
+    # -- tasks known by name only ---------------------------------------------------------
+    def publish_tasks(self) -> None:
+        """Publish this app's task options (`<ns>:tasks`), so producers that enqueue by name
+        give runs the right retries, timeout, idempotency and owner. Workers do it at start."""
+        specs = self.registry.specs()
+        if specs:
+            with translated(self.redis_url):
+                self.store.ready().hset(self.keys.tasks,
+                                        mapping={s.name: s.options_json() for s in specs})
+
+    def _resolve(self, task: TaskRef) -> TaskSpec:
+        return self.registry.resolve(task, by_name=self._by_name)
+
+    async def _aresolve(self, task: TaskRef) -> TaskSpec:
+        if isinstance(task, str) and self.registry.find(task) is None:
+            return await asyncio.to_thread(self._resolve, task)
+        return self._resolve(task)
+
+    def _by_name(self, name: str) -> TaskSpec:
+        """A task this process has no code for: its published options, cached a minute."""
+        hit = self._catalogue.get(name)
+        if hit is None or time.monotonic() - hit[0] > CATALOGUE_TTL_S:
+            with translated(self.redis_url):
+                raw = self.store.ready().hget(self.keys.tasks, name)
+            if raw is None and name not in self._warned:
+                self._warned.add(name)
+                log.warning("task not registered here and not published by any worker: "
+                            "enqueued with the default options", task=name)
+            hit = self._catalogue[name] = (time.monotonic(), TaskSpec.by_name(name, raw))
+        return hit[1]
 
     def _remember_queues(self, queues: set[str]) -> None:
         """Record queue names in `<ns>:queues`, which `top` and the gauges read: one SADD per
@@ -170,8 +252,29 @@ class App:
                 self.store.client.sadd(self.keys.queues, *new)
             self._queues_seen |= new
 
+    async def _aremember_queues(self, queues: set[str]) -> None:
+        new = queues - self._queues_seen
+        if new:
+            client = await self.store.aclient()
+            with translated(self.redis_url):
+                await client.sadd(self.keys.queues, *new)
+            self._queues_seen |= new
+
     def get_run(self, run_id: str) -> Run:
         return self.store.get_run(run_id)
+
+    async def aget_run(self, run_id: str) -> Run:
+        return await self.store.aget_run(run_id)
+
+    def wait(self, run_id: str, timeout: float | None = None) -> Any:
+        """Block until the run ends → the task's return value (None if it stored none).
+        A run that ended otherwise (dead, cancelled, missed, skipped) or is uncertain raises
+        RunFailed carrying the run, its state and error; WaitTimeout after `timeout` s."""
+        return self.store.wait(run_id, timeout)
+
+    async def await_result(self, run_id: str, timeout: float | None = None) -> Any:
+        """`wait` for asyncio code: blocks on the run's notify list, never on the loop."""
+        return await self.store.await_result(run_id, timeout)
 
     def cancel(self, run_id: str, reason: str = "cancelled by the application") -> str:
         """Cancel a run → 'cancelled' (it had not started) or 'requested' (it is running; its
@@ -232,7 +335,7 @@ class App:
         owner: str | None = None,
     ) -> ScheduleDef:
         """A validated schedule definition (see `schedule` for the arguments)."""
-        spec = self.registry.resolve(task)
+        spec = self._resolve(task)
         lateness_ms, jitter_ms = ScheduleDef.durations(lateness, jitter)
         return ScheduleDef(
             name=name, trigger=seeded(trigger, name), task=spec.name,

@@ -10,6 +10,9 @@ local EVENTS_MAXLEN = 10000
 local STATES = {scheduled = true, running = true, retrying = true, succeeded = true, dead = true,
   uncertain = true, cancelled = true, skipped = true, missed = true}
 
+-- The states a run ends in (common/models.py TERMINAL); a waiter also stops at 'uncertain'.
+local FINAL = {succeeded = true, dead = true, cancelled = true, skipped = true, missed = true}
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -72,19 +75,33 @@ local function add_due(zkey, score, run_id, channel, wake_tag)
   end
 end
 
+-- A run reached a state its waiters stop at (final, or uncertain): wake each client blocked
+-- on it (app.wait, await_result) with one list element. A run nobody waits on costs one field
+-- read (none where the caller read `waited` already: pass it; nil means "read it").
+local function wake_waiters(prefix, run_key, run_id, state, waited)
+  if waited == nil then waited = redis.call('HGET', run_key, 'waited') end
+  local n = tonumber(waited) or 0
+  if n <= 0 then return end
+  local key = prefix .. K.notify .. run_id
+  for _ = 1, n do redis.call('RPUSH', key, state) end
+  redis.call('PEXPIRE', key, 60000)
+  redis.call('HDEL', run_key, 'waited')
+end
+
 -- A run that cannot go on because its record is damaged (a field edited by hand, a state
 -- nobody wrote): dead-lettered with the reason, so an operator sees it; never dropped.
-local function dead_letter(run_key, dead_key, events_key, run_id, now, reason)
+local function dead_letter(prefix, run_key, dead_key, events_key, run_id, now, reason)
   redis.call('HSET', run_key, 'state', 'dead', 'finished', now, 'reason', reason)
   redis.call('ZADD', dead_key, now, run_id)
   emit(events_key, run_id, 'dead', reason)
+  wake_waiters(prefix, run_key, run_id, 'dead')
 end
 
 -- A failed or abandoned attempt: retry (with backoff, or `delay` ms, counted from `from`,
 -- default now) or dead-letter when attempts ran out. A run whose attempt counters or retry
 -- policy are unreadable is dead-lettered saying so. Returns the new state and the retry time.
-local function retry_or_dead(run_key, retry_key, dead_key, run_id, now, force_dead, delay,
-                             jitter, reason, channel, wake_tag, from)
+local function retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, force_dead,
+                             delay, jitter, reason, channel, wake_tag, from)
   local f = redis.call('HMGET', run_key, 'attempt', 'max_attempts', 'backoff_base', 'backoff_max')
   local attempt, max_attempts = tonumber(f[1]), tonumber(f[2])
   local base, cap = tonumber(f[3] or 0), tonumber(f[4] or 0)
@@ -95,6 +112,7 @@ local function retry_or_dead(run_key, retry_key, dead_key, run_id, now, force_de
   if force_dead or attempt >= max_attempts then
     redis.call('HSET', run_key, 'state', 'dead', 'finished', now, 'reason', reason)
     redis.call('ZADD', dead_key, now, run_id)
+    wake_waiters(prefix, run_key, run_id, 'dead')
     return 'dead', 0
   end
   if delay == nil then delay = backoff_ms(base, cap, attempt, jitter) end
@@ -141,4 +159,5 @@ local function finish_unstarted(prefix, run_id, state, reason, now, done_key, de
     redis.call('HINCRBY', prefix .. K.sched .. sched, state .. '_count', 1)
   end
   emit(events_key, run_id, state, reason)
+  wake_waiters(prefix, run_key, run_id, state)
 end

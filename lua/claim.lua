@@ -126,7 +126,7 @@ for n, id in ipairs(ids) do
     end
   elseif not STATES[state] then
     if redis.call('EXISTS', run_key) == 1 then
-      dead_letter(run_key, dead_key, events_key, id, now,
+      dead_letter(prefix, run_key, dead_key, events_key, id, now,
         'run record damaged: state ' .. tostring(state or '(missing)') .. ' is not a run state')
     end
   end

@@ -11,7 +11,7 @@
 --         the run's queue) and schedule keys are built from it; they share this partition's
 --         hash tag (a batch of hundreds of runs would otherwise send three key names per run)
 -- ARGV[2] wake channel   ARGV[3] partition index
--- ARGV[4..] per run, 2 values: run id, fence
+-- ARGV[4..] per run, 3 values: run id, fence, result (msgpack; '' = none stored)
 -- Returns per run: 'succeeded' (accepted), 'late_succeeded' (a late success finished the run)
 -- 'stale' (refused: another attempt owns the run, or it finished) or 'missing'.
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -20,12 +20,12 @@ local now = now_ms()
 local now_s = int_s(now)  -- one number-to-string per call, not per run
 local out, finished, unleased = {}, {}, {}
 
-for i = 4, #ARGV, 2 do
-  local run_id, fence = ARGV[i], ARGV[i + 1]
+for i = 4, #ARGV, 3 do
+  local run_id, fence, result_value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local run_key = prefix .. K.run .. run_id
   local attempts_key = prefix .. K.attempts .. run_id
   local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
-    'schedule', 'queue', 'overlap')
+    'schedule', 'queue', 'overlap', 'waited')
   local state = f[1]
   local result
   if not state then
@@ -38,7 +38,11 @@ for i = 4, #ARGV, 2 do
     result = 'stale'
   elseif state == 'running' then
     unleased[#unleased + 1] = run_id
-    redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
+    if result_value ~= '' then
+      redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s, 'result', result_value)
+    else
+      redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
+    end
     -- an earlier attempt's error stays in its attempt entry, not on a succeeded run
     if f[3] ~= '1' then redis.call('HDEL', run_key, 'error', 'reason') end
     push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now_s, nil)
@@ -49,6 +53,7 @@ for i = 4, #ARGV, 2 do
     redis.call('ZREM', prefix .. K.retry .. (f[7] or ''), run_id)
     redis.call('ZREM', uncertain_key, run_id)
     redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
+    if result_value ~= '' then redis.call('HSET', run_key, 'result', result_value) end
     redis.call('HDEL', run_key, 'retry_at', 'reason', 'error')
     set_attempt(attempts_key, fence, {outcome = 'succeeded', late = true, late_at = now})
     emit(events_key, run_id, 'succeeded', 'late result of attempt ' .. fence)
@@ -57,6 +62,7 @@ for i = 4, #ARGV, 2 do
   if (result == 'succeeded' and state == 'running') or result == 'late_succeeded' then
     finished[#finished + 1] = now_s
     finished[#finished + 1] = run_id
+    if f[9] then wake_waiters(prefix, run_key, run_id, 'succeeded', f[9]) end
   end
   out[#out + 1] = result
 end

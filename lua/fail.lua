@@ -46,13 +46,14 @@ if mode == 'cancel' then
   redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now, 'reason', err)
   redis.call('ZADD', done_key, now, run_id)
   emit(events_key, run_id, 'cancelled', err)
+  wake_waiters(prefix, run_key, run_id, 'cancelled')
   return {'cancelled', 0}
 end
 push_attempt(attempts_key, f[3], fence, f[4], f[5], 'failed', now, err)
 redis.call('HSET', run_key, 'error', err)
 local delay = nil
 if mode == 'retry' then delay = tonumber(ARGV[6]) end
-local state, at = retry_or_dead(run_key, retry_key, dead_key, run_id, now, mode == 'fatal',
+local state, at = retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, mode == 'fatal',
   delay, ARGV[7], err, channel, partition .. '|' .. queue)
 emit(events_key, run_id, state, err)
 return {state, at}

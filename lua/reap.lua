@@ -45,13 +45,15 @@ for n, id in ipairs(ids) do
         'reason', 'cancel requested; the lease expired before the worker stopped it')
       redis.call('ZADD', done_key, now, id)
       emit(events_key, id, 'cancelled', 'lease expired')
+      wake_waiters(prefix, run_key, id, 'cancelled')
     elseif f[3] == '0' then
       redis.call('HSET', run_key, 'state', 'uncertain', 'finished', now,
         'reason', 'lease expired; task is not idempotent, outcome unknown')
       redis.call('ZADD', uncertain_key, now, id)
       emit(events_key, id, 'uncertain', 'lease expired')
+      wake_waiters(prefix, run_key, id, 'uncertain')
     elseif not f[4] or f[4] == '' or not attempt then
-      dead_letter(run_key, dead_key, events_key, id, now,
+      dead_letter(prefix, run_key, dead_key, events_key, id, now,
         'lease expired; run record damaged (queue or attempt unreadable)')
     else
       -- the expired lease already made the run wait a lease length: the first expiry is
@@ -64,15 +66,15 @@ for n, id in ipairs(ids) do
         if base and cap then delay = backoff_ms(base, cap, attempt - 1, jitter) end
         from = now
       end
-      local state = retry_or_dead(run_key, prefix .. K.retry .. f[4], dead_key, id, now,
+      local state = retry_or_dead(prefix, run_key, prefix .. K.retry .. f[4], dead_key, id, now,
         false, delay, jitter, 'lease expired', channel, partition .. '|' .. f[4], from)
       emit(events_key, id, state, 'lease expired')
     end
   elseif f[1] and not STATES[f[1]] then
-    dead_letter(run_key, dead_key, events_key, id, now,
+    dead_letter(prefix, run_key, dead_key, events_key, id, now,
       'run record damaged: state ' .. f[1] .. ' is not a run state')
   elseif not f[1] and redis.call('EXISTS', run_key) == 1 then
-    dead_letter(run_key, dead_key, events_key, id, now, 'run record damaged: no state')
+    dead_letter(prefix, run_key, dead_key, events_key, id, now, 'run record damaged: no state')
   end
   -- any other state: a stale index entry (the run finished meanwhile); it was removed above
 end

@@ -28,6 +28,7 @@ if f[4] == '0' then
   redis.call('ZADD', uncertain_key, now, run_id)
   leave_running(prefix, run_key, run_id, now, ARGV[4], ARGV[5])
   emit(events_key, run_id, 'uncertain', 'shutdown')
+  wake_waiters(prefix, run_key, run_id, 'uncertain')
   return 'uncertain'
 end
 -- it will run again: it leaves the schedule's running set without promoting a buffered run

@@ -28,4 +28,5 @@ else
   redis.call('ZADD', dead_key, now, run_id)
 end
 emit(events_key, run_id, 'resolved', verdict)
+wake_waiters(prefix, run_key, run_id, redis.call('HGET', run_key, 'state'))
 return {'ok', redis.call('HGET', run_key, 'state')}

@@ -1,6 +1,7 @@
 """`@app.task` returns a typed Task: callable like the function, resolvable wherever a task is
-accepted, and `task.enqueue(*args, **kwargs)` takes exactly the function's arguments (options
-go through `task.options(...)`, so a task may have parameters named key, at, delay, queue)."""
+accepted; `task.enqueue(*args, key=, at=, delay=, queue=, **kwargs)` takes the function's
+arguments unwrapped plus the enqueue options, and `task.options(...).enqueue(...)` takes the
+function's arguments only (a task with parameters named key, at, delay or queue)."""
 
 from __future__ import annotations
 
@@ -46,9 +47,29 @@ def test_the_task_object_is_the_function_plus_its_spec(tapp):
     assert isinstance(keyed.spec, duetime.TaskSpec)
 
 
-def test_enqueue_takes_the_functions_own_arguments_even_named_like_options(tapp):
+def test_enqueue_takes_unwrapped_arguments_and_the_enqueue_options(tapp):
+    _, bare = tapp.test_tasks
+    first = bare.enqueue(7, key="order-7", delay=60, queue="other")
+    assert bare.enqueue(7, key="order-7") == first  # the idempotency key: the same run
+    run = tapp.get_run(first)
+    assert (run.args, run.kwargs, run.key, run.queue) == ([7], {}, "order-7", "other")
+    assert timedelta(seconds=59) < run.due - run.created < timedelta(seconds=61)
+    run = tapp.get_run(bare.enqueue(x=8))
+    assert (run.args, run.kwargs) == ([], {"x": 8})
+
+
+def test_arguments_that_do_not_fit_the_signature_fail_at_the_call_site(tapp):
+    keyed, bare = tapp.test_tasks
+    for call in (lambda: bare.enqueue(), lambda: bare.enqueue(1, 2), lambda: bare.enqueue(y=1),
+                 lambda: tapp.enqueue(bare, [1, 2]), lambda: tapp.enqueue_many([(bare, [])])):
+        with pytest.raises(duetime.InvalidInput, match="cannot take these arguments"):
+            call()
+    assert tapp.enqueue(keyed, [1], {"queue": "q"})  # a kwarg the function has
+
+
+def test_options_pass_parameters_named_like_options_to_the_function(tapp):
     keyed, _ = tapp.test_tasks
-    run_id = keyed.enqueue(7, key="mine", at="noon", delay=3.5, queue="q")
+    run_id = keyed.options().enqueue(7, key="mine", at="noon", delay=3.5, queue="q")
     run = tapp.get_run(run_id)
     assert (run.task, run.args, run.state) == ("keyed", [7], "scheduled")
     assert run.kwargs == {"key": "mine", "at": "noon", "delay": 3.5, "queue": "q"}

@@ -195,12 +195,12 @@ async def ping(n: int) -> None:
 
 reveal_type(resize)
 reveal_type(ping)
-reveal_type(resize.enqueue)
+reveal_type(resize.options().enqueue)
 reveal_type(resize("a.png", 3))
-run_id: str = resize.enqueue("a.png", 3, key="the task's own parameter")
-resize.options(key="idem", delay=5).enqueue("a.png", 3)
+run_id: str = resize.enqueue("a.png", 3, key="idem", delay=5)
+resize.options(key="idem", delay=5).enqueue("a.png", 3, key="the task's own parameter")
 app.enqueue(resize, ["a.png", 3])
-resize.enqueue("a.png", "wide")  # E1
+resize.options().enqueue("a.png", "wide")  # E1
 resize.options(key="idem").enqueue(3)  # E2
 '''
 
@@ -224,7 +224,7 @@ def test_mypy_sees_typed_task_objects_in_the_installed_package(venv: Venv, tmp_p
         "bytes",
     ], out.stdout
     errors = [ln for ln in lines if ": error:" in ln]
-    e1 = MYPY_SNIPPET.splitlines().index('resize.enqueue("a.png", "wide")  # E1') + 1
+    e1 = MYPY_SNIPPET.splitlines().index('resize.options().enqueue("a.png", "wide")  # E1') + 1
     e2 = e1 + 1
     assert errors and all(ln.startswith((f"snippet.py:{e1}:", f"snippet.py:{e2}:")) for ln in errors), errors
     assert any(f"snippet.py:{e1}:" in ln and 'incompatible type "str"; expected "int"' in ln for ln in errors)
