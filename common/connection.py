@@ -17,8 +17,17 @@ import redis.asyncio as aredis
 from duetime.common import scripts
 from duetime.common.errors import PartitionMismatch, RedisRefused, RedisUnavailable
 from duetime.common.keys import Keyspace
+from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from redis.commands.policies import (
+    AsyncBasePolicyResolver,
+    AsyncPolicyResolver,
+    AsyncStaticPolicyResolver,
+    BasePolicyResolver,
+    PolicyResolver,
+    StaticPolicyResolver,
+)
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -64,14 +73,49 @@ class _SSLConnection(_ExplainScriptErrors, redis.SSLConnection):
 _SYNC = {redis.Connection: _Connection, redis.SSLConnection: _SSLConnection}
 
 
+# EVAL/EVALSHA take their keys after a count. Without a policy for them, redis-py's cluster
+# client asks the *default node* (`COMMAND GETKEYS`) where each script call goes: one more
+# round trip per call, and, once that node has died, every script call fails although the
+# replica that replaced it serves the slot (found in a failover test). Routed as keyed
+# commands, the slot comes from the first key, locally.
+_KEYED = CommandPolicies(request_policy=RequestPolicy.DEFAULT_KEYED,
+                         response_policy=ResponsePolicy.DEFAULT_KEYED)
+_SCRIPT_POLICIES = {"core": {c: _KEYED for c in ("eval", "evalsha", "eval_ro", "evalsha_ro")}}
+
+
+class _ScriptPolicies(BasePolicyResolver):
+    def __init__(self, fallback: PolicyResolver | None = None) -> None:
+        super().__init__(_SCRIPT_POLICIES, fallback or StaticPolicyResolver())
+
+    def with_fallback(self, fallback: PolicyResolver) -> PolicyResolver:
+        return _ScriptPolicies(fallback)
+
+
+class _AsyncScriptPolicies(AsyncBasePolicyResolver):
+    def __init__(self, fallback: AsyncPolicyResolver | None = None) -> None:
+        super().__init__(_SCRIPT_POLICIES, fallback or AsyncStaticPolicyResolver())
+
+    def with_fallback(self, fallback: AsyncPolicyResolver) -> AsyncPolicyResolver:
+        return _AsyncScriptPolicies(fallback)
+
+
+class _Cluster(RedisCluster):
+    """redis-py's cluster pipelines get a resolver of their own, not the client's."""
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        pipe = super().pipeline(*args, **kwargs)
+        pipe._policy_resolver = self._policy_resolver
+        return pipe
+
+
 def sync_client(url: str, **kw: Any) -> redis.Redis:
     """Every connection it opens loads duetime's scripts first (common.scripts)."""
     real, cluster = _split(url)
     kw.setdefault("socket_connect_timeout", 5)
     if cluster:  # the cluster client runs its own handshake, then calls ours
         ssl = urlsplit(real).scheme == "rediss"
-        return RedisCluster.from_url(  # type: ignore[return-value]
-            real, redis_connect_func=scripts.load_scripts,
+        return _Cluster.from_url(  # type: ignore[return-value]
+            real, redis_connect_func=scripts.load_scripts, policy_resolver=_ScriptPolicies(),
             connection_class=_SSLConnection if ssl else _Connection, **kw)
     client = redis.Redis.from_url(real, redis_connect_func=scripts.connect_and_load, **kw)
     pool = client.connection_pool
@@ -112,7 +156,7 @@ def async_client(url: str, **kw: Any) -> aredis.Redis:
     real, cluster = _split(url)
     kw.setdefault("socket_connect_timeout", 5)
     if cluster:
-        client = AsyncRedisCluster.from_url(real, **kw)
+        client = AsyncRedisCluster.from_url(real, policy_resolver=_AsyncScriptPolicies(), **kw)
         # redis-py's asyncio cluster client takes no connect hook: give it to the connection
         # settings every node (present and discovered) is made from
         for target in (client, client.nodes_manager):

@@ -177,15 +177,23 @@ class EmbeddedServer:
 
 
 class EmbeddedCluster:
-    """A Redis/Valkey Cluster of `n` primaries on loopback (no replicas), for tests of the
-    scale-out path. `url` uses the `redis+cluster://` scheme duetime understands."""
+    """A Redis/Valkey Cluster on loopback: `n` primaries, each with `replicas` replicas, for
+    tests of the scale-out path (failover, resharding). `url` uses the `redis+cluster://` scheme
+    duetime understands. Nodes fail over after `node_timeout_ms` without their primary."""
 
-    def __init__(self, kind: str = "redis", n: int = 3) -> None:
+    def __init__(self, kind: str = "redis", n: int = 3, replicas: int = 0,
+                 node_timeout_ms: int = 2000, extra: list[str] | None = None) -> None:
+        self.replicas, self.n = replicas, n
         self.nodes = [EmbeddedServer(kind, port=cluster_port(),
                                      extra=["--cluster-enabled", "yes",
-                                            "--cluster-node-timeout", "2000",
-                                            "--cluster-config-file", "nodes.conf"])
-                      for _ in range(n)]
+                                            "--cluster-node-timeout", str(node_timeout_ms),
+                                            "--cluster-config-file", "nodes.conf",
+                                            # a replica takes over however long ago it last
+                                            # heard its primary (these test nodes keep no data
+                                            # on disk, so an old replica is no worse)
+                                            "--cluster-replica-validity-factor", "0",
+                                            *(extra or [])])
+                      for _ in range(n * (1 + replicas))]
 
     @property
     def url(self) -> str:
@@ -199,9 +207,11 @@ class EmbeddedCluster:
         if cli:
             subprocess.run([cli, "--cluster", "create",
                             *[f"127.0.0.1:{n.port}" for n in self.nodes],
-                            "--cluster-replicas", "0", "--cluster-yes"],
+                            "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                            check=True, capture_output=True, timeout=timeout)
         else:  # assign slots by hand: an even split, then introduce the nodes
+            if self.replicas:
+                raise ServerBinaryNotFound("a cluster with replicas needs redis-cli on PATH")
             per = 16384 // len(self.nodes)
             for i, node in enumerate(self.nodes):
                 hi = 16383 if i == len(self.nodes) - 1 else (i + 1) * per - 1
@@ -209,16 +219,65 @@ class EmbeddedCluster:
                     "CLUSTER ADDSLOTSRANGE", i * per, hi)
             for node in self.nodes[1:]:
                 first.execute_command("CLUSTER MEET", "127.0.0.1", node.port)
+        self.wait_ok(timeout)
+        first.close()
+        return self
+
+    def wait_ok(self, timeout: float = 30.0, nodes: list[EmbeddedServer] | None = None) -> None:
+        """Until every (given, reachable) node says the cluster is ok and sees every replica."""
         deadline = time.monotonic() + timeout
         while True:
-            states = [redis.Redis(port=n.port).cluster("info")["cluster_state"] for n in self.nodes]
-            if all(s == "ok" for s in states):
-                break
+            states = []
+            for n in nodes or self.nodes:
+                try:
+                    with redis.Redis(port=n.port, socket_timeout=1) as c:
+                        info = c.cluster("info")
+                        roles = [line.split()[2] for line in
+                                 c.execute_command("CLUSTER", "NODES").decode().splitlines()]
+                        states.append(info["cluster_state"] == "ok"
+                                      and int(info["cluster_known_nodes"]) >= len(self.nodes)
+                                      and sum("slave" in r for r in roles) >= self.n * self.replicas)
+                except redis.RedisError:
+                    states.append(False)
+            if all(states):
+                return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cluster did not become ok: {states}")
             time.sleep(0.1)
-        first.close()
-        return self
+
+    def primaries(self) -> list[EmbeddedServer]:
+        """The nodes that are primaries now (as the first reachable node sees it)."""
+        by_port = {n.port: n for n in self.nodes}
+        for n in self.nodes:
+            try:
+                with redis.Redis(port=n.port, socket_timeout=1) as c:
+                    lines = c.execute_command("CLUSTER", "NODES").decode().splitlines()
+            except redis.RedisError:
+                continue
+            out = []
+            for line in lines:
+                parts = line.split()
+                port = int(parts[1].split("@")[0].rsplit(":", 1)[1])
+                if "master" in parts[2] and "fail" not in parts[2] and len(parts) > 8 \
+                        and port in by_port:  # a primary serving slots
+                    out.append(by_port[port])
+            return out
+        raise RuntimeError("no cluster node answers")
+
+    def primary_of(self, key: str) -> EmbeddedServer:
+        """The node serving `key`'s slot now."""
+        from redis.crc import key_slot
+
+        slot = key_slot(key.encode())
+        for n in self.nodes:
+            try:
+                with redis.Redis(port=n.port, socket_timeout=1) as c:
+                    for lo, hi, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                        if lo <= slot <= hi:
+                            return next(x for x in self.nodes if x.port == int(primary[1]))
+            except redis.RedisError:
+                continue
+        raise RuntimeError(f"no node serves slot {slot}")
 
     def stop(self) -> None:
         for node in self.nodes:
