@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
@@ -12,10 +12,17 @@ from duetime.common.codec import unpack_payload
 from duetime.common.connection import server_time_ms, translated
 from duetime.common.errors import DuetimeError, InvalidInput
 from duetime.common.keys import Keyspace
-from duetime.common.models import from_ms
+from duetime.common.models import from_ms as stored_ms
 from duetime.common.names import check_name
-from duetime.common.schedules import TRIGGER_FIELDS, ScheduleDef, at_ms, ms, run_id_for, trigger_from_fields
+from duetime.common.schedules import (
+    MISS_TOLERANCE_MS,
+    TRIGGER_FIELDS,
+    ScheduleDef,
+    run_id_for,
+    trigger_from_fields,
+)
 from duetime.common.scripts import Scripts
+from duetime.common.timeparse import from_ms, to_ms
 from duetime.common.timespec import Trigger
 
 BACKFILL_CHUNK = 500
@@ -35,6 +42,7 @@ class ScheduleInfo:
     kwargs: dict[str, Any]
     catchup: str
     max_catchup: int
+    miss_tolerance_s: float
     lateness_s: float
     overlap: str
     jitter_s: float
@@ -63,13 +71,15 @@ class ScheduleInfo:
             name=s("name"), trigger=trigger_from_fields({k: s(k) or None for k in TRIGGER_FIELDS}),
             task=s("task"),
             queue=s("queue"), args=args, kwargs=kwargs, catchup=s("catchup"),
-            max_catchup=i("max_catchup"), lateness_s=i("lateness_ms") / 1000,
+            max_catchup=i("max_catchup"),
+            miss_tolerance_s=int(s("miss_tolerance_ms") or MISS_TOLERANCE_MS) / 1000,
+            lateness_s=i("lateness_ms") / 1000,
             overlap=s("overlap"), jitter_s=i("jitter_ms") / 1000, owner=s("owner") or None,
             paused=s("paused") == "1", pause_note=s("pause_note") or None, version=i("version"),
-            next_fire=from_ms(s("next_ms") or None), last_occurrence=from_ms(s("last_ms") or None),
+            next_fire=stored_ms(s("next_ms") or None), last_occurrence=stored_ms(s("last_ms") or None),
             skipped_count=i("skipped_count"), missed_count=i("missed_count"),
             materialized_count=i("materialized_count"),
-            created=from_ms(s("created") or None), updated=from_ms(s("updated") or None),
+            created=stored_ms(s("created") or None), updated=stored_ms(s("updated") or None),
         )
 
 
@@ -115,14 +125,14 @@ class ScheduleStore:
                     out[i] = ("unchanged", version)
                     continue
                 # the next occurrence after the newest one that already has a run (or now)
-                nxt = d.trigger.next_after(at_ms(max(now, int(last or 0))))
+                nxt = d.trigger.next_after(from_ms(max(now, int(last or 0))))
                 flat: list[Any] = []
                 for k, v in d.fields().items():
                     flat += [k, v]
                 self.scripts.schedule_upsert(
                     keys=[key, self.keys.sched_due(p), self.keys.schedules(p)],
-                    args=[d.name, def_hash, version, "" if nxt is None else ms(nxt), int(paused),
-                          *flat],
+                    args=[d.name, def_hash, version, "" if nxt is None else to_ms(nxt, ceil=True),
+                          int(paused), *flat],
                     client=pipe)
                 sent.append(i)
             todo = []
@@ -208,7 +218,7 @@ class ScheduleStore:
         if end < start:
             raise InvalidInput("backfill: --to is before --from")
         trigger = self.get(name).trigger
-        occs = [ms(o) for o in trigger.occurrences(at_ms(ms(start) - 1), end)]
+        occs = [to_ms(o, ceil=True) for o in trigger.occurrences(start - timedelta(microseconds=1), end)]
         created = 0
         for i in range(0, len(occs), BACKFILL_CHUNK):
             chunk = occs[i : i + BACKFILL_CHUNK]

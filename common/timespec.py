@@ -24,6 +24,11 @@ from functools import lru_cache
 from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
+from duetime.common.errors import InvalidSchedule
+from duetime.common.timefmt import format_duration as _format_duration
+from duetime.common.timefmt import iso
+from duetime.common.timeparse import MAX_DURATION, parse_duration, parse_instant
+
 __all__ = [
     "At",
     "Cron",
@@ -35,13 +40,12 @@ __all__ = [
 ]
 
 
-class InvalidSchedule(ValueError):
-    """A schedule definition that can never be evaluated; the message names the bad part."""
-
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_FIRST = datetime.min.replace(tzinfo=UTC)
+_LAST = datetime.max.replace(tzinfo=UTC)
 _MINUTE = timedelta(minutes=1)
 _SECOND = timedelta(seconds=1)
+_US = timedelta(microseconds=1)
 _DAY = timedelta(days=1)
 _MIN_PLUS_DAY = datetime.min + _DAY
 _MAX_MINUS_DAY = datetime.max - _DAY
@@ -62,19 +66,16 @@ def _utc(t: datetime, what: str = "t") -> datetime:
 
 
 def _iso(t: datetime) -> str:
-    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    text = iso(t)
+    assert text is not None
+    return text
 
 
 def _parse_instant(value: Any, what: str) -> datetime:
+    """A stored instant (written by ``_iso``); any year datetime can hold is valid here."""
     if not isinstance(value, str):
         raise InvalidSchedule(f"{what} must be an ISO-8601 string, got {value!r}")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidSchedule(f"{what} {value!r} is not an ISO-8601 datetime") from None
-    if parsed.tzinfo is None:
-        raise InvalidSchedule(f"{what} {value!r} has no UTC offset")
-    return parsed
+    return parse_instant(value, what=what, lo=_FIRST, hi=_LAST)
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,9 +146,10 @@ class Every(Trigger):
 
     kind = "every"
 
-    def __init__(self, interval: timedelta, anchor: datetime = _EPOCH) -> None:
+    def __init__(self, interval: timedelta | float | str, anchor: datetime = _EPOCH) -> None:
         if not isinstance(interval, timedelta):
-            raise InvalidSchedule(f"every interval must be a timedelta, got {interval!r}")
+            # seconds or a duration string ("1h30m", "PT1H30M"), read like every other duration
+            interval = parse_duration(interval, what="every interval", lo=_US, hi=MAX_DURATION)
         if interval <= timedelta(0):
             raise InvalidSchedule(f"every interval must be positive, got {interval!r}")
         if not isinstance(anchor, datetime):
@@ -205,75 +207,6 @@ class At(Trigger):
 
     def _key(self) -> tuple[Any, ...]:
         return (self.instant,)
-
-
-# --------------------------------------------------------------------------------------------
-# Durations
-# --------------------------------------------------------------------------------------------
-
-_DURATION_UNITS: dict[str, timedelta] = {
-    "d": timedelta(days=1),
-    "h": timedelta(hours=1),
-    "m": timedelta(minutes=1),
-    "s": timedelta(seconds=1),
-    "ms": timedelta(milliseconds=1),
-}
-_DURATION_PART = re.compile(r"([0-9]+)([A-Za-z]*)")
-
-
-def parse_duration(text: str) -> timedelta:
-    """Parse "90s", "15m", "1h30m", "2d", "500ms" or plain seconds "30".
-
-    Units must appear largest first and at most once, so "1m30h" (probably a typo) is rejected
-    rather than silently summed.
-    """
-    if not isinstance(text, str):
-        raise InvalidSchedule(f"duration must be a string, got {text!r}")
-    s = text.strip()
-    if not s:
-        raise InvalidSchedule("empty duration")
-    if re.fullmatch(r"[0-9]+", s):
-        try:
-            return timedelta(seconds=int(s))
-        except OverflowError:
-            raise InvalidSchedule(f"duration {text!r} is too large") from None
-    total = timedelta(0)
-    last: timedelta | None = None
-    pos = 0
-    while pos < len(s):
-        m = _DURATION_PART.match(s, pos)
-        if m is None:
-            raise InvalidSchedule(f"invalid duration {text!r}: expected a number at {s[pos:]!r}")
-        number, unit = m.groups()
-        if unit not in _DURATION_UNITS:
-            what = f"unknown unit {unit!r}" if unit else f"missing unit after {number!r}"
-            raise InvalidSchedule(f"invalid duration {text!r}: {what} (use d, h, m, s, ms)")
-        size = _DURATION_UNITS[unit]
-        if last is not None and size >= last:
-            raise InvalidSchedule(
-                f"invalid duration {text!r}: unit {unit!r} repeated or out of order "
-                "(write largest unit first)"
-            )
-        last = size
-        try:
-            total += int(number) * size
-        except OverflowError:
-            raise InvalidSchedule(f"duration {text!r} is too large") from None
-        pos = m.end()
-    return total
-
-
-def _format_duration(d: timedelta) -> str:
-    us = d // timedelta(microseconds=1)
-    if us % 1000:
-        return f"{us}us"
-    parts = []
-    for unit in ("d", "h", "m", "s", "ms"):
-        size = _DURATION_UNITS[unit] // timedelta(microseconds=1)
-        n, us = divmod(us, size)
-        if n:
-            parts.append(f"{n}{unit}")
-    return "".join(parts) or "0s"
 
 
 # --------------------------------------------------------------------------------------------
