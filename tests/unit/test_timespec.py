@@ -500,7 +500,7 @@ INVALID_CRON = [
     ("", "empty"),
     ("   ", "empty"),
     ("* * * *", "4 fields"),
-    ("* * * * * *", "6 fields"),
+    ("* * * * * * *", "7 fields"),  # 6 fields is minute..day-of-week then second
     ("0 24 * * *", "cron field 'hour' value 24 out of range 0-23 in '0 24 * * *'"),
     ("60 * * * *", "'minute' value 60 out of range 0-59"),
     ("* * 0 * *", "'day-of-month' value 0 out of range 1-31"),
