@@ -21,18 +21,23 @@ _UNITS = (("d", 86_400_000_000), ("h", 3_600_000_000), ("m", 60_000_000), ("s", 
           ("ms", 1_000))
 
 
-def iso(dt: datetime | None, *, seconds: bool = False) -> str | None:
-    """``2026-03-08T07:30:00Z`` (``.123000`` only when there is a fraction); ``seconds``
-    drops the fraction, for tables. None stays None (an absent time in JSON is null)."""
+def _timespec(dt: datetime, compact: bool) -> str:
+    if not compact:
+        return "auto"
+    return "milliseconds" if dt.microsecond else "seconds"
+
+
+def iso(dt: datetime | None, *, compact: bool = False) -> str | None:
+    """``2026-03-08T07:30:00Z`` (``.123000`` only when there is a fraction; ``compact``, for
+    text, writes it to the millisecond: ``.123``). None stays None (null in JSON)."""
     if dt is None:
         return None
-    text = dt.astimezone(UTC).isoformat(timespec="seconds" if seconds else "auto")
-    return text.replace("+00:00", "Z")
+    return dt.astimezone(UTC).isoformat(timespec=_timespec(dt, compact)).replace("+00:00", "Z")
 
 
-def iso_local(dt: datetime, zone: tzinfo, *, seconds: bool = False) -> str:
+def iso_local(dt: datetime, zone: tzinfo, *, compact: bool = False) -> str:
     """The instant on the zone's wall clock with its UTC offset: ``2026-03-08T03:30:00-04:00``."""
-    return dt.astimezone(zone).isoformat(timespec="seconds" if seconds else "auto")
+    return dt.astimezone(zone).isoformat(timespec=_timespec(dt, compact))
 
 
 def format_duration(d: timedelta) -> str:

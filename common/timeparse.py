@@ -197,7 +197,7 @@ def parse_instant(value: Any, *, what: str = "instant", lo: datetime = MIN_INSTA
         utc = None
     if utc is None or not lo <= utc <= hi:
         raise InvalidTime(f"{what} {shown} is out of range: instants must lie between "
-                          f"{iso(lo, seconds=True)} and {iso(hi, seconds=True)}")
+                          f"{iso(lo, compact=True)} and {iso(hi, compact=True)}")
     return utc
 
 

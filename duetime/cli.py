@@ -47,7 +47,8 @@ PORT = click.IntRange(1, 65535)
 @click.group(cls=DuetimeGroup)
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=f"Redis URL (env {ENV_URL}).")
 @click.option("--namespace", envvar=ENV_NS, default=None, help=f"Key namespace (env {ENV_NS}).")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", default="INFO", show_default=True,
+              help="DEBUG, INFO, WARNING or ERROR (logs go to stderr).")
 @click.pass_context
 def main(ctx: click.Context, redis_url: str | None, namespace: str | None, log_level: str) -> None:
     """duetime: a Redis-backed distributed job scheduler."""
@@ -244,8 +245,8 @@ def enqueue(ctx: click.Context, task: str, app_ref: str, args_json: str, kwargs_
 
 # -- demo -------------------------------------------------------------------------------
 @main.command()
-@click.option("--runs", "count", default=300, show_default=True)
-@click.option("--workers", default=2, show_default=True)
+@click.option("--runs", "count", default=300, show_default=True, help="Runs to enqueue.")
+@click.option("--workers", default=2, show_default=True, help="Worker processes to start.")
 @click.pass_context
 @fail_cleanly
 def demo(ctx: click.Context, count: int, workers: int) -> None:

@@ -192,7 +192,7 @@ human_s = human_duration  # the table form of a measured duration (one formatter
 def when(dt: datetime | None, now: datetime) -> str:
     """An instant for a table: ISO UTC to the second and how far from now, e.g.
     `2026-03-08T07:30:00Z (in 3 minutes)`; '-' for none."""
-    return f"{iso(dt, seconds=True)} ({relative(dt, now)})" if dt else "-"
+    return f"{iso(dt, compact=True)} ({relative(dt, now)})" if dt else "-"
 
 
 def server_now(app: App) -> datetime:

@@ -95,7 +95,7 @@ def overview_to_dict(ov: Overview) -> dict[str, Any]:
 def render_frame(ov: Overview, title: str) -> str:
     owned = ov.partitions - len(ov.unowned_partitions)
     head = [
-        f"{title}   {iso(from_ms(ov.now_ms))}",
+        f"{title}   {iso(from_ms(ov.now_ms), compact=True)}",
         f"workers {ov.workers} live · schedulers {ov.schedulers} ({owned}/{ov.partitions} "
         f"partitions owned) · running {ov.leases} · uncertain {ov.uncertain} · dead {ov.dead}",
         "",

@@ -169,14 +169,19 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
         text = str(d[k])
         when = instants.get(k)
         if when is not None:
-            text = f"{_iso(when, seconds=True)}  ({relative(when, now)})"
+            text = f"{_iso(when, compact=True)}  ({relative(when, now)})"
         lines.append(f"  {k:<19} {text}")
     if info.next_fire is None:
         lines.append("  next_fire           - (the trigger has no further occurrence)")
-    lines.append(f"  next {len(fires)} fire times ({d['zone']} / UTC):")
+    local = d["zone"] != "UTC"
+    lines.append(f"  next {len(fires)} fire times ({d['zone'] + ' / UTC' if local else 'UTC'}):")
+    rows = []
     for f in fires:
         utc = datetime.fromisoformat(f["utc"])
         note = "  overdue: not yet evaluated" if f["overdue"] else ""
-        lines.append(f"    {iso_local(utc, zone, seconds=True)}   {_iso(utc, seconds=True)}   "
-                     f"{relative(utc, now)}{note}")
+        rows.append(([iso_local(utc, zone, compact=True)] if local else [])
+                    + [_iso(utc, compact=True) or "", relative(utc, now) + note])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))] if rows else []
+    for r in rows:
+        lines.append("    " + "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return "\n".join(lines)

@@ -154,7 +154,7 @@ class Evaluator:
             pl = plan(self._trigger(name, version, f[8:]), int(next_ms), now, self.lead_ms,
                       name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
                       jitter_ms=int(jitter_ms or 0),
-                      tolerance_ms=int(tolerance or MISS_TOLERANCE_MS))
+                      tolerance_ms=MISS_TOLERANCE_MS if tolerance is None else int(tolerance))
             runs: list[Any] = []
             for r in pl.runs:
                 runs += [run_id_for(name, r.occurrence_ms), r.occurrence_ms, r.due_ms, r.coalesced,
