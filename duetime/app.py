@@ -68,8 +68,8 @@ class App:
         name: str | None = None,
         queue: str = "default",
         retries: int = 3,
-        backoff: tuple[float, float] = (1.0, 300.0),
-        timeout: float | None = None,
+        backoff: tuple[float | str | timedelta, float | str | timedelta] = (1.0, 300.0),
+        timeout: float | str | timedelta | None = None,
         idempotent: bool = True,
         owner: str | None = None,
     ) -> Any:

@@ -247,3 +247,20 @@ def test_one_percentile() -> None:
     assert [percentile(values, p) for p in (0, 1, 50, 99, 100)] == [1, 1, 50, 99, 100]
     with pytest.raises(ValueError):
         percentile(values, 101)
+
+
+def test_task_durations_take_every_form_and_are_bounded() -> None:
+    from duetime.common.tasks import TaskSpec
+
+    spec = TaskSpec("t", fn=lambda: None, timeout="5m", backoff=("1.5s", timedelta(minutes=5)))
+    assert spec.timeout == 300.0 and spec.backoff == (1.5, 300.0)
+    assert TaskSpec("t", fn=lambda: None, timeout=0.3, backoff=(0.1, 0.2)).timeout == 0.3
+    for kw, words in (({"timeout": float("nan")}, "timeout must be a finite number"),
+                      ({"timeout": float("inf")}, "finite"), ({"timeout": 0}, "must be positive"),
+                      ({"timeout": "8d"}, "too large (at most 7d)"),
+                      ({"backoff": (1, float("nan"))}, "backoff must be a finite number"),
+                      ({"backoff": (5, 1)}, "0 <= base <= max"), ({"backoff": 5}, "(base, max)"),
+                      ({"backoff": ("1s", "31d")}, "too large (at most 30d)")):
+        with pytest.raises(InvalidInput) as info:
+            TaskSpec("t", fn=lambda: None, **kw)
+        assert words in str(info.value) and str(info.value).startswith("task 't': ")
