@@ -22,7 +22,7 @@ from duetime.common.schedules import (
     trigger_from_fields,
 )
 from duetime.common.scripts import Scripts
-from duetime.common.timeparse import from_ms, to_ms
+from duetime.common.timeparse import from_ms, parse_instant, to_ms
 from duetime.common.timespec import Trigger
 
 BACKFILL_CHUNK = 500
@@ -209,12 +209,12 @@ class ScheduleStore:
         self._create(name, [(run_id, now)])
         return run_id
 
-    def backfill(self, name: str, start: datetime, end: datetime,
+    def backfill(self, name: str, start: datetime | str, end: datetime | str,
                  progress: Callable[[int], None] | None = None) -> tuple[int, int]:
-        """Runs for every occurrence in [start, end]; existing ones are not created again.
-        → (occurrences, runs created)."""
-        if start.tzinfo is None or end.tzinfo is None:
-            raise InvalidInput("backfill bounds must be aware datetimes (with a UTC offset)")
+        """Runs for every occurrence in [start, end] (aware datetimes or ISO-8601 strings,
+        1970..9999); existing ones are not created again. → (occurrences, runs created)."""
+        start = parse_instant(start, what="backfill start")
+        end = parse_instant(end, what="backfill end")
         if end < start:
             raise InvalidInput("backfill: --to is before --from")
         trigger = self.get(name).trigger

@@ -198,7 +198,9 @@ class At(Trigger):
 
     kind = "at"
 
-    def __init__(self, instant: datetime) -> None:
+    def __init__(self, instant: datetime | str) -> None:
+        if isinstance(instant, str):  # ISO-8601 with a UTC offset, read like every instant
+            instant = parse_instant(instant, what="at instant", lo=_FIRST, hi=_LAST)
         if not isinstance(instant, datetime):
             raise InvalidSchedule(f"at instant must be a datetime, got {instant!r}")
         if instant.tzinfo is None or instant.utcoffset() is None:

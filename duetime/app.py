@@ -241,7 +241,7 @@ class App:
         """Run a schedule now, outside its trigger; → the run id."""
         return self.schedules.trigger(name)
 
-    def backfill(self, name: str, start: datetime, end: datetime) -> tuple[int, int]:
+    def backfill(self, name: str, start: datetime | str, end: datetime | str) -> tuple[int, int]:
         """Runs for every occurrence in [start, end]; → (occurrences, runs created)."""
         return self.schedules.backfill(name, start, end)
 

@@ -187,3 +187,13 @@ def test_schedule_show_before_any_scheduler_ran_agrees_with_next_fire(app, url, 
 
 def shown_utc(line: str) -> str:
     return next(word for word in line.split() if word.endswith("Z"))
+
+
+def test_backfill_takes_instants_in_every_form_and_refuses_naive_ones(app):
+    app.schedule("hourly", duetime.Cron("0 * * * *"), basic.noop)
+    assert app.backfill("hourly", "2025-03-01T00:00:00Z", "2025-03-01T06:00:00+01:00") == (6, 6)
+    assert app.backfill("hourly", datetime(2025, 3, 1, tzinfo=UTC), "20250301T0500Z") == (6, 0)
+    with pytest.raises(InvalidInput, match="backfill start 2025-03-01T00:00:00 is naive"):
+        app.backfill("hourly", datetime(2025, 3, 1), datetime(2025, 3, 2, tzinfo=UTC))
+    with pytest.raises(InvalidInput, match="backfill end '10000-01-01' is not"):
+        app.backfill("hourly", "2025-03-01T00:00:00Z", "10000-01-01")

@@ -264,3 +264,11 @@ def test_task_durations_take_every_form_and_are_bounded() -> None:
         with pytest.raises(InvalidInput) as info:
             TaskSpec("t", fn=lambda: None, **kw)
         assert words in str(info.value) and str(info.value).startswith("task 't': ")
+
+
+def test_one_time_trigger_takes_an_iso_string() -> None:
+    from duetime.common.timespec import At
+
+    assert At("2026-03-08T03:30:00-04:00") == At(datetime(2026, 3, 8, 7, 30, tzinfo=UTC))
+    with pytest.raises(InvalidSchedule, match="has no UTC offset"):
+        At("2026-03-08T03:30:00")
