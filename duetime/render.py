@@ -173,14 +173,13 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
         lines.append(f"  {k:<19} {text}")
     if info.next_fire is None:
         lines.append("  next_fire           - (the trigger has no further occurrence)")
-    local = d["zone"] != "UTC"
-    lines.append(f"  next {len(fires)} fire times ({d['zone'] + ' / UTC' if local else 'UTC'}):")
+    lines.append(f"  next {len(fires)} fire times ({d['zone']} / UTC):")
     rows = []
     for f in fires:
         utc = datetime.fromisoformat(f["utc"])
         note = "  overdue: not yet evaluated" if f["overdue"] else ""
-        rows.append(([iso_local(utc, zone, compact=True)] if local else [])
-                    + [_iso(utc, compact=True) or "", relative(utc, now) + note])
+        rows.append([iso_local(utc, zone, compact=True), _iso(utc, compact=True) or "",
+                     relative(utc, now) + note])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))] if rows else []
     for r in rows:
         lines.append("    " + "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
