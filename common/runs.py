@@ -27,15 +27,17 @@ from duetime.common.connection import (
 )
 from duetime.common.errors import EnqueueIncomplete, InvalidInput, RunFailed, RunNotFound, WaitTimeout
 from duetime.common.keys import Keyspace
-from duetime.common.models import TERMINAL, Run, to_ms
+from duetime.common.models import TERMINAL, Run
 from duetime.common.names import check_name
 from duetime.common.scripts import Scripts
 from duetime.common.tasks import TaskSpec
+from duetime.common.timeparse import DELAY, duration_ms, parse_instant, to_ms
 
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call
 ASYNC_SLICE = 100  # requests validated between two yields to the event loop
 WAIT_CHUNK_S = 5.0  # a waiter re-reads the run at least this often
 PIPELINE_RUNS = 2000  # runs per round trip
+ASYNC_PIPELINE_RUNS = 400  # from asyncio code: smaller round trips, each built between yields
 
 
 def new_run_id() -> str:
@@ -88,8 +90,8 @@ class EnqueueRequest:
     spec: TaskSpec
     args: Sequence[Any] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    at: datetime | None = None
-    delay: timedelta | float | None = None
+    at: datetime | str | None = None
+    delay: timedelta | float | str | None = None
     key: str | None = None
     queue: str | None = None
     run_id: str | None = None
@@ -166,12 +168,11 @@ class RunStore:
             if req.at is not None:
                 if req.delay is not None:
                     raise InvalidInput("give either at= or delay=, not both")
-                due = str(to_ms(req.at, ceil=True))
-            elif req.delay:
-                d = req.delay
-                delay_ms = int((d.total_seconds() if isinstance(d, timedelta) else float(d)) * 1000)
-                if delay_ms < 0:
-                    raise InvalidInput(f"delay must not be negative, got {delay_ms} ms")
+                due = str(to_ms(parse_instant(req.at, what="at"), ceil=True))
+            elif req.delay is not None:
+                # bounded, so server now + delay stays a sane due time (an unbounded one wrapped
+                # to INT64_MIN in Lua, ran at once and broke the claim batch it landed in)
+                delay_ms = duration_ms(DELAY.parse(req.delay, "delay"))
             fields: list[Any] = ["payload", payload]
             if req.key:
                 fields += ["key", req.key]
@@ -240,24 +241,24 @@ class RunStore:
             f"{len(unknown):,} unknown (the reply was lost; get_run tells)",
             ids, created, not_created, unknown) from None
 
-    def _pipelines(self, client: redis.Redis, prepared: list[Prepared]
-                   ) -> Iterator[tuple[Any, list[list[str]]]]:
-        """(pipeline, the run ids of each script call in it), PIPELINE_RUNS runs at a time."""
+    def _pipelines(self, client: redis.Redis, prepared: list[Prepared],
+                   per_trip: int = PIPELINE_RUNS) -> Iterator[tuple[Any, list[list[str]]]]:
+        """(pipeline, the run ids of each script call in it), `per_trip` runs at a time."""
         groups: dict[tuple[int, str, str], list[Prepared]] = {}
         for pr in prepared:
             groups.setdefault((pr.partition, pr.queue, pr.spec.name), []).append(pr)
         pipe, chunks, pending = client.pipeline(transaction=False), [], 0
         for (p, queue, _), items in groups.items():
             shared = task_fields(items[0].spec, queue)
-            for i in range(0, len(items), SCRIPT_CHUNK):
-                chunk = items[i : i + SCRIPT_CHUNK]
+            for i in range(0, len(items), min(SCRIPT_CHUNK, per_trip)):
+                chunk = items[i : i + min(SCRIPT_CHUNK, per_trip)]
                 keys, args = tr.enqueue(self.keys, p, queue, shared,
                                         [(x.run_id, x.due, x.delay_ms, x.fields)
                                          for x in chunk])
                 self.scripts.enqueue(keys=keys, args=args, client=pipe)
                 chunks.append([x.run_id for x in chunk])
                 pending += len(chunk)
-                if pending >= PIPELINE_RUNS:
+                if pending >= per_trip:
                     yield pipe, chunks
                     pipe, chunks, pending = client.pipeline(transaction=False), [], 0
         if pending:
@@ -286,7 +287,7 @@ class RunStore:
         ids = [pr.run_id for pr in prepared]
         client = await self.aclient()
         done: list[list[str]] = []
-        batches = self._pipelines(client, prepared)
+        batches = self._pipelines(client, prepared, ASYNC_PIPELINE_RUNS)
         while True:
             batch = next(batches, None)
             if batch is None:

@@ -75,6 +75,7 @@ class Assembled:
     sha: str
 
 
+@cache
 def _read(name: str) -> str:
     return (resources.files("duetime.lua") / name).read_text()
 
@@ -155,11 +156,12 @@ def assemble(name: str, lib_text: str, body_text: str) -> str:
     keep: set[int] = set()
     for h in _needed(body, lib_text):
         keep.update(range(h.first, h.first + len(h.lines)))
-    base = STRIDE * (SCRIPT_NAMES.index(name) + 1)
-    out = [lib[i - 1] if i in keep else "" for i in range(1, base + 1)]
+    head = [lib[i - 1] if i in keep else "" for i in range(1, len(lib) + 1)]
     if body and body[0].startswith("#!"):  # the flags line must be the first line
-        out[0], body = body[0], ["", *body[1:]]
-    return _suffixes("\n".join(out + body) + "\n", f"{name}.lua")
+        head[0], body = body[0], ["", *body[1:]]
+    padding = "\n" * (STRIDE * (SCRIPT_NAMES.index(name) + 1) - len(head))
+    return (_suffixes("\n".join(head), LIB) + "\n" + padding
+            + _suffixes("\n".join(body), f"{name}.lua") + "\n")
 
 
 @cache

@@ -17,6 +17,10 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.names import check_name
+from duetime.common.timeparse import Span
+
+BACKOFF = Span(timedelta(0), timedelta(days=30))
+TIMEOUT = Span(timedelta(milliseconds=1), timedelta(days=7))
 
 
 @dataclass(frozen=True)
@@ -39,11 +43,20 @@ class TaskSpec:
         check_name("queue", self.queue)
         if self.retries < 0:
             raise InvalidInput(f"task {self.name!r}: retries must be >= 0, got {self.retries}")
-        base, cap = self.backoff
-        if base < 0 or cap < base:
+        # durations in any accepted form (seconds, timedelta, "5m"), bounded, kept as seconds
+        pair = tuple(self.backoff) if isinstance(self.backoff, tuple | list) else ()
+        if len(pair) != 2:
+            raise InvalidInput(f"task {self.name!r}: backoff must be (base, max), got "
+                               f"{self.backoff!r}")
+        base, cap = (BACKOFF.parse(x, f"task {self.name!r}: backoff") for x in pair)
+        if cap < base:
             raise InvalidInput(f"task {self.name!r}: backoff must be (base, max) with 0 <= base <= max")
-        if self.timeout is not None and self.timeout <= 0:
-            raise InvalidInput(f"task {self.name!r}: timeout must be positive")
+        object.__setattr__(self, "backoff", (base.total_seconds(), cap.total_seconds()))
+        if self.timeout is not None:
+            if isinstance(self.timeout, int | float) and self.timeout <= 0:
+                raise InvalidInput(f"task {self.name!r}: timeout must be positive")
+            timeout = TIMEOUT.parse(self.timeout, f"task {self.name!r}: timeout")
+            object.__setattr__(self, "timeout", timeout.total_seconds())
 
     @property
     def is_async(self) -> bool:
@@ -62,14 +75,28 @@ class TaskSpec:
 
     def check_args(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         """Arguments that cannot bind to the function are refused at the call site, not after
-        three retries and a dead letter."""
+        three retries and a dead letter. Whether they bind depends only on how many positional
+        arguments and which keywords there are, so each shape is checked once."""
+        shape = (len(args), *kwargs) if kwargs else len(args)
+        verdict = self._shapes.get(shape)
+        if verdict is None:
+            verdict = self._shapes[shape] = self._bind_error(args, kwargs)
+        if verdict:
+            raise InvalidInput(verdict)
+
+    def _bind_error(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
         sig = self.signature
-        if sig is not None:
-            try:
-                sig.bind(*args, **kwargs)
-            except TypeError as exc:
-                raise InvalidInput(f"task {self.name!r} cannot take these arguments: {exc} "
-                                   f"(it is {self.name}{sig})") from None
+        if sig is None:
+            return ""
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            return f"task {self.name!r} cannot take these arguments: {exc} (it is {self.name}{sig})"
+        return ""
+
+    @functools.cached_property
+    def _shapes(self) -> dict[Any, str]:
+        return {}
 
     def options_json(self) -> str:
         """The options a producer needs to enqueue this task by name (see Registry.catalogue)."""

@@ -16,7 +16,7 @@ from duetime.common.errors import InvalidInput
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
-from duetime.common.runs import EnqueueRequest, RunStore
+from duetime.common.runs import ASYNC_SLICE, EnqueueRequest, RunStore
 from duetime.common.schedule_store import ScheduleInfo, ScheduleStore
 from duetime.common.schedules import ScheduleDef, seeded
 from duetime.common.tasks import Registry, Task, TaskSpec
@@ -58,6 +58,13 @@ class App:
             self._store = RunStore(self.redis_url, self.keys, self.max_payload)
         return self._store
 
+    async def _astore(self) -> RunStore:
+        """The store, made off the event loop the first time (making it assembles and hashes
+        the scripts)."""
+        if self._store is None:
+            await asyncio.to_thread(lambda: self.store)
+        return self.store
+
     @property
     def schedules(self) -> ScheduleStore:
         if self._schedules is None:
@@ -84,8 +91,8 @@ class App:
         name: str | None = None,
         queue: str = "default",
         retries: int = 3,
-        backoff: tuple[float, float] = (1.0, 300.0),
-        timeout: float | None = None,
+        backoff: tuple[float | str | timedelta, float | str | timedelta] = (1.0, 300.0),
+        timeout: float | str | timedelta | None = None,
         idempotent: bool = True,
         owner: str | None = None,
         store_result: bool = True,
@@ -132,8 +139,8 @@ class App:
         task: TaskRef,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        at: datetime | None = None,
-        delay: timedelta | float | None = None,
+        at: datetime | str | None = None,
+        delay: timedelta | float | str | None = None,
         key: str | None = None,
         queue: str | None = None,
     ) -> str:
@@ -142,7 +149,9 @@ class App:
         `task` is a task object, or a name: a service that only enqueues need not import the
         task's code (`app.enqueue("send-invoice", [42], queue="billing")`); the options come
         from what a worker published for that name (see `publish_tasks`), else the defaults.
-        Where the task is registered here, the arguments are checked against its signature."""
+        Where the task is registered here, the arguments are checked against its signature.
+        `at`: an aware datetime or ISO-8601 string (1970..9999); `delay`: a timedelta, seconds
+        or a string like "1h30m" (at most 100 years). Out of range: InvalidInput."""
         req = EnqueueRequest(self._resolve(task), args, kwargs or {}, at, delay, key, queue)
         run_id = self.store.enqueue(req)
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
@@ -161,7 +170,7 @@ class App:
         """`enqueue` for asyncio code: never blocks the event loop."""
         spec = await self._aresolve(task)
         req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue)
-        [run_id] = await self.store.aenqueue_many([req])
+        [run_id] = await (await self._astore()).aenqueue_many([req])
         await self._aremember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
 
@@ -178,12 +187,21 @@ class App:
         """`enqueue_many` for asyncio code: the loop is never held for more than a slice of
         the batch (see RunStore.aenqueue_many)."""
         items = list(items)
-        names = {t for t in (it["task"] if isinstance(it, dict) else it[0] for it in items)
-                 if isinstance(t, str) and self.registry.find(t) is None}
-        known = {n: await self._aresolve(n) for n in names}  # by-name lookups, off the loop
-        reqs = self._requests(items, lambda t: known[t] if isinstance(t, str) and t in known
-                              else self._resolve(t))
-        ids = await self.store.aenqueue_many(reqs)
+        known: dict[str, TaskSpec] = {}
+
+        def resolve(t: Any) -> TaskSpec:
+            return known[t] if isinstance(t, str) and t in known else self._resolve(t)
+
+        reqs: list[EnqueueRequest] = []
+        for i in range(0, len(items), ASYNC_SLICE):  # a slice at a time, yielding between
+            part = items[i : i + ASYNC_SLICE]
+            for it in part:  # names this process has no code for: looked up off the loop
+                t = it["task"] if isinstance(it, dict) else it[0]
+                if isinstance(t, str) and t not in known and self.registry.find(t) is None:
+                    known[t] = await self._aresolve(t)
+            reqs += self._requests(part, resolve)
+            await asyncio.sleep(0)
+        ids = await (await self._astore()).aenqueue_many(reqs)
         await self._aremember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
         return ids
 
@@ -255,7 +273,7 @@ class App:
     async def _aremember_queues(self, queues: set[str]) -> None:
         new = queues - self._queues_seen
         if new:
-            client = await self.store.aclient()
+            client = await (await self._astore()).aclient()
             with translated(self.redis_url):
                 await client.sadd(self.keys.queues, *new)
             self._queues_seen |= new
@@ -264,7 +282,7 @@ class App:
         return self.store.get_run(run_id)
 
     async def aget_run(self, run_id: str) -> Run:
-        return await self.store.aget_run(run_id)
+        return await (await self._astore()).aget_run(run_id)
 
     def wait(self, run_id: str, timeout: float | None = None) -> Any:
         """Block until the run ends → the task's return value (None if it stored none).
@@ -274,7 +292,7 @@ class App:
 
     async def await_result(self, run_id: str, timeout: float | None = None) -> Any:
         """`wait` for asyncio code: blocks on the run's notify list, never on the loop."""
-        return await self.store.await_result(run_id, timeout)
+        return await (await self._astore()).await_result(run_id, timeout)
 
     def cancel(self, run_id: str, reason: str = "cancelled by the application") -> str:
         """Cancel a run → 'cancelled' (it had not started) or 'requested' (it is running; its
@@ -297,20 +315,26 @@ class App:
         queue: str | None = None,
         catchup: str = "latest",
         max_catchup: int = 100,
-        lateness: timedelta | float | None = None,
+        lateness: timedelta | float | str | None = None,
         overlap: str = "allow",
-        jitter: timedelta | float | None = None,
+        jitter: timedelta | float | str | None = None,
         owner: str | None = None,
         paused: bool = False,
+        miss_tolerance: timedelta | float | str | None = None,
     ) -> str:
         """Create or update a schedule; → 'created', 'updated' or 'unchanged'.
 
         Registering the same definition again changes nothing (safe at every deploy); a
         changed one takes effect from the next occurrence that has no run yet. `paused`
         applies only when the schedule is created, so a redeploy never undoes an operator's
-        pause."""
+        pause.
+
+        Durations (`lateness`, `jitter`, `miss_tolerance`) take a timedelta, seconds, or a
+        string like "90s", "1h30m", "PT1H30M". `miss_tolerance` (default 60 s): an occurrence
+        evaluated later than this after its instant counts as missed and follows `catchup`;
+        one whose successor is already due is missed in any case."""
         d = self.schedule_def(name, trigger, task, args, kwargs, queue, catchup, max_catchup,
-                              lateness, overlap, jitter, owner)
+                              lateness, overlap, jitter, owner, miss_tolerance)
         status = self.schedules.upsert(d, paused)[0]
         self._remember_queues({d.queue})
         return status
@@ -329,20 +353,22 @@ class App:
         queue: str | None = None,
         catchup: str = "latest",
         max_catchup: int = 100,
-        lateness: timedelta | float | None = None,
+        lateness: timedelta | float | str | None = None,
         overlap: str = "allow",
-        jitter: timedelta | float | None = None,
+        jitter: timedelta | float | str | None = None,
         owner: str | None = None,
+        miss_tolerance: timedelta | float | str | None = None,
     ) -> ScheduleDef:
         """A validated schedule definition (see `schedule` for the arguments)."""
         spec = self._resolve(task)
-        lateness_ms, jitter_ms = ScheduleDef.durations(lateness, jitter)
+        lateness_ms, jitter_ms, tolerance_ms = ScheduleDef.durations(lateness, jitter,
+                                                                     miss_tolerance)
         return ScheduleDef(
             name=name, trigger=seeded(trigger, name), task=spec.name,
             queue=spec.queue if queue is None else queue,
             payload=pack_payload(args, kwargs or {}, self.max_payload), catchup=catchup,
             max_catchup=max_catchup, lateness_ms=lateness_ms, overlap=overlap,
-            jitter_ms=jitter_ms, owner=owner or spec.owner or "",
+            jitter_ms=jitter_ms, owner=owner or spec.owner or "", miss_tolerance_ms=tolerance_ms,
             task_options={
                 "max_attempts": spec.max_attempts, "backoff_base": int(spec.backoff[0] * 1000),
                 "backoff_max": int(spec.backoff[1] * 1000), "timeout": int((spec.timeout or 0) * 1000),
@@ -369,7 +395,7 @@ class App:
         """Run a schedule now, outside its trigger; → the run id."""
         return self.schedules.trigger(name)
 
-    def backfill(self, name: str, start: datetime, end: datetime) -> tuple[int, int]:
+    def backfill(self, name: str, start: datetime | str, end: datetime | str) -> tuple[int, int]:
         """Runs for every occurrence in [start, end]; → (occurrences, runs created)."""
         return self.schedules.backfill(name, start, end)
 
