@@ -106,6 +106,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
 
         check_name("queue", q)
     app.store.ready().sadd(app.keys.queues, *qs)  # clear error now if Redis is down
+    app.publish_tasks()  # producers without the code enqueue by name with these options
     announce(ctx, app, "worker")
     metrics.serve(metrics_port)
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
@@ -224,7 +225,8 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: timedelta, tick: ti
 
 @main.command()
 @click.argument("task")
-@click.option("--app", "app_ref", required=True, help="module:attribute of your App.")
+@click.option("--app", "app_ref", default=None, help="module:attribute of your App (optional: "
+              "without it the task is enqueued by name, with the options its workers published).")
 @click.option("--args", "args_json", default="[]", help="JSON list of positional arguments.")
 @click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
 @instant_option("--at", default=None, help="Due at this instant.")
@@ -233,7 +235,7 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: timedelta, tick: ti
 @click.option("--queue", default=None, help="Default: the task's queue.")
 @click.pass_context
 @fail_cleanly
-def enqueue(ctx: click.Context, task: str, app_ref: str, args_json: str, kwargs_json: str,
+def enqueue(ctx: click.Context, task: str, app_ref: str | None, args_json: str, kwargs_json: str,
             at: datetime | None, delay: timedelta | None, key: str | None,
             queue: str | None) -> None:
     """Create one run of TASK and print its id."""

@@ -18,7 +18,7 @@ import redis
 
 from duetime.app import App
 from duetime.common.admin import RunAdmin
-from duetime.common.connection import server_time_ms, translated
+from duetime.common.connection import redact, server_time_ms, translated
 from duetime.common.errors import DuetimeError, InvalidInput, InvalidSchedule, InvalidTime
 from duetime.common.inspect import Inspector
 from duetime.common.timefmt import human_duration, iso, relative
@@ -34,8 +34,47 @@ def _one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
+GLOBAL_OPTIONS = ("--redis-url", "--namespace", "--log-level")  # each takes a value
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """`duetime runs list --redis-url U` means `duetime --redis-url U runs list`: the global
+    options may come after the subcommand too (they are moved before it); a `--json` given
+    before the subcommand goes to the command that prints."""
+    head, i = [], 0
+    while i < len(args) and args[i].startswith("-"):  # what comes before the subcommand
+        head.append(args[i])
+        if args[i] in GLOBAL_OPTIONS and i + 1 < len(args):
+            head.append(args[i + 1])
+            i += 1
+        i += 1
+    moved, kept, tail, j = [], [], args[i:], 0
+    while j < len(tail):
+        a = tail[j]
+        if a == "--":
+            kept += tail[j:]
+            break
+        if a.split("=", 1)[0] in GLOBAL_OPTIONS:
+            take = 1 if "=" in a or j + 1 == len(tail) else 2
+            moved += tail[j : j + take]
+            j += take
+            continue
+        kept.append(a)
+        j += 1
+    if "--json" in head and kept:
+        head.remove("--json")
+        kept.append("--json")
+    return head + moved + kept
+
+
 class DuetimeGroup(click.Group):
-    """Usage errors as one line on stderr (exit 2) instead of click's three-line block."""
+    """Usage errors as one line on stderr (exit 2) instead of click's three-line block; global
+    options accepted after the subcommand too."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if ctx.parent is None:
+            args = hoist_global_options(list(args))
+        return super().parse_args(ctx, args)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
@@ -104,12 +143,24 @@ def plain_app(ctx: click.Context) -> App:
     writes nothing until a command changes something."""
     url, ns = ctx.obj["url"], ctx.obj["namespace"]
     app = App(redis_url=url, namespace=ns)
+    note_default_server(ctx, app)
     with translated(app.redis_url):
         stored = app.store.client.hget(app.keys.meta, "partitions")
     if stored is not None and int(stored) != app.keys.partitions:
         app.close()
         app = App(redis_url=url, namespace=ns, partitions=int(stored))
     return app
+
+
+def note_default_server(ctx: click.Context, app: App) -> None:
+    """With no URL configured, say once (stderr) which server is read, rather than silently
+    reading 127.0.0.1:6379."""
+    root = ctx.find_root()
+    if root.obj.get("url") or os.environ.get(ENV_URL) or root.obj.get("noted"):
+        return
+    root.obj["noted"] = True
+    click.echo(f"note: no --redis-url or {ENV_URL} given: using {redact(app.redis_url)} "
+               f"(namespace {app.keys.namespace!r})", err=True)
 
 
 def app_for(ctx: click.Context, app_ref: str | None) -> App:
@@ -201,8 +252,13 @@ def server_now(app: App) -> datetime:
         return from_ms(server_time_ms(app.store.client))
 
 
+def _jsonable(o: Any) -> Any:
+    """msgpack values JSON cannot carry: bytes as hex, anything else as its text."""
+    return o.hex() if isinstance(o, bytes) else str(o)
+
+
 def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=False))
+    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=_jsonable))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

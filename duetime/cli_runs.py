@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta
 
 import click
@@ -21,9 +20,9 @@ from duetime.cli_common import (
     table,
     when,
 )
-from duetime.common.errors import InvalidState
+from duetime.common.errors import InvalidState, RunFailed, WaitTimeout
 from duetime.common.inspect import RunSummary
-from duetime.common.models import STATES, TERMINAL
+from duetime.common.models import STATES
 from duetime.common.timefmt import format_duration
 from duetime.common.timeparse import WAIT, to_ms
 from duetime.render import run_to_dict, run_to_text, summary_to_dict
@@ -138,22 +137,29 @@ def runs_replay(ctx: click.Context, run_id: str, force: bool, note: str) -> None
 @click.argument("run_id")
 @duration_option("--timeout", span=WAIT, default="60s", show_default=True,
                  help="Give up (exit 1) after this long.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {id, state, result, error} as JSON (the task's return value).")
 @click.pass_context
 @fail_cleanly
-def runs_wait(ctx: click.Context, run_id: str, timeout: timedelta) -> None:
-    """Wait until a run finishes; prints its state. Exit 0 if it succeeded, 1 otherwise."""
-    insp = inspector(plain_app(ctx))
-    deadline = time.monotonic() + timeout.total_seconds()
-    while True:
-        state = insp.get_run(run_id).state
-        if state in TERMINAL or state == "uncertain":
-            click.echo(state)
-            ctx.exit(0 if state == "succeeded" else 1)
-        if time.monotonic() > deadline:
-            click.echo(f"error: run {run_id} still {state} after {format_duration(timeout)}",
-                       err=True)
-            ctx.exit(1)
-        time.sleep(0.1)
+def runs_wait(ctx: click.Context, run_id: str, timeout: timedelta, as_json: bool) -> None:
+    """Wait until a run ends (woken when it does, no polling); prints its state, or with
+    --json its result. Exit 0 if it succeeded, 1 otherwise."""
+    app = plain_app(ctx)
+    try:
+        result, state, error = app.wait(run_id, timeout.total_seconds()), "succeeded", None
+    except RunFailed as exc:
+        result, state, error = None, exc.state, exc.error
+    except WaitTimeout as exc:
+        click.echo(f"error: run {run_id} still {exc.state} after {format_duration(timeout)}",
+                   err=True)
+        ctx.exit(1)
+    if as_json:
+        echo_json({"id": run_id, "state": state, "result": result, "error": error})
+    else:
+        click.echo(state)
+        if error:
+            click.echo(error.splitlines()[0], err=True)
+    ctx.exit(0 if state == "succeeded" else 1)
 
 
 # -- dead letters -------------------------------------------------------------------------
