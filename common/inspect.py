@@ -363,25 +363,28 @@ class Inspector:
         return out
 
     def schedulers(self) -> list[SchedulerInfo]:
-        """Schedulers seen within one partition-lease length, and the partitions they hold."""
-        k = self.keys
+        """Live schedulers and the partitions each holds now (the `<ns>:owners` table)."""
+        return self._owners()[0]
+
+    def _owners(self) -> tuple[list[SchedulerInfo], list[int]]:
+        """(live schedulers, unowned partitions), from one read of the owners table."""
         now = self.now_ms()
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zrange(k.schedulers, 0, -1, withscores=True)
-        for p in range(k.partitions):
-            pipe.get(k.owner(p))
-        res = self._exec(pipe)
-        owners: dict[str, list[int]] = {}
-        for p, owner in enumerate(res[1:]):
-            if owner:
-                owners.setdefault(owner.decode(), []).append(p)
-        out = []
-        for m, score in res[0]:
-            sid = m.decode()
-            age = (now - score) / 1000
-            if sid in owners or age < 10:
-                out.append(SchedulerInfo(sid, from_ms(score), max(0.0, age), owners.get(sid, [])))
-        return out
+        with translated(self.url):
+            table = self.client.hgetall(self.keys.owners)
+        seen: dict[str, int] = {}
+        held: dict[str, list[int]] = {}
+        for f, v in table.items():
+            field, value = f.decode(errors="replace"), v.decode(errors="replace")
+            if field.startswith("s:"):
+                seen[field[2:]] = int(value) if value.isdigit() else 0
+            elif field.startswith("p:") and "|" in value:
+                sid, _, expiry = value.rpartition("|")
+                if expiry.isdigit() and int(expiry) > now and field[2:].isdigit():
+                    held.setdefault(sid, []).append(int(field[2:]))
+        out = [SchedulerInfo(sid, from_ms(t), max(0.0, (now - t) / 1000), sorted(held.get(sid, [])))
+               for sid, t in sorted(seen.items()) if sid in held or now - t < 10_000]
+        owned = {p for ps in held.values() for p in ps}
+        return out, [p for p in range(self.keys.partitions) if p not in owned]
 
     # -- queue-level numbers ----------------------------------------------------------
     def overview(self, queues: list[str] | None = None, activity: bool = False,
@@ -403,12 +406,10 @@ class Inspector:
             pipe.zcard(k.leases(p))
             pipe.zcard(k.dead(p))
             pipe.zcard(k.uncertain(p))
-            pipe.exists(k.owner(p))
         res = iter(self._exec(pipe))
         stats = {q: QueueStats(q) for q in qs}
         leases = dead = uncertain = 0
-        unowned = []
-        for p in range(P):
+        for _ in range(P):
             for q in qs:
                 st = stats[q]
                 for kind in ("due", "retry"):
@@ -423,10 +424,9 @@ class Inspector:
             leases += next(res)
             dead += next(res)
             uncertain += next(res)
-            if not next(res):
-                unowned.append(p)
+        schedulers, unowned = self._owners()
         ov = Overview(now, stats, leases, dead, uncertain, P, unowned, len(self.workers()),
-                      len(self.schedulers()), window_s)
+                      len(schedulers), window_s)
         if activity:
             self._activity(ov, window_s, sample)
         return ov

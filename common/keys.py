@@ -61,7 +61,6 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "uncertain": KeyKind("uncertain", "zset", "uncertain run id -> time (ms): an operator decides"),
     "done": KeyKind("done", "zset", "finished run id -> time (ms), for listing and retention"),
     "events": KeyKind("events", "stream", "capped lifecycle events, for audit"),
-    "owner": KeyKind("owner", "string", "id of the scheduler evaluating this partition, PX TTL"),
 }
 SUFFIX: dict[str, str] = {name: kind.suffix for name, kind in PARTITION_KEYS.items()}
 
@@ -72,7 +71,12 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
     "workers": KeyKind("workers", "zset", "worker id -> last heartbeat (ms)"),
     "worker": KeyKind("worker:", "hash", "a live worker: queues, concurrency, in-flight (expires)",
                       "worker"),
-    "schedulers": KeyKind("schedulers", "zset", "scheduler id -> last seen (ms)"),
+    "owners": KeyKind("owners", "hash", "which scheduler evaluates which partition: "
+                      "p:<partition> -> '<scheduler id>|<lease expiry ms>', "
+                      "s:<scheduler id> -> last seen (ms)"),
+    "sched_wake": KeyKind("sched_wake", "channel", "pub/sub: '<kind>|<partition>|<ms>' tells "
+                          "schedulers a schedule (s), a lease (l) or a starting deadline (d) "
+                          "came due earlier than they knew"),
     "tasks": KeyKind("tasks", "hash", "task name -> its options as JSON, published by workers, so "
                      "a producer without the task's code enqueues it with the right options"),
     "wake": KeyKind("wake", "channel", "pub/sub: '<partition>|<queue>|<due ms>' wakes idle workers"),
@@ -171,9 +175,6 @@ class Keyspace:
     def schedules(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["schedules"]
 
-    def owner(self, p: int) -> str:
-        return self.prefix(p) + SUFFIX["owner"]
-
     # -- global keys (`<ns>:` + GLOBAL[...]) ----------------------------------------------
     def _global(self, name: str) -> str:
         return f"{self.namespace}:{GLOBAL[name]}"
@@ -195,8 +196,12 @@ class Keyspace:
         return self._global("queues")
 
     @cached_property
-    def schedulers(self) -> str:
-        return self._global("schedulers")
+    def owners(self) -> str:
+        return self._global("owners")
+
+    @cached_property
+    def sched_wake(self) -> str:
+        return self._global("sched_wake")
 
     @cached_property
     def tasks(self) -> str:

@@ -44,7 +44,7 @@ SCRIPT_NAMES = (
     "schedule_upsert",
     "schedule_pause",
     "schedule_delete",
-    "partition_lease",
+    "partition_owners",
     "cancel",
     "replay",
     "resolve",

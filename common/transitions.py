@@ -54,7 +54,7 @@ def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms:
           ahead_ms: int = 0) -> Call:
     return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.deadlines(p),
              k.events(p), k.dead(p)],
-            [k.prefix(p), worker_id, limit, lease_ms, ahead_ms])
+            [k.prefix(p), worker_id, limit, lease_ms, ahead_ms, k.sched_wake, p])
 
 
 def parse_claim(res: list[Any]) -> ClaimReply:
@@ -166,18 +166,18 @@ def materialize(k: Keyspace, p: int, name: str, queue: str, runs: list[Any],
     version, cursor, new_cursor = expected if expected is not None else ("", "", "")
     return ([k.sched_due(p), k.due(p, queue), k.deadlines(p), k.events(p)],
             [k.prefix(p), name, version, cursor, new_cursor, skipped, k.wake_channel,
-             f"{p}|{queue}", *runs])
+             f"{p}|{queue}", k.sched_wake, *runs])
 
 
 def schedule_upsert(k: Keyspace, p: int, name: str, def_hash: str, version: int | str,
                     cursor_ms: int | None, paused: bool, fields: list[Any]) -> Call:
     return ([k.sched_due(p), k.schedules(p), k.quarantine(p)],
             [k.prefix(p), name, def_hash, version, "" if cursor_ms is None else cursor_ms,
-             int(paused), *fields])
+             int(paused), k.sched_wake, p, *fields])
 
 
 def schedule_pause(k: Keyspace, p: int, name: str, paused: bool, note: str = "") -> Call:
-    return [k.sched_due(p)], [k.prefix(p), name, int(paused), note]
+    return [k.sched_due(p)], [k.prefix(p), name, int(paused), note, k.sched_wake, p]
 
 
 def schedule_delete(k: Keyspace, p: int, name: str) -> Call:
@@ -188,6 +188,6 @@ def schedule_quarantine(k: Keyspace, p: int, name: str, version: bytes | str, re
     return [k.sched_due(p), k.quarantine(p), k.events(p)], [k.prefix(p), name, version, reason]
 
 
-def partition_lease(k: Keyspace, p: int, scheduler_id: str, ttl_ms: int, mode: str) -> Call:
-    """mode: 'hold' (acquire or renew) or 'release'."""
-    return [k.owner(p)], [scheduler_id, ttl_ms, mode]
+def partition_owners(k: Keyspace, scheduler_id: str, ttl_ms: int, mode: str = "hold") -> Call:
+    """mode: 'hold' (say alive, renew, rebalance, take free partitions) or 'release'."""
+    return [k.owners], [scheduler_id, ttl_ms, k.partitions, mode]

@@ -12,7 +12,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from duetime.common.admin import RunAdmin
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import DEFAULT_URL, translated
-from duetime.common.errors import InvalidInput
+from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
@@ -51,6 +51,7 @@ class App:
         self._queues_seen: set[str] = set()
         self._catalogue: dict[str, tuple[float, TaskSpec]] = {}
         self._warned: set[str] = set()
+        self._published: set[str] = set()
 
     @property
     def store(self) -> RunStore:
@@ -240,7 +241,17 @@ class App:
                 self.store.ready().hset(self.keys.tasks,
                                         mapping={s.name: s.options_json() for s in specs})
 
-    def _resolve(self, task: TaskRef) -> TaskSpec:
+    def _resolve(self, task: TaskRef, published: bool = False) -> TaskSpec:
+        """`published`: a name this process has no code for must at least have been published
+        by a worker (a schedule fires for ever: a misspelt name is refused, not dead-lettered
+        at every occurrence); enqueue accepts any well-formed name."""
+        if published and isinstance(task, str) and self.registry.find(task) is None:
+            spec = self._by_name(task)
+            if spec.fn is None and task not in self._published:
+                known = ", ".join(self.registry.names()) or "none"
+                raise UnknownTask(f"unknown task {task!r}: not registered in this app "
+                                  f"(registered: {known}) and no worker has published it")
+            return spec
         return self.registry.resolve(task, by_name=self._by_name)
 
     async def _aresolve(self, task: TaskRef) -> TaskSpec:
@@ -258,6 +269,8 @@ class App:
                 self._warned.add(name)
                 log.warning("task not registered here and not published by any worker: "
                             "enqueued with the default options", task=name)
+            if raw is not None:
+                self._published.add(name)
             hit = self._catalogue[name] = (time.monotonic(), TaskSpec.by_name(name, raw))
         return hit[1]
 
@@ -360,7 +373,7 @@ class App:
         miss_tolerance: timedelta | float | str | None = None,
     ) -> ScheduleDef:
         """A validated schedule definition (see `schedule` for the arguments)."""
-        spec = self._resolve(task)
+        spec = self._resolve(task, published=True)
         lateness_ms, jitter_ms, tolerance_ms = ScheduleDef.durations(lateness, jitter,
                                                                      miss_tolerance)
         return ScheduleDef(

@@ -75,6 +75,16 @@ local function add_due(zkey, score, run_id, channel, wake_tag)
   end
 end
 
+-- Tell the schedulers (their wake channel) that something in `key` -- a zset they sleep on:
+-- schedules due (kind s), leases (l), starting deadlines (d) -- comes due at `ms`, if that is
+-- earlier than its head: call it before adding `ms` to the set.
+local function tell_schedulers(channel, kind, partition, key, ms)
+  local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if head[2] == nil or tonumber(ms) < tonumber(head[2]) then
+    redis.call('PUBLISH', channel, kind .. '|' .. partition .. '|' .. int_s(ms))
+  end
+end
+
 -- A run reached a state its waiters stop at (final, or uncertain): wake each client blocked
 -- on it (app.wait, await_result) with one list element. A run nobody waits on costs one field
 -- read (none where the caller read `waited` already: pass it; nil means "read it").

@@ -16,6 +16,8 @@
 -- ARGV[5] claim-ahead ms (optional, default 0): runs due up to this far ahead are claimed too;
 --         the worker starts each at its due time (the reply carries it), never before, so a
 --         start is not delayed by the claim's round trip. Attempt start = max(now, due).
+-- ARGV[6] scheduler wake channel   ARGV[7] partition index (a first lease, or one earlier than
+--         the set's head, is told to the reapers, which sleep until the earliest expiry)
 -- A run with a pending cancel request (its worker died before honouring it) is cancelled.
 -- A run record without a known state is dead-lettered with the reason (never dropped); an
 -- index entry whose record is gone, or is in another state, is stale and only removed.
@@ -134,7 +136,10 @@ for n, id in ipairs(ids) do
 end
 if #from_due > 0 then redis.call('ZREM', due_key, unpack(from_due)) end
 if #from_retry > 0 then redis.call('ZREM', retry_key, unpack(from_retry)) end
-if #leased > 0 then redis.call('ZADD', leases_key, unpack(leased)) end
+if #leased > 0 then
+  tell_schedulers(ARGV[6], 'l', ARGV[7], leases_key, until_s)
+  redis.call('ZADD', leases_key, unpack(leased))
+end
 
 local nd = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local nr = redis.call('ZRANGE', retry_key, 0, 0, 'WITHSCORES')

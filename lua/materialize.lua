@@ -14,7 +14,9 @@
 -- ARGV[4] expected cursor ms    ARGV[5] new cursor ms ('' = no more occurrences)
 -- ARGV[6] occurrences skipped by the catch-up policy (added to skipped_count)
 -- ARGV[7] wake channel     ARGV[8] wake tag '<partition>|<queue>'
--- ARGV[9..] per run, 5 values: run id, occurrence ms, due ms, coalesced count, first ms
+-- ARGV[9] scheduler wake channel (a starting deadline earlier than the deadlines' head is told
+--         to the reapers)
+-- ARGV[10..] per run, 5 values: run id, occurrence ms, due ms, coalesced count, first ms
 -- Returns {status, created}: status 'ok', 'conflict', 'paused' or 'missing'.
 local sched_due_key, due_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, name, expected = ARGV[1], ARGV[2], ARGV[3]
@@ -33,7 +35,8 @@ local now = now_ms()
 local lateness = tonumber(s[14]) or 0
 local created = 0
 local last = tonumber(redis.call('HGET', sched_key, 'last_ms')) or 0
-for i = 9, #ARGV, 5 do
+local partition = string.match(ARGV[8], '^(%d+)|')
+for i = 10, #ARGV, 5 do
   local run_id, occ, due = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local run_key = prefix .. K.run .. run_id
   if redis.call('EXISTS', run_key) == 0 then
@@ -48,6 +51,7 @@ for i = 9, #ARGV, 5 do
     end
     if lateness > 0 and expected ~= '' then
       fields[#fields + 1] = 'deadline'; fields[#fields + 1] = due + lateness
+      tell_schedulers(ARGV[9], 'd', partition, deadlines_key, due + lateness)
       redis.call('ZADD', deadlines_key, due + lateness, run_id)
     end
     redis.call('HSET', run_key, unpack(fields))

@@ -5,6 +5,8 @@
 -- KEYS[1] sched_due zset
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
 -- ARGV[2] name   ARGV[3] '1' pause | '0' resume   ARGV[4] note (pause)
+-- ARGV[5] scheduler wake channel   ARGV[6] partition index (a resumed schedule is told to the
+--         evaluators when it is due before the due set's head)
 -- Returns 'ok' or 'missing'.
 local sched_due_key, prefix, name, pause = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local sched_key = prefix .. K.sched .. name
@@ -17,6 +19,9 @@ else
   redis.call('HSET', sched_key, 'paused', '0', 'resumed_at', now)
   redis.call('HDEL', sched_key, 'pause_note')
   local cursor = redis.call('HGET', sched_key, 'next_ms')
-  if cursor then redis.call('ZADD', sched_due_key, tonumber(cursor), name) end
+  if cursor then
+    tell_schedulers(ARGV[5], 's', ARGV[6], sched_due_key, cursor)
+    redis.call('ZADD', sched_due_key, tonumber(cursor), name)
+  end
 end
 return 'ok'

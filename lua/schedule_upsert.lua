@@ -9,7 +9,10 @@
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
 -- ARGV[2] name   ARGV[3] definition hash   ARGV[4] expected version ('0' = must not exist)
 -- ARGV[5] new cursor ms ('' = the trigger has no more occurrences)
--- ARGV[6] paused when created ('0'/'1')  ARGV[7..] definition field, value pairs
+-- ARGV[6] paused when created ('0'/'1')
+-- ARGV[7] scheduler wake channel   ARGV[8] partition index (a cursor earlier than the due set's
+--         head is told to the evaluators, which sleep until the earliest)
+-- ARGV[9..] definition field, value pairs
 -- Returns {status, version}: 'created', 'updated', 'unchanged' or 'conflict'.
 local sched_due_key, index_key, quarantine_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, name, def_hash, expected, cursor = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -26,7 +29,7 @@ if cur[4] then
 end
 
 local fields = {}
-for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 9, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', sched_key, unpack(fields))
 redis.call('HSET', sched_key, 'version', version + 1, 'def_hash', def_hash, 'updated', now)
 local paused = cur[3]
@@ -43,6 +46,7 @@ else
   if paused == '1' then
     redis.call('ZREM', sched_due_key, name)
   else
+    tell_schedulers(ARGV[7], 's', ARGV[8], sched_due_key, cursor)
     redis.call('ZADD', sched_due_key, tonumber(cursor), name)
   end
 end

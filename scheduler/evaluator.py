@@ -9,7 +9,6 @@ racing over one schedule create each run once. Ownership only splits the work.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import socket
 import threading
@@ -19,12 +18,13 @@ from typing import Any
 import redis
 from duetime.common import metrics
 from duetime.common import transitions as tr
-from duetime.common.connection import server_time_ms, sync_client, unavailable
+from duetime.common.connection import sync_client, unavailable
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.schedules import MISS_TOLERANCE_MS, TRIGGER_FIELDS, plan, run_id_for, trigger_from_fields
 from duetime.common.scripts import Scripts
 from duetime.common.timespec import Trigger
+from duetime.scheduler.notices import SAFETY_S, Heads, Listener
 
 log = get_logger("duetime.scheduler")
 
@@ -41,61 +41,38 @@ def _about_the_record(exc: Exception) -> bool:
 
 
 class Ownership:
-    """Partition leases: every live scheduler holds about P / (live schedulers) partitions;
-    a dead one's leases expire and the others pick its partitions up."""
+    """Which partitions this scheduler evaluates: its share of them (about P / live
+    schedulers) in the `<ns>:owners` table, kept with one partition_owners.lua call a third of
+    the lease apart -- sooner when another scheduler's lease on a partition this one should
+    take over expires."""
 
     def __init__(self, client: redis.Redis, keys: Keyspace, scripts: Scripts, sid: str,
                  ttl_ms: int) -> None:
         self.client, self.keys, self.scripts, self.id, self.ttl_ms = client, keys, scripts, sid, ttl_ms
         self.owned: set[int] = set()
-        # another scheduler missed its renewal (it renews every ttl/3): it may be dead, so its
-        # partitions free up when its leases expire; refresh on every tick until then, so the
-        # takeover comes a tick after the expiry rather than up to ttl/3 after it
-        self.suspect = False
+        self.next_ms = 0  # server time of the next call
+        self.offset_ms: float | None = None  # server clock - local monotonic clock
 
-    def refresh(self, now_ms: int) -> set[int]:
-        k = self.keys
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zadd(k.schedulers, {self.id: now_ms})
-        pipe.zremrangebyscore(k.schedulers, "-inf", now_ms - self.ttl_ms)
-        pipe.zrange(k.schedulers, 0, -1, withscores=True)
-        members = pipe.execute()[2]
-        live = max(1, len(members))
-        overdue = now_ms - self.ttl_ms / 2
-        self.suspect = any(seen < overdue for sid, seen in members if sid.decode() != self.id)
-        target = math.ceil(k.partitions / live)
-        # renew what we hold up to the target and give back extras (a scheduler joined) ...
-        mine = sorted(self.owned)
-        pipe = self.client.pipeline(transaction=False)
-        for i, p in enumerate(mine):
-            self._lease(pipe, p, "hold" if i < target else "release")
-        self.owned = {p for p, ok in zip(mine, pipe.execute(), strict=True) if ok}
-        # ... then take free partitions (no owner, or a dead owner's expired lease) up to it
-        deficit = target - len(self.owned)
-        if deficit > 0:
-            others = [p for p in range(k.partitions) if p not in self.owned]
-            pipe = self.client.pipeline(transaction=False)
-            for p in others:
-                pipe.exists(k.owner(p))
-            free = [p for p, taken in zip(others, pipe.execute(), strict=True) if not taken]
-            free = free[:deficit]
-            pipe = self.client.pipeline(transaction=False)
-            for p in free:
-                self._lease(pipe, p, "hold")
-            self.owned |= {p for p, ok in zip(free, pipe.execute(), strict=True) if ok}
+    def now_ms(self) -> int:
+        """The server's clock, from the offset measured at the last call (one before any)."""
+        if self.offset_ms is None:
+            self.refresh()
+        return int(time.monotonic() * 1000 + (self.offset_ms or 0))
+
+    def refresh(self) -> set[int]:
+        keys, args = tr.partition_owners(self.keys, self.id, self.ttl_ms)
+        now, takeover, *owned = self.scripts.partition_owners(keys=keys, args=args)
+        self.offset_ms = int(now) - time.monotonic() * 1000
+        self.owned = {int(p) for p in owned}
+        self.next_ms = int(now) + self.ttl_ms // 3
+        if takeover >= 0:  # another scheduler lapses, or a lease to take over runs out, then
+            self.next_ms = min(self.next_ms, int(takeover))
         metrics.PARTITIONS_OWNED.set(len(self.owned))
         return self.owned
 
-    def _lease(self, pipe: Any, p: int, mode: str) -> None:
-        keys, args = tr.partition_lease(self.keys, p, self.id, self.ttl_ms, mode)
-        self.scripts.partition_lease(keys=keys, args=args, client=pipe)
-
     def release_all(self) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for p in self.owned:
-            self._lease(pipe, p, "release")
-        pipe.zrem(self.keys.schedulers, self.id)
-        pipe.execute()
+        keys, args = tr.partition_owners(self.keys, self.id, self.ttl_ms, "release")
+        self.scripts.partition_owners(keys=keys, args=args)
         self.owned = set()
 
 
@@ -109,7 +86,8 @@ class Evaluator:
         self.scripts = Scripts(self.client)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
         self.ownership = Ownership(self.client, keys, self.scripts, self.id, lease_ms)
-        self._refreshed_ms = 0
+        self.heads = Heads()  # per owned partition: when its earliest schedule comes due
+        self._read_all_at = 0.0  # monotonic time of the last read of every owned head
         self.stopping = threading.Event()
         self._triggers: dict[tuple[str, bytes], Trigger] = {}
         self.materialized = 0
@@ -124,25 +102,65 @@ class Evaluator:
             t = self._triggers[key] = trigger_from_fields(raw)
         return t
 
+    def _now_ms(self) -> int:
+        return self.ownership.now_ms()
+
+    def _own(self) -> None:
+        before = set(self.ownership.owned)
+        owned = self.ownership.refresh()
+        self.heads.drop_except(owned)
+        if owned - before:
+            self._read_heads(sorted(owned - before))
+
+    def _read_heads(self, partitions: list[int]) -> None:
+        mark = self.heads.mark()
+        pipe = self.client.pipeline(transaction=False)
+        for p in partitions:
+            pipe.zrange(self.keys.sched_due(p), 0, 0, withscores=True)
+        for p, head in zip(partitions, pipe.execute(), strict=True):
+            self.heads.set(p, int(head[0][1]) if head else None, mark)
+
     def tick(self) -> int:
-        """One evaluation of every due schedule in the owned partitions → runs created."""
-        now = server_time_ms(self.client)
-        # partition leases are renewed (and free ones taken) a third of their TTL apart, not
-        # on every tick: the ticks between only read the owned partitions' due schedules
-        # (unless another scheduler looks dead: then every tick, to take its partitions over)
-        if now - self._refreshed_ms >= self.ownership.ttl_ms / 3 or self.ownership.suspect:
-            self.ownership.refresh(now)
-            self._refreshed_ms = now
-        owned = sorted(self.ownership.owned)
+        """A full pass: renew ownership when due, read every owned partition's head, evaluate
+        what is due within the lead; → runs created. (The loop runs `step`, which reads heads
+        only when notices or the safety period say so.)"""
+        self._read_all_at = 0.0
+        return self.step()
+
+    def step(self) -> int:
+        """Evaluate every owned partition whose earliest schedule is due within the lead (and
+        renew ownership when it is time); → runs created."""
+        if self._now_ms() >= self.ownership.next_ms:
+            self._own()
+        now = self._now_ms()
+        owned = self.ownership.owned
+        if time.monotonic() - self._read_all_at >= SAFETY_S:
+            self._read_heads(sorted(owned))
+            self._read_all_at = time.monotonic()
+        ready = self.heads.ready(now + self.lead_ms, owned)
+        if not ready:
+            return 0
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
-        for p in owned:
+        for p in ready:
             pipe.zrange(k.sched_due(p), "-inf", now + self.lead_ms, byscore=True, offset=0, num=BATCH)
-        due = [(p, n.decode()) for p, names in zip(owned, pipe.execute(), strict=True) for n in names]
+        due = [(p, n.decode()) for p, names in zip(ready, pipe.execute(), strict=True) for n in names]
         created = 0
         for i in range(0, len(due), BATCH):
             created += self._evaluate(due[i : i + BATCH], now)
+        self._read_heads(ready)  # where each stands now (a batch may have left some due)
         return created
+
+    def _sleep_s(self) -> float:
+        """Until the earliest owned schedule is within the lead, the next ownership call or
+        the next safety read, whichever is first; a notice wakes the loop sooner."""
+        now = self._now_ms()
+        wake = min(self.ownership.next_ms,
+                   now + int((SAFETY_S - (time.monotonic() - self._read_all_at)) * 1000))
+        head = self.heads.earliest(self.ownership.owned)
+        if head is not None:
+            wake = min(wake, head - self.lead_ms)
+        return max(0.0, (wake - now) / 1000)
 
     def _evaluate(self, due: list[tuple[int, str]], now: int) -> int:
         k = self.keys
@@ -208,13 +226,19 @@ class Evaluator:
     def run(self) -> None:
         log.info("evaluator started", scheduler_id=self.id, lead_ms=self.lead_ms,
                  partitions=self.keys.partitions)
+        listener = Listener(self.client, self.keys.sched_wake, "s", self.heads, self.stopping)
+        listener.start()
+        listener.subscribed.wait(5)  # notices from now on reach us; then read the heads
         backoff = 0.1
         while not self.stopping.is_set():
             try:
-                t0 = time.monotonic()
-                self.tick()
+                if listener.reread.is_set():
+                    listener.reread.clear()
+                    self._read_all_at = 0.0  # (re)subscribed: read every head again
+                self.heads.changed.clear()
+                self.step()
                 backoff = 0.1
-                self.stopping.wait(max(0.0, self.tick_s - (time.monotonic() - t0)))
+                self.heads.changed.wait(min(self._sleep_s(), self.tick_s))
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("redis unavailable; evaluator retrying",
                             error=str(unavailable(self.url, exc)), retry_in=backoff)
@@ -233,3 +257,4 @@ class Evaluator:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.heads.changed.set()

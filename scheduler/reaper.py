@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import redis
 from duetime.common import metrics
@@ -17,38 +18,75 @@ from duetime.common.connection import server_time_ms, sync_client, unavailable
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.scripts import Scripts
+from duetime.scheduler.notices import SAFETY_S, Heads, Listener
 
 log = get_logger("duetime.reaper")
 
 BATCH = 500
-SWEEP_MS = 10_000  # the retention sweep (every partition's reap.lua) at most this often
+SWEEP_MS = 60_000  # the retention sweep (every partition's reap.lua) at most this often
 
 
 class Reaper:
+    """Sleeps until the earliest lease expiry or starting deadline of any partition (`Heads`,
+    kept by reading the index heads and by the scripts' notices), then calls reap.lua for the
+    partitions that are due. Idle, it sends nothing but a retention sweep a minute and a read
+    of the heads every SAFETY_S."""
+
     def __init__(self, url: str, keys: Keyspace, tick_s: float = 0.5,
                  retention_ms: int = 24 * 3600 * 1000) -> None:
         self.url, self.keys, self.tick_s, self.retention_ms = url, keys, tick_s, retention_ms
-        self.next_wake_ms: int | None = None  # earliest lease expiry or deadline seen
+        self.heads = Heads()
         self._swept_ms = 0
+        self._read_all_at = 0.0
+        self._offset_ms: float | None = None  # server clock - local monotonic clock
         self.client = sync_client(url)
         self.scripts = Scripts(self.client)
         self.stopping = threading.Event()
 
-    def reap_once(self) -> int:
-        """One pass (pipelined); returns how many runs were reaped. reap.lua runs only for
-        partitions with an expired lease or a passed deadline (read from the two index heads,
-        plain reads), and for all of them once per SWEEP_MS for the retention sweep: an idle
-        reaper costs two reads per partition per tick, not a script call."""
-        k = self.keys
-        total = 0
-        wake: int | None = None
+    def _now_ms(self) -> int:
+        if self._offset_ms is None:
+            self._sync_clock()
+        return int(time.monotonic() * 1000 + (self._offset_ms or 0))
+
+    def _sync_clock(self) -> int:
         now = server_time_ms(self.client)
+        self._offset_ms = now - time.monotonic() * 1000
+        return now
+
+    def _read_heads(self) -> None:
+        k = self.keys
+        mark = self.heads.mark()
+        pipe = self.client.pipeline(transaction=False)
+        for p in range(k.partitions):
+            pipe.zrange(k.leases(p), 0, 0, withscores=True)
+            pipe.zrange(k.deadlines(p), 0, 0, withscores=True)
+        heads = pipe.execute()
+        for p in range(k.partitions):
+            times = [int(score) for _, score in heads[2 * p] + heads[2 * p + 1]]
+            self.heads.set(p, min(times) if times else None, mark)
+        self._read_all_at = time.monotonic()
+
+    def reap_once(self) -> int:
+        """One pass (pipelined) over the partitions with an expired lease or a passed deadline
+        (all of them for the retention sweep); returns how many runs were reaped. Nothing is
+        sent when nothing is due."""
+        k = self.keys
+        if time.monotonic() - self._read_all_at >= SAFETY_S:
+            self._read_heads()
+        now = self._now_ms()
         retention = 0
         if now - self._swept_ms >= SWEEP_MS:
-            pending, retention, self._swept_ms = list(range(k.partitions)), self.retention_ms, now
+            pending, retention = list(range(k.partitions)), self.retention_ms
         else:
-            pending, wake = self._due_partitions(now)
+            pending = self.heads.ready(now)
+        if not pending:
+            return 0
+        now = self._sync_clock()  # acting: judge by the server's clock itself
+        if retention:
+            self._swept_ms = now
+        total = 0
         while pending:
+            mark = self.heads.mark()
             pipe = self.client.pipeline(transaction=False)
             for p in pending:
                 keys, args = tr.reap(k, p, BATCH, random.random(), retention)
@@ -57,8 +95,7 @@ class Reaper:
             again = []
             for p, (n, missed, deleted, nxt) in zip(pending, results, strict=True):
                 total += n
-                if nxt >= 0 and (wake is None or nxt < wake):
-                    wake = nxt
+                self.heads.set(p, int(nxt) if nxt >= 0 else None, mark)
                 if missed:
                     metrics.MISSED.inc(missed)
                     log.info("runs missed their starting deadline", count=missed, partition=p)
@@ -68,37 +105,24 @@ class Reaper:
         if total:
             metrics.REAPED.labels("recovered").inc(total)
             log.info("reaped expired leases", count=total)
-        self.next_wake_ms = wake
         return total
-
-    def _due_partitions(self, now: int) -> tuple[list[int], int | None]:
-        """Partitions whose earliest lease expiry or starting deadline has passed, and the
-        earliest of those times still ahead."""
-        k = self.keys
-        pipe = self.client.pipeline(transaction=False)
-        for p in range(k.partitions):
-            pipe.zrange(k.leases(p), 0, 0, withscores=True)
-            pipe.zrange(k.deadlines(p), 0, 0, withscores=True)
-        heads = pipe.execute()
-        due, wake = [], None
-        for p in range(k.partitions):
-            times = [int(score) for _, score in heads[2 * p] + heads[2 * p + 1]]
-            if any(t <= now for t in times):
-                due.append(p)
-            for t in times:
-                if t > now and (wake is None or t < wake):
-                    wake = t
-        return due, wake
 
     def run(self) -> None:
         log.info("reaper started", tick_s=self.tick_s, partitions=self.keys.partitions)
+        listener = Listener(self.client, self.keys.sched_wake, "ld", self.heads, self.stopping)
+        listener.start()
+        listener.subscribed.wait(5)
         backoff = 0.1
         while not self.stopping.is_set():
             try:
+                if listener.reread.is_set():
+                    listener.reread.clear()
+                    self._read_all_at = 0.0
+                self.heads.changed.clear()
                 self.reap_once()
                 backoff = 0.1
                 metrics.REFUSING_WRITES.set(0)
-                self.stopping.wait(self._sleep_s())
+                self.heads.changed.wait(self._sleep_s())
             except redis.exceptions.OutOfMemoryError as exc:
                 # reap.lua is refused as a whole at maxmemory while heartbeats (allow-oom) go
                 # on extending leases: nothing is expired that a live worker could keep
@@ -122,15 +146,20 @@ class Reaper:
         log.info("reaper stopped")
 
     def _sleep_s(self) -> float:
-        """Until the earliest lease expiry or deadline (on the server clock), at most a tick:
-        a dead worker's run is recovered right when its lease ends, not a tick later."""
-        if self.next_wake_ms is None:
-            return self.tick_s
-        ahead = (self.next_wake_ms - server_time_ms(self.client)) / 1000 + 0.002
-        return min(self.tick_s, max(0.005, ahead))
+        """Until the earliest lease expiry or deadline (on the server clock: a dead worker's
+        run is recovered right when its lease ends), the next sweep or safety read, at most a
+        tick (a wake-up that finds nothing due sends nothing)."""
+        now = self._now_ms()
+        wake = min(self._swept_ms + SWEEP_MS,
+                   now + int((SAFETY_S - (time.monotonic() - self._read_all_at)) * 1000))
+        head = self.heads.earliest()
+        if head is not None:
+            wake = min(wake, head + 2)
+        return min(self.tick_s, max(0.002, (wake - now) / 1000))
 
     def stop(self) -> None:
         self.stopping.set()
+        self.heads.changed.set()
 
     def close(self) -> None:
         self.client.close()

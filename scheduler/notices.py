@@ -1,0 +1,126 @@
+"""When each partition next needs a scheduler loop, kept current without polling.
+
+The evaluator needs a partition when its earliest schedule comes due; the reaper when its
+earliest lease expires or starting deadline passes. Each loop keeps those times (`Heads`) and
+sleeps until the earliest. The times come from reading the index heads (when a partition is
+taken over, after acting on it, and every `SAFETY_S`) and from notices on `<ns>:sched_wake`,
+which the scripts publish when something becomes due *earlier* than the set's head
+(`<kind>|<partition>|<ms>`: s = schedule, l = lease, d = starting deadline). A lost notice
+costs at most `SAFETY_S`; an idle scheduler sends almost nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+
+import redis
+from duetime.common.logs import get as get_logger
+
+log = get_logger("duetime.scheduler")
+
+SAFETY_S = 30.0  # heads are re-read at least this often (notices are the fast path)
+
+
+class Heads:
+    """Per partition, the earliest time (server ms) something in it comes due, or None."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.due: dict[int, int] = {}
+        self._seq = 0
+        self._noticed: dict[int, tuple[int, int]] = {}  # partition -> (seq, ms) of the last notice
+        self.changed = threading.Event()
+
+    def notice(self, p: int, ms: int) -> None:
+        """Something in `p` comes due at `ms` (a script said so)."""
+        with self._lock:
+            self._seq += 1
+            self._noticed[p] = (self._seq, ms)
+            cur = self.due.get(p)
+            if cur is None or ms < cur:
+                self.due[p] = ms
+                self.changed.set()
+
+    def mark(self) -> int:
+        """Call before reading heads; pass the mark to `set`."""
+        with self._lock:
+            return self._seq
+
+    def set(self, p: int, ms: int | None, since: int) -> None:
+        """What a read of `p`'s heads found; a notice that arrived after the read still counts."""
+        with self._lock:
+            n = self._noticed.get(p)
+            if n is not None and n[0] > since and (ms is None or n[1] < ms):
+                ms = n[1]
+            if ms is None:
+                self.due.pop(p, None)
+            else:
+                self.due[p] = ms
+
+    def drop_except(self, keep: set[int]) -> None:
+        with self._lock:
+            for p in [p for p in self.due if p not in keep]:
+                del self.due[p]
+
+    def ready(self, until_ms: int, among: set[int] | None = None) -> list[int]:
+        with self._lock:
+            return sorted(p for p, ms in self.due.items()
+                          if ms <= until_ms and (among is None or p in among))
+
+    def earliest(self, among: set[int] | None = None) -> int | None:
+        with self._lock:
+            times = [ms for p, ms in self.due.items() if among is None or p in among]
+        return min(times) if times else None
+
+
+class Listener(threading.Thread):
+    """Subscribes to the scheduler wake channel and hands notices of `kinds` to `heads`;
+    reconnects forever with jittered back-off, and sets `reread` after every (re)subscription,
+    so the loop reads the heads again and notices sent while it was away are made up for."""
+
+    def __init__(self, client: redis.Redis, channel: str, kinds: str, heads: Heads,
+                 stopping: threading.Event) -> None:
+        super().__init__(name=f"notices-{kinds}", daemon=True)
+        self.client, self.channel, self.kinds, self.heads = client, channel, kinds, heads
+        self.stopping = stopping
+        self.subscribed = threading.Event()
+        self.reread = threading.Event()
+
+    def run(self) -> None:
+        delay = 0.1
+        while not self.stopping.is_set():
+            pubsub = self.client.pubsub(ignore_subscribe_messages=False)
+            try:
+                pubsub.subscribe(self.channel)
+                while not self.stopping.is_set():
+                    msg = pubsub.get_message(timeout=1.0)
+                    if msg is None:
+                        continue
+                    if msg["type"] == "subscribe":
+                        self.subscribed.set()
+                        self.reread.set()
+                        self.heads.changed.set()
+                        delay = 0.1
+                    elif msg["type"] == "message":
+                        self._handle(msg["data"])
+            except (redis.RedisError, OSError) as exc:
+                self.subscribed.clear()
+                log.warning("scheduler wake channel lost; reconnecting", error=str(exc),
+                            retry_in=round(delay, 2))
+                self.stopping.wait(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 5.0)
+            finally:
+                with contextlib.suppress(redis.RedisError, OSError):
+                    pubsub.close()
+
+    def _handle(self, data: bytes) -> None:
+        """`<kind>|<partition>|<ms>`; anything else on the channel is ignored (a stray PUBLISH
+        must not silence the notices)."""
+        try:
+            kind, p, ms = data.decode().split("|")
+            if kind in self.kinds:
+                self.heads.notice(int(p), int(float(ms)))
+        except (UnicodeDecodeError, ValueError):
+            log.debug("ignored a message on the scheduler wake channel", data=repr(data[:80]))
