@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
-from typing import Any
 
 import click
 
@@ -53,6 +51,11 @@ def announce(ctx: click.Context, app: App, role: str) -> None:
         log.info("connected", **where)
 
 
+METRICS_PORT = click.IntRange(1, 65535)
+METRICS_PORT_HELP = "Serve /metrics, /healthz and /readyz on this port."
+METRICS_HOST_HELP = "Address the metrics port listens on (0.0.0.0 in a container)."
+
+
 # -- worker -------------------------------------------------------------------------------
 @main.command()
 @click.option("--app", "app_ref", required=True, help="module:attribute of your App.")
@@ -66,12 +69,13 @@ def announce(ctx: click.Context, app: App, role: str) -> None:
               "get to finish before they are released.")
 @click.option("--claim-ahead", default="10ms", show_default=True, help="Claim runs due this "
               "soon and start each exactly at its due time (0 = claim only when due).")
-@click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics here.")
+@click.option("--metrics-port", default=None, type=METRICS_PORT, help=METRICS_PORT_HELP)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
 @click.pass_context
 @fail_cleanly
 def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
            processes: int, lease: str, grace: str, claim_ahead: str,
-           metrics_port: int | None) -> None:
+           metrics_port: int | None, metrics_host: str) -> None:
     """Execute runs: claim, run, heartbeat, report."""
     if processes > 1:
         _supervise(processes, metrics_port)
@@ -87,7 +91,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
         check_name("queue", q)
     app.store.ready().sadd(app.keys.queues, *qs)  # clear error now if Redis is down
     announce(ctx, app, "worker")
-    metrics.serve(metrics_port)
+    metrics.serve(metrics_port, metrics_host)
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=int(parse_seconds(lease) * 1000),
                        grace_s=parse_seconds(grace),
                        claim_ahead_ms=int(parse_seconds(claim_ahead) * 1000))
@@ -100,34 +104,11 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
 
 
 def _supervise(n: int, metrics_port: int | None) -> None:
-    """--processes N: N single-process workers with the same options; signals forwarded."""
-    argv = [a for a in sys.argv[1:]]
-    cleaned: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in ("--processes", "--metrics-port"):
-            skip = True
-            continue
-        if a.startswith(("--processes=", "--metrics-port=")):
-            continue
-        cleaned.append(a)
-    children = []
-    for i in range(n):
-        extra = ["--metrics-port", str(metrics_port + i)] if metrics_port else []
-        children.append(subprocess.Popen([sys.executable, "-m", "duetime", *cleaned, *extra]))
+    """--processes N: N single-process workers with the same options, each on its own metrics
+    port; a child that dies is restarted (duetime/supervise.py); signals are forwarded."""
+    from duetime.supervise import supervise
 
-    def forward(signum: int, _frame: Any) -> None:
-        for c in children:
-            if c.poll() is None:
-                c.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    codes = [c.wait() for c in children]
-    sys.exit(max(codes))
+    sys.exit(supervise(sys.argv[1:], n, metrics_port))
 
 
 # -- reaper / scheduler ---------------------------------------------------------------
@@ -135,14 +116,14 @@ RETENTION_HELP = "How long finished runs (succeeded, missed, skipped, cancelled)
 
 
 def _run_reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: str,
-                metrics_port: int | None) -> None:
+                metrics_port: int | None, metrics_host: str = "127.0.0.1") -> None:
     from duetime.scheduler.reaper import Reaper
 
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"]) if app_ref else App(
         redis_url=ctx.obj["url"], namespace=ctx.obj["namespace"])
     app.store.ready()
     announce(ctx, app, "reaper")
-    metrics.serve(metrics_port)
+    metrics.serve(metrics_port, metrics_host)
     reaper = Reaper(app.redis_url, app.keys, tick_s=parse_seconds(tick),
                     retention_ms=int(parse_seconds(retention) * 1000))
     signal.signal(signal.SIGTERM, lambda *_: reaper.stop())
@@ -154,13 +135,14 @@ def _run_reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: s
 @click.option("--app", "app_ref", default=None, help="module:attribute (optional for the reaper).")
 @click.option("--tick", default="500ms", show_default=True)
 @click.option("--retention", default="24h", show_default=True, help=RETENTION_HELP)
-@click.option("--metrics-port", default=None, type=int)
+@click.option("--metrics-port", default=None, type=METRICS_PORT, help=METRICS_PORT_HELP)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
 @click.pass_context
 @fail_cleanly
 def reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: str,
-           metrics_port: int | None) -> None:
+           metrics_port: int | None, metrics_host: str) -> None:
     """Recover runs whose lease expired (retry, uncertain or dead)."""
-    _run_reaper(ctx, app_ref, tick, retention, metrics_port)
+    _run_reaper(ctx, app_ref, tick, retention, metrics_port, metrics_host)
 
 
 @main.command()
@@ -175,19 +157,20 @@ def reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: str,
               "follows the schedule's catch-up policy.")
 @click.option("--gauges-every", default="5s", show_default=True,
               help="How often the queue gauges (backlog, oldest due, ...) are recomputed.")
-@click.option("--metrics-port", default=None, type=int)
+@click.option("--metrics-port", default=None, type=METRICS_PORT, help=METRICS_PORT_HELP)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
 @click.pass_context
 @fail_cleanly
 def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, reap_tick: str,
               retention: str, miss_tolerance: str, gauges_every: str,
-              metrics_port: int | None) -> None:
+              metrics_port: int | None, metrics_host: str) -> None:
     """Evaluate schedules into runs, and recover expired leases (run two or more)."""
     from duetime.scheduler.service import run_scheduler
 
     app = _app_or_plain(ctx, app_ref)
     app.store.ready()
     announce(ctx, app, "scheduler")
-    metrics.serve(metrics_port)
+    metrics.serve(metrics_port, metrics_host)
     run_scheduler(app.redis_url, app.keys, lead_ms=int(parse_seconds(lead) * 1000),
                   tick_s=parse_seconds(tick), reap_tick_s=parse_seconds(reap_tick),
                   miss_tolerance_ms=int(parse_seconds(miss_tolerance) * 1000),
