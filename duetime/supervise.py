@@ -158,12 +158,15 @@ class Supervisor:
             log.info("stopping worker processes", signal=signal.Signals(signum).name)
             self.stop(signum)
 
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
-        for s in self.slots:
-            self.spawn(s)
-        while self.step():
-            time.sleep(poll_s)
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for s in self.slots:
+                self.spawn(s)
+            while self.step():
+                time.sleep(poll_s)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         return self.exit_code
 
 
