@@ -129,3 +129,7 @@ def duetime_help(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "duetime", *argv, "--help"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 
+
+
+def objects_of_kind(kind: str) -> list[dict[str, Any]]:
+    return [o for _, o in kubernetes_objects() if o["kind"] == kind]
