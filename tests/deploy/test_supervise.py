@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import urllib.request
@@ -121,10 +122,8 @@ def test_bad_options_stop_every_child_at_once_without_restarts(procs):
 
 
 def test_sigkilled_child_is_replaced_and_its_runs_recover_through_lease_expiry(app, r, procs):
-    port = free_port()
+    port = free_ports(4)
     ports = list(range(port, port + 4))
-    if not all(_free(p) for p in ports):
-        pytest.skip("four consecutive free ports are not available")
     sup = procs.worker("--processes", "4", "--concurrency", "2", "--lease", "2s", "--grace", "5s",
                        "--metrics-port", str(port))
     procs.reaper("100ms")
@@ -159,9 +158,16 @@ def test_sigkilled_child_is_replaced_and_its_runs_recover_through_lease_expiry(a
     assert restarts[0]["pid"] == victim and restarts[0]["exit"] == "SIGKILL"
 
 
-def _free(port: int) -> bool:
-    import socket
+def free_ports(n: int) -> int:
+    """The first of n consecutive free ports (the children listen on port, port+1, ...)."""
+    for _ in range(100):
+        port = free_port()
+        if port + n <= 65536 and all(_free(p) for p in range(port, port + n)):
+            return port
+    raise AssertionError(f"no {n} consecutive free ports found")
 
+
+def _free(port: int) -> bool:
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
