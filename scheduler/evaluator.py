@@ -210,12 +210,15 @@ class Evaluator:
                  partitions=self.keys.partitions)
         backoff = 0.1
         while not self.stopping.is_set():
+            metrics.health.beat("evaluator")
             try:
                 t0 = time.monotonic()
                 self.tick()
+                metrics.health.ready("evaluator")
                 backoff = 0.1
                 self.stopping.wait(max(0.0, self.tick_s - (time.monotonic() - t0)))
             except (redis.ConnectionError, redis.TimeoutError) as exc:
+                metrics.health.ready("evaluator", False, str(unavailable(self.url, exc)))
                 log.warning("redis unavailable; evaluator retrying",
                             error=str(unavailable(self.url, exc)), retry_in=backoff)
                 self.stopping.wait(backoff)
@@ -223,10 +226,12 @@ class Evaluator:
             except redis.RedisError as exc:
                 # refused (OOM at maxmemory, READONLY after a failover, a damaged key): the
                 # process stays up and tries again, rather than crash-looping under a supervisor
+                metrics.health.ready("evaluator", False, f"redis refused a call: {exc}")
                 log.error("redis refused a call; evaluator retrying", error=str(exc),
                           retry_in=backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+        metrics.health.ready("evaluator", False, "stopping")
         with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
             self.ownership.release_all()
         log.info("evaluator stopped", materialized=self.materialized)

@@ -94,8 +94,10 @@ class Reaper:
         log.info("reaper started", tick_s=self.tick_s, partitions=self.keys.partitions)
         backoff = 0.1
         while not self.stopping.is_set():
+            metrics.health.beat("reaper")
             try:
                 self.reap_once()
+                metrics.health.ready("reaper")
                 backoff = 0.1
                 metrics.REFUSING_WRITES.set(0)
                 self.stopping.wait(self._sleep_s())
@@ -103,11 +105,13 @@ class Reaper:
                 # reap.lua is refused as a whole at maxmemory while heartbeats (allow-oom) go
                 # on extending leases: nothing is expired that a live worker could keep
                 metrics.REFUSING_WRITES.set(1)
+                metrics.health.ready("reaper", False, "redis is at maxmemory and refuses writes")
                 log.error("redis is at maxmemory and refuses writes; recovery waits (heartbeats "
                           "still extend leases)", error=str(exc), retry_in=backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
+                metrics.health.ready("reaper", False, str(unavailable(self.url, exc)))
                 log.warning("redis unavailable; reaper retrying",
                             error=str(unavailable(self.url, exc)), retry_in=backoff)
                 self.stopping.wait(backoff)
@@ -115,10 +119,12 @@ class Reaper:
             except redis.RedisError as exc:
                 # refused (OOM at maxmemory, READONLY after a failover, a damaged key): the
                 # process stays up and tries again, rather than crash-looping under a supervisor
+                metrics.health.ready("reaper", False, f"redis refused a call: {exc}")
                 log.error("redis refused a call; reaper retrying", error=str(exc),
                           retry_in=backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+        metrics.health.ready("reaper", False, "stopping")
         log.info("reaper stopped")
 
     def _sleep_s(self) -> float:
