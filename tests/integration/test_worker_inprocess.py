@@ -16,7 +16,8 @@ from duetime.worker.runtime import Worker, WorkerConfig
 from prometheus_client import REGISTRY
 
 from tests.apps import basic
-from tests.integration.inproc import Recorder, reaper_thread, serving, until
+from tests.integration.inproc import reaper_thread, serving, until
+from tests.recorder import Recorder
 
 
 def finished(task: str, outcome: str) -> float:
@@ -187,7 +188,7 @@ def test_a_lost_lease_is_logged_once_and_the_sync_run_no_longer_heartbeated(app,
             keys, args = tr.claim(k, p, "default", "thief", 1, 60_000)
             assert [c.run_id for c in tr.parse_claim(scripts.claim(keys=keys, args=args)).runs] == [run_id]
             await until(lambda: len(basic.journal(path)) == 2, 10, what="the thread to end")
-            assert w.inflight == {}
+            await until(lambda: not w.inflight, 5, what="the attempt to end")
         return run_id
 
     run_id = asyncio.run(main())
