@@ -158,10 +158,10 @@ class Executor:
             report, mode, exc_type = "fail", "fatal", "UnknownTask"
             err = f"{exc}; worker {self.worker_id} cannot run it"
         except Retry as exc:
-            report, mode, err, exc_type = "fail", "retry", str(exc), "Retry"
+            report, mode, err, exc_type = "fail", "retry", str(exc), type(exc).__name__
             delay_ms = int((exc.delay or 0) * 1000)
         except Fatal as exc:
-            report, mode, err, exc_type = "fail", "fatal", record_text(exc), "Fatal"
+            report, mode, err, exc_type = "fail", "fatal", record_text(exc), type(exc).__name__
         except _TimedOut:
             report, exc_type = "fail", "TimeoutError"
             err = f"TimeoutError: task exceeded its timeout of {c.timeout_ms / 1000:g}s"
@@ -174,7 +174,8 @@ class Executor:
             elif ex.released:
                 report = "release"
             elif ex.cancel_requested:
-                report, mode, err = "fail", "cancel", "cancelled on request while running"
+                report, mode, exc_type = "fail", "cancel", "CancelledError"
+                err = "cancelled on request while running"
             else:  # cancelled from outside (the loop is closing): the reaper will recover it
                 report = None
             if ex.after is not None and self._waiting.get(ctx.run_id) is ex:
@@ -202,9 +203,12 @@ class Executor:
         elif report == "release":
             self.reporter.release(ex)
         else:
+            # the exception's type, and its message bounded (or withheld: it may quote arguments)
+            text = log_message(err, self.cfg.log_error_text)
+            extra = {"error": text} if text is not None else {}
             log.warning("run failed", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
                         worker_id=self.worker_id, schedule=ctx.schedule, mode=mode,
-                        error_type=exc_type or None, error=log_message(err, self.cfg.log_error_text))
+                        error_type=exc_type, **extra)
             self.reporter.fail(ex, err, mode, delay_ms)
 
     async def _after_previous(self, ex: Execution) -> bool:
