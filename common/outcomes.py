@@ -39,6 +39,10 @@ _REPLIES = {
 }
 
 
+# the metric label of each reply, as a plain str (hashing an Enum member is a Python call)
+LABELS: dict[bytes, str] = {reply: outcome.value for reply, outcome in _REPLIES.items()}
+
+
 def from_reply(reply: bytes | str) -> Outcome:
     """The Outcome a complete/fail/release script reply stands for (its state string)."""
     key = reply if isinstance(reply, bytes) else reply.encode()

@@ -69,6 +69,7 @@ class Claimer:
                 if time.monotonic() - last_clock >= CLOCK_SYNC_S:
                     await clock.sync(self.client)
                     last_clock = time.monotonic()
+                    continue  # slots may have freed meanwhile: look again before sleeping
             except REDIS_ERRORS as exc:
                 self._hold(self.outage.failed(exc))
                 continue

@@ -35,6 +35,7 @@ from duetime.worker.errors import log_message, record_text
 from duetime.worker.reporter import Reporter
 
 log = get_logger("duetime.worker")
+LEASE_LOST = Outcome.LEASE_LOST.value
 
 
 @dataclass(slots=True, eq=False)
@@ -192,7 +193,7 @@ class Executor:
             metrics.child(metrics.EXECUTION, ctx.task).observe(time.perf_counter() - started)
         if report is None or ex.superseded:
             # nothing to report: the lease was lost, or a later attempt claimed here reports
-            metrics.child(metrics.RUNS_FINISHED, ctx.task, Outcome.LEASE_LOST).inc()
+            metrics.child(metrics.RUNS_FINISHED, ctx.task, LEASE_LOST).inc()
             return
         if report == "complete":
             if self._debug:
@@ -230,8 +231,11 @@ class Executor:
 
     async def _call(self, ex: Execution, spec: TaskSpec, args: list[Any], kwargs: dict[str, Any],
                     timeout: float | None) -> None:
+        """Run the task body. While it runs, `_bodies` names its attempt: a later attempt of
+        the run claimed meanwhile waits for it (`_follow`)."""
         set_current(ex.ctx)
-        self._bodies[ex.ctx.run_id] = ex
+        run_id = ex.ctx.run_id
+        self._bodies[run_id] = ex
         ex.in_body = True
         if spec.is_async:
             ok = False
@@ -241,18 +245,30 @@ class Executor:
                 else:
                     await _within(timeout, spec.fn(*args, **kwargs))
                 ok = True
-            finally:
-                self._body_ended(ex, ok)
+            finally:  # inline, not a call: this is every async run's path
+                ex.in_body, ex.body_ok = False, ok
+                if self._bodies.get(run_id) is ex:
+                    del self._bodies[run_id]
+                if ex.body_done is not None:
+                    ex.body_done.set()
             return
         cv = contextvars.copy_context()
         fut = asyncio.get_running_loop().run_in_executor(self.pool, _run_in, cv, spec.fn, args, kwargs)
-        fut.add_done_callback(lambda f: self._body_ended(ex, not f.cancelled() and f.exception() is None))
-        # a thread cannot be killed: on timeout the task is told through lease_lost, and the
-        # body counts as running here until its thread returns
-        if timeout is None:
-            await asyncio.shield(fut)
-        else:
-            await _within(timeout, asyncio.shield(fut))
+        try:
+            if timeout is None:
+                await asyncio.shield(fut)
+            else:
+                await _within(timeout, asyncio.shield(fut))
+        except BaseException:
+            # a thread cannot be killed: after a timeout (the task is told through lease_lost)
+            # or a cancellation the body counts as running here until its thread returns
+            if fut.done():
+                self._body_ended(ex, False)
+            else:
+                fut.add_done_callback(
+                    lambda f: self._body_ended(ex, not f.cancelled() and f.exception() is None))
+            raise
+        self._body_ended(ex, True)
 
     def _body_ended(self, ex: Execution, ok: bool) -> None:
         ex.in_body = False

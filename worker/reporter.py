@@ -18,8 +18,9 @@ from duetime.common import metrics
 from duetime.common import transitions as tr
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
+from duetime.common.metrics import RUNS_FINISHED, child
 from duetime.common.outage import Outage
-from duetime.common.outcomes import FailMode, Outcome, Report, from_reply
+from duetime.common.outcomes import LABELS, FailMode, Outcome, Report
 from duetime.common.scripts import Scripts
 from duetime.worker.errors import REDIS_ERRORS
 
@@ -33,6 +34,7 @@ Item = tuple[Report, "Execution", tuple[Any, ...]]
 REFUSED_PAUSE_S = (0.05, 5.0)  # pause after Redis refused reports: doubling from, up to
 SHUTDOWN_TRIES_S = 10.0  # at shutdown, reports Redis will not take are given up after this
 _NO_ARGS: tuple[Any, ...] = ()
+SUCCEEDED = Outcome.SUCCEEDED.value
 
 
 class Reporter:
@@ -78,7 +80,7 @@ class Reporter:
             carry = await self.flush(items) if items else []
         if carry:
             for _, ex, _ in carry:
-                metrics.child(metrics.RUNS_FINISHED, ex.ctx.task, Outcome.UNRECORDED).inc()
+                child(RUNS_FINISHED, ex.ctx.task, Outcome.UNRECORDED.value).inc()
             log.error("outcomes not recorded: Redis did not take them before shutdown",
                       runs=[ex.ctx.run_id for _, ex, _ in carry][:20], count=len(carry),
                       worker_id=self.worker_id)
@@ -113,7 +115,10 @@ class Reporter:
                 errors.append(str(res))
                 continue
             for ex, reply in zip(exs, res, strict=True):
-                self._judged("complete", ex, reply)
+                if reply == b"ok":  # the common case, kept free of calls
+                    child(RUNS_FINISHED, ex.ctx.task, SUCCEEDED).inc()
+                else:
+                    self._judged("complete", ex, reply)
         for item, res in zip(others, results[len(successes):], strict=True):
             if isinstance(res, Exception):
                 refused.append(item)
@@ -144,26 +149,24 @@ class Reporter:
     def _judged(self, kind: Report, ex: Execution, reply: bytes) -> None:
         """Count and, when it is news, log what the script decided."""
         ctx = ex.ctx
-        try:
-            outcome = Outcome.SUCCEEDED if reply == b"ok" else from_reply(reply)
-        except ValueError:
+        label = LABELS.get(reply)
+        if label is None:
             log.error("unexpected script reply", reply=repr(reply)[:80], report=kind,
                       run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
                       worker_id=self.worker_id, schedule=ctx.schedule)
             return
-        metrics.child(metrics.RUNS_FINISHED, ctx.task, outcome).inc()
-        if outcome is Outcome.SUCCEEDED:
-            if reply == b"late_ok":
-                log.info("late success accepted", run_id=ctx.run_id, task=ctx.task,
-                         attempt=ctx.attempt, worker_id=self.worker_id, schedule=ctx.schedule)
-        elif outcome is Outcome.RETRYING:
-            metrics.child(metrics.RETRIES, ctx.task).inc()
-        elif outcome is Outcome.DEAD:
-            metrics.child(metrics.DEAD_LETTERS, ctx.task).inc()
+        child(RUNS_FINISHED, ctx.task, label).inc()
+        if reply == b"late_ok":
+            log.info("late success accepted", run_id=ctx.run_id, task=ctx.task,
+                     attempt=ctx.attempt, worker_id=self.worker_id, schedule=ctx.schedule)
+        elif label == Outcome.RETRYING:
+            child(metrics.RETRIES, ctx.task).inc()
+        elif label == Outcome.DEAD:
+            child(metrics.DEAD_LETTERS, ctx.task).inc()
             log.warning("run dead-lettered", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
                         worker_id=self.worker_id, schedule=ctx.schedule)
-        elif outcome in (Outcome.STALE, Outcome.MISSING):
+        elif label in (Outcome.STALE, Outcome.MISSING):
             metrics.LATE_REJECTED.inc()
             log.warning("late result rejected", run_id=ctx.run_id, task=ctx.task,
                         attempt=ctx.attempt, worker_id=self.worker_id, report=kind,
-                        fence=ctx.fence, schedule=ctx.schedule, reply=outcome.value)
+                        fence=ctx.fence, schedule=ctx.schedule, reply=label)
