@@ -35,7 +35,7 @@ from duetime.worker.errors import log_message, record_text
 from duetime.worker.reporter import Reporter
 
 log = get_logger("duetime.worker")
-LEASE_LOST = Outcome.LEASE_LOST.value
+LEASE_LOST, UNRECORDED = Outcome.LEASE_LOST.value, Outcome.UNRECORDED.value
 
 
 @dataclass(slots=True, eq=False)
@@ -192,8 +192,10 @@ class Executor:
         if ran:
             metrics.child(metrics.EXECUTION, ctx.task).observe(time.perf_counter() - started)
         if report is None or ex.superseded:
-            # nothing to report: the lease was lost, or a later attempt claimed here reports
-            metrics.child(metrics.RUNS_FINISHED, ctx.task, LEASE_LOST).inc()
+            # nothing to report: the lease was lost (a later attempt claimed here may report),
+            # or the loop is being torn down (the reaper will recover the run)
+            label = LEASE_LOST if ex.lost or ex.superseded else UNRECORDED
+            metrics.child(metrics.RUNS_FINISHED, ctx.task, label).inc()
             return
         if report == "complete":
             if self._debug:

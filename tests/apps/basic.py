@@ -152,15 +152,17 @@ def journal(path: str) -> list[tuple[str, int, float]]:
 
 
 @app.task(name="journaled", backoff=(0.1, 0.2))
-def journaled(path: str, seconds: float) -> None:
+def journaled(path: str, seconds: float, fail_attempt: int = 0) -> None:
     """A sync task that notes its start and end in a file, outside Redis and outside duetime:
-    how often, and whether at once, it really ran."""
+    how often, and whether at once, it really ran. Attempt `fail_attempt` raises at its end."""
     run = record()
     with open(path, "a") as f:
         f.write(f"start {run.attempt} {time.time()}\n")
     time.sleep(seconds)
     with open(path, "a") as f:
         f.write(f"end {run.attempt} {time.time()}\n")
+    if run.attempt == fail_attempt:
+        raise RuntimeError("failed at its end")
 
 
 @app.task(name="retry_always", retries=1)

@@ -58,6 +58,33 @@ def test_heartbeats_held_past_the_lease_do_not_run_a_sync_task_twice(app, r, tmp
     assert (REGISTRY.get_sample_value("duetime_leases_lost_total") or 0) - lost0 == 1
 
 
+def test_when_the_old_attempt_fails_the_new_one_runs_the_task_after_it(app, r, tmp_path):
+    """Same stall, but the old attempt's body raises: its result cannot stand for the new
+    attempt, which runs the task itself once the old body has ended (never at once)."""
+    path = str(tmp_path / "journal")
+
+    async def main() -> str:
+        with reaper_thread(app):
+            run_id = app.enqueue(basic.journaled, [path, 2.0, 1])
+            async with serving(app, lease_ms=1000) as w:
+                gate = Gate(w)
+                await until(lambda: basic.journal(path), 10, what="the run to start")
+                gate.open.clear()
+                await until(lambda: app.get_run(run_id).fence == 2, 5, what="the second claim")
+                gate.open.set()
+                await until(lambda: app.get_run(run_id).state in ("succeeded", "dead"), 20,
+                            what="the run to end")
+        return run_id
+
+    run_id = asyncio.run(main())
+    spans = executions(path)
+    assert [a for e, a, _ in basic.journal(path) if e == "start"] == [1, 2]
+    assert spans[0][1] <= spans[1][0]  # the second began after the first ended
+    run = app.get_run(run_id)
+    assert run.state == "succeeded"
+    assert [a.outcome for a in run.attempts] == ["unknown", "succeeded"]
+
+
 def test_a_stopped_worker_resumes_without_running_the_task_twice_at_once(app, r, procs, tmp_path):
     """A worker process SIGSTOPped for longer than its lease (1 s) during a 3 s sync task,
     a reaper running: after SIGCONT the run is claimed again by the same worker, whose old
