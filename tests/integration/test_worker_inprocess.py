@@ -16,7 +16,7 @@ from duetime.worker.runtime import Worker, WorkerConfig
 from prometheus_client import REGISTRY
 
 from tests.apps import basic
-from tests.integration.inproc import reaper_thread, serving, until
+from tests.integration.inproc import Gate, reaper_thread, serving, until
 from tests.recorder import Recorder
 
 
@@ -174,21 +174,22 @@ def test_a_lost_lease_is_logged_once_and_the_sync_run_no_longer_heartbeated(app,
 
     async def main() -> str:
         run_id = app.enqueue(basic.journaled, [path, 2.0])
-        async with serving(app, lease_ms=300) as w:
-            await until(lambda: basic.journal(path), 10, what="the run to start")
-            k, p = app.keys, app.keys.partition_of_run(run_id)
-            scripts = Scripts(app.store.ready())
-            # the lease lapses and the reaper hands the run to someone else
-            r.delete(k.lease(p, run_id))
-            r.zadd(k.leases(p), {run_id: 0})
-            r.hset(k.run(p, run_id), mapping={"backoff_base": 600_000, "backoff_max": 600_000})
-            keys, args = tr.reap(k, p, 10, 0.5, 0)
-            assert scripts.reap(keys=keys, args=args)[0] == 1
-            r.zadd(k.retry(p, "default"), {run_id: 0})
-            keys, args = tr.claim(k, p, "default", "thief", 1, 60_000)
-            assert [c.run_id for c in tr.parse_claim(scripts.claim(keys=keys, args=args)).runs] == [run_id]
-            await until(lambda: len(basic.journal(path)) == 2, 10, what="the thread to end")
-            await until(lambda: not w.inflight, 5, what="the attempt to end")
+        # one slot, which the run keeps while its thread runs: the thief's claim wins
+        with reaper_thread(app):
+            async with serving(app, lease_ms=300, concurrency=1) as w:
+                gate = Gate(w)
+                await until(lambda: basic.journal(path), 10, what="the run to start")
+                gate.open.clear()  # the lease lapses; the reaper retries the run
+                await until(lambda: app.get_run(run_id).state == "retrying", 5, what="the reaper")
+                scripts = Scripts(app.store.ready())
+                p = app.keys.partition_of_run(run_id)
+                keys, args = tr.claim(app.keys, p, "default", "thief", 1, 60_000)
+                claimed = tr.parse_claim(scripts.claim(keys=keys, args=args)).runs
+                assert [c.run_id for c in claimed] == [run_id]
+                gate.open.set()
+                await until(lambda: len(basic.journal(path)) == 2, 10, what="the thread to end")
+                await until(lambda: not w.inflight, 5, what="the attempt to end")
+                assert gate.beats >= 3  # it went on beating (the worker record) after the loss
         return run_id
 
     run_id = asyncio.run(main())
