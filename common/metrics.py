@@ -17,7 +17,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
                    60, 300)
 
 RUNS_FINISHED = Counter(
-    "duetime_runs_finished_total", "Attempts finished by a worker, by task and outcome",
+    "duetime_runs_finished_total",
+    "Attempts finished by a worker, by task and outcome as the recording script decided it "
+    "(common/outcomes.py)",
     ["task", "outcome"],
 )
 START_LATENESS = Histogram(
