@@ -3,9 +3,13 @@
 1. register N schedules (bulk `schedule_many`): schedules/s and Redis memory per schedule;
 2. materialisation: one evaluator pass over M schedules all due at once: runs/s;
 3. a herd: K schedules firing at the same instant, one scheduler + W worker processes:
-   start lateness (claim on the server clock minus due time) p50/p99/max, plain and with jitter.
+   start lateness (claim on the server clock minus due time) p50/p99/max, plain and with jitter;
+4. idle: with the N registered schedules (none due soon), one scheduler process and one idle
+   worker: Redis commands per second (`INFO commandstats`, commands run inside scripts
+   included) and Redis CPU, over a window after they settled.
 
-    .venv/bin/python -m bench.schedules --register 100000 --materialize 10000 --herd 1000,10000
+    .venv/bin/python -m bench.schedules --register 100000 --materialize 10000 --herd 1000,10000 \
+        --idle 60
 """
 
 from __future__ import annotations
@@ -53,6 +57,39 @@ def register(url: str, n: int) -> None:
     app.schedule_many([app.schedule_def(f"job-{j:06d}", duetime.Cron("H H * * *"), noop, args=[j])
                        for j in range(min(n, CHUNK))])
     print(f"  re-registering {min(n, CHUNK)} unchanged: {time.perf_counter() - t0:.2f} s (no writes)")
+
+
+def _commands(r: redis.Redis) -> tuple[dict[str, int], float]:
+    info = r.info("commandstats")
+    cpu = r.info("cpu")
+    return ({k.removeprefix("cmdstat_"): v["calls"] for k, v in info.items()},
+            cpu["used_cpu_sys"] + cpu["used_cpu_user"])
+
+
+def idle(url: str, window_s: float, settle_s: float = 10.0) -> None:
+    """The namespace `register` left behind: a scheduler and an idle worker, then count."""
+    r = redis.Redis.from_url(url)
+    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": app.keys.namespace}
+    cmd = [sys.executable, "-m", "duetime", "--log-level", "WARNING"]
+    procs = [subprocess.Popen([*cmd, "scheduler"], env=env),
+             subprocess.Popen([*cmd, "worker", "--app", "bench.apps:app"], env=env)]
+    try:
+        time.sleep(settle_s)
+        (c0, cpu0), t0 = _commands(r), time.perf_counter()
+        time.sleep(window_s)
+        (c1, cpu1), dt = _commands(r), time.perf_counter() - t0
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+    delta = {k: v - c0.get(k, 0) for k, v in c1.items() if v - c0.get(k, 0) > 0}
+    delta["info"] = delta.get("info", 0) - 4  # this bench's own INFO calls
+    total = sum(v for v in delta.values() if v > 0)
+    top = ", ".join(f"{k} {v / dt:.2f}" for k, v in sorted(delta.items(), key=lambda kv: -kv[1])[:6]
+                    if v > 0)
+    print(f"idle: one scheduler + one idle worker, {window_s:g} s after {settle_s:g} s to settle: "
+          f"{total / dt:.2f} Redis commands/s ({top}); Redis CPU {(cpu1 - cpu0) / dt * 1000:.2f} ms/s")
 
 
 def materialize(url: str, n: int) -> None:
@@ -126,10 +163,13 @@ def main() -> None:
     ap.add_argument("--jitter", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=2000)
+    ap.add_argument("--idle", type=float, default=0, help="seconds of idle measurement (0: none)")
     args = ap.parse_args()
     with EmbeddedServer("redis") as server:
         if args.register:
             register(server.url, args.register)
+        if args.idle:
+            idle(server.url, args.idle)
         if args.materialize:
             materialize(server.url, args.materialize)
         for n in [int(x) for x in args.herd.split(",") if x]:

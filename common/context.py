@@ -19,13 +19,22 @@ class RunContext:
     scheduled_at: datetime | None
     schedule: str | None = None
     _lost: bool = field(default=False, repr=False)
+    _lost_seen: bool = field(default=False, repr=False)
 
     @property
     def lease_lost(self) -> bool:
         """True once the run should stop: the lease was lost (another worker may own it),
         cancellation was requested, the task timed out or the worker is shutting down.
         Do no more external effects. (A plain flag: reads and writes are atomic under the GIL.)"""
+        if self._lost:
+            self._lost_seen = True
         return self._lost
+
+    @property
+    def lost_seen(self) -> bool:
+        """The task read `lease_lost` as True: it may have stopped short of its work, so its
+        return is no proof the work was done (the worker then runs the next attempt)."""
+        return self._lost_seen
 
     def mark_lost(self) -> None:
         self._lost = True

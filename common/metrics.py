@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from duetime.common.errors import DuetimeError, InvalidInput
+from duetime.common.health import Health, Verdict
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
                    60, 300)
 
 RUNS_FINISHED = Counter(
-    "duetime_runs_finished_total", "Attempts finished by a worker, by task and outcome",
+    "duetime_runs_finished_total",
+    "Attempts finished by a worker, by task and outcome as the recording script decided it "
+    "(common/outcomes.py)",
     ["task", "outcome"],
 )
 START_LATENESS = Histogram(
@@ -77,7 +86,58 @@ def child(metric: Any, *labels: str) -> Any:
     return c
 
 
-def serve(port: int | None, addr: str = "127.0.0.1") -> None:
-    """Metrics on loopback unless told otherwise (they name tasks, queues and owners)."""
-    if port:
-        start_http_server(port, addr=addr)
+# What /healthz and /readyz answer: the process's loops report here (see common/health.py).
+health = Health()
+
+_Start = Callable[[str, list[tuple[str, str]]], Any]
+
+
+def _app(metrics_app: Callable[..., Iterable[bytes]], registry: Health) -> Callable[..., Iterable[bytes]]:
+    """/healthz and /readyz from the health registry; every other path is the metrics."""
+    probes: dict[str, Callable[[], Verdict]] = {"/healthz": registry.liveness,
+                                                "/readyz": registry.readiness}
+
+    def app(environ: dict[str, Any], start_response: _Start) -> Iterable[bytes]:
+        probe = probes.get(environ.get("PATH_INFO", ""))
+        if probe is None:
+            return metrics_app(environ, start_response)
+        verdict = probe()
+        body = verdict.body()
+        start_response(f"{verdict.http_status} {'OK' if verdict.ok else 'Service Unavailable'}",
+                       [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                        ("Cache-Control", "no-store")])
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+
+    return app
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log: probes come every few seconds."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        pass
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+def serve(port: int | None, addr: str = "127.0.0.1", registry: Health | None = None) -> WSGIServer | None:
+    """/metrics, /healthz and /readyz on `addr:port`, in a daemon thread; nothing without a port.
+    Loopback unless told otherwise (the metrics name tasks, queues and owners); `0.0.0.0` in a
+    container, where the orchestrator probes and Prometheus scrapes from outside."""
+    if not port:
+        return None
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise InvalidInput(f"metrics host {addr!r}: {exc.strerror}") from None
+    server_class = type("MetricsServer", (_Server,), {"address_family": family})
+    try:
+        httpd = make_server(sockaddr[0], port, _app(make_wsgi_app(), registry or health),
+                            server_class, handler_class=_Quiet)
+    except OSError as exc:
+        raise DuetimeError(f"cannot serve metrics on {addr}:{port}: {exc.strerror}") from None
+    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
+    return httpd

@@ -105,6 +105,7 @@ class ScheduleDef:
 
     def __post_init__(self) -> None:
         check_name("schedule name", self.name)
+        check_name("queue", self.queue)
         if self.catchup not in CATCHUP:
             raise InvalidSchedule(f"catchup must be one of {', '.join(CATCHUP)}; got {self.catchup!r}")
         if self.overlap not in OVERLAP:

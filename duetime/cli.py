@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 from datetime import datetime, timedelta
-from typing import Any
 
 import click
 
@@ -42,8 +40,6 @@ from duetime.common.timeparse import (
     duration_ms,
 )
 
-PORT = click.IntRange(1, 65535)
-
 
 @click.group(cls=DuetimeGroup)
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=f"Redis URL (env {ENV_URL}).")
@@ -69,6 +65,11 @@ def announce(ctx: click.Context, app: App, role: str) -> None:
         log.info("connected", **where)
 
 
+METRICS_PORT = click.IntRange(1, 65535)
+METRICS_PORT_HELP = "Serve /metrics, /healthz and /readyz on this port."
+METRICS_HOST_HELP = "Address the metrics port listens on (0.0.0.0 in a container)."
+
+
 # -- worker -------------------------------------------------------------------------------
 @main.command()
 @click.option("--app", "app_ref", required=True, help="module:attribute of your App.")
@@ -85,13 +86,14 @@ def announce(ctx: click.Context, app: App, role: str) -> None:
 @duration_option("--claim-ahead", span=CLAIM_AHEAD, default="10ms", show_default=True,
                  help="Claim runs due this soon and start each exactly at its due time "
                  "(0 = claim only when due).")
-@click.option("--metrics-port", default=None, type=PORT,
-              help="Serve Prometheus metrics here (process i of --processes: port + i).")
+@click.option("--metrics-port", default=None, type=METRICS_PORT,
+              help=METRICS_PORT_HELP + " Process i of --processes: port + i.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
 @click.pass_context
 @fail_cleanly
 def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
            processes: int, lease: timedelta, grace: timedelta, claim_ahead: timedelta,
-           metrics_port: int | None) -> None:
+           metrics_port: int | None, metrics_host: str) -> None:
     """Execute runs: claim, run, heartbeat, report."""
     if processes > 1:
         _supervise(processes, metrics_port)
@@ -108,7 +110,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     app.store.ready().sadd(app.keys.queues, *qs)  # clear error now if Redis is down
     app.publish_tasks()  # producers without the code enqueue by name with these options
     announce(ctx, app, "worker")
-    metrics.serve(metrics_port)
+    metrics.serve(metrics_port, metrics_host)
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
                        grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead))
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
@@ -120,34 +122,11 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
 
 
 def _supervise(n: int, metrics_port: int | None) -> None:
-    """--processes N: N single-process workers with the same options; signals forwarded."""
-    argv = [a for a in sys.argv[1:]]
-    cleaned: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in ("--processes", "--metrics-port"):
-            skip = True
-            continue
-        if a.startswith(("--processes=", "--metrics-port=")):
-            continue
-        cleaned.append(a)
-    children = []
-    for i in range(n):
-        extra = ["--metrics-port", str(metrics_port + i)] if metrics_port else []
-        children.append(subprocess.Popen([sys.executable, "-m", "duetime", *cleaned, *extra]))
+    """--processes N: N single-process workers with the same options, each on its own metrics
+    port; a child that dies is restarted (duetime/supervise.py); signals are forwarded."""
+    from duetime.supervise import supervise
 
-    def forward(signum: int, _frame: Any) -> None:
-        for c in children:
-            if c.poll() is None:
-                c.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    codes = [c.wait() for c in children]
-    sys.exit(max(codes))
+    sys.exit(supervise(sys.argv[1:], n, metrics_port))
 
 
 # -- reaper / scheduler ---------------------------------------------------------------
@@ -155,14 +134,14 @@ RETENTION_HELP = "How long finished runs (succeeded, missed, skipped, cancelled)
 
 
 def _run_reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retention: timedelta,
-                metrics_port: int | None) -> None:
+                metrics_port: int | None, metrics_host: str = "127.0.0.1") -> None:
     from duetime.scheduler.reaper import Reaper
 
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"]) if app_ref else App(
         redis_url=ctx.obj["url"], namespace=ctx.obj["namespace"])
     app.store.ready()
     announce(ctx, app, "reaper")
-    metrics.serve(metrics_port)
+    metrics.serve(metrics_port, metrics_host)
     reaper = Reaper(app.redis_url, app.keys, tick_s=tick.total_seconds(),
                     retention_ms=duration_ms(retention))
     signal.signal(signal.SIGTERM, lambda *_: reaper.stop())
@@ -176,13 +155,14 @@ def _run_reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retent
                  help="How often expired leases are looked for.")
 @duration_option("--retention", span=RETENTION, default="24h", show_default=True,
                  help=RETENTION_HELP)
-@click.option("--metrics-port", default=None, type=PORT, help="Serve Prometheus metrics here.")
+@click.option("--metrics-port", default=None, type=METRICS_PORT, help=METRICS_PORT_HELP)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
 @click.pass_context
 @fail_cleanly
 def reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retention: timedelta,
-           metrics_port: int | None) -> None:
+           metrics_port: int | None, metrics_host: str) -> None:
     """Recover runs whose lease expired (retry, uncertain or dead)."""
-    _run_reaper(ctx, app_ref, tick, retention, metrics_port)
+    _run_reaper(ctx, app_ref, tick, retention, metrics_port, metrics_host)
 
 
 @main.command()
@@ -200,19 +180,20 @@ def reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retention: 
                  "set with `schedule add --miss-tolerance`, 1m unless given).")
 @duration_option("--gauges-every", span=GAUGES_EVERY, default="5s", show_default=True,
                  help="How often the queue gauges (backlog, oldest due, ...) are recomputed.")
-@click.option("--metrics-port", default=None, type=PORT, help="Serve Prometheus metrics here.")
+@click.option("--metrics-port", default=None, type=METRICS_PORT, help=METRICS_PORT_HELP)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
 @click.pass_context
 @fail_cleanly
 def scheduler(ctx: click.Context, app_ref: str | None, lead: timedelta, tick: timedelta,
               reap_tick: timedelta, retention: timedelta, miss_tolerance: timedelta | None,
-              gauges_every: timedelta, metrics_port: int | None) -> None:
+              gauges_every: timedelta, metrics_port: int | None, metrics_host: str) -> None:
     """Evaluate schedules into runs, and recover expired leases (run two or more)."""
     from duetime.scheduler.service import run_scheduler
 
     app = _app_or_plain(ctx, app_ref)
     app.store.ready()
     announce(ctx, app, "scheduler")
-    metrics.serve(metrics_port)
+    metrics.serve(metrics_port, metrics_host)
     run_scheduler(app.redis_url, app.keys, lead_ms=duration_ms(lead),
                   tick_s=tick.total_seconds(), reap_tick_s=reap_tick.total_seconds(),
                   miss_tolerance_ms=None if miss_tolerance is None else duration_ms(miss_tolerance),

@@ -24,7 +24,7 @@ from duetime.common.logs import get as get_logger
 from duetime.common.schedules import MISS_TOLERANCE_MS, TRIGGER_FIELDS, plan, run_id_for, trigger_from_fields
 from duetime.common.scripts import Scripts
 from duetime.common.timespec import Trigger
-from duetime.scheduler.notices import SAFETY_S, Heads, Listener
+from duetime.scheduler.notices import SAFETY_S, Heads, Listener, report_health
 
 log = get_logger("duetime.scheduler")
 
@@ -226,20 +226,23 @@ class Evaluator:
     def run(self) -> None:
         log.info("evaluator started", scheduler_id=self.id, lead_ms=self.lead_ms,
                  partitions=self.keys.partitions)
-        listener = Listener(self.client, self.keys.sched_wake, "s", self.heads, self.stopping)
+        listener = Listener(self.client, self.url, self.keys.sched_wake, "s", self.heads, self.stopping)
         listener.start()
         listener.subscribed.wait(5)  # notices from now on reach us; then read the heads
         backoff = 0.1
         while not self.stopping.is_set():
+            metrics.health.beat("evaluator")
             try:
                 if listener.reread.is_set():
                     listener.reread.clear()
                     self._read_all_at = 0.0  # (re)subscribed: read every head again
                 self.heads.changed.clear()
                 self.step()
+                report_health("evaluator", listener)
                 backoff = 0.1
                 self.heads.changed.wait(min(self._sleep_s(), self.tick_s))
             except (redis.ConnectionError, redis.TimeoutError) as exc:
+                metrics.health.ready("evaluator", False, str(unavailable(self.url, exc)))
                 log.warning("redis unavailable; evaluator retrying",
                             error=str(unavailable(self.url, exc)), retry_in=backoff)
                 self.stopping.wait(backoff)
@@ -247,10 +250,12 @@ class Evaluator:
             except redis.RedisError as exc:
                 # refused (OOM at maxmemory, READONLY after a failover, a damaged key): the
                 # process stays up and tries again, rather than crash-looping under a supervisor
+                metrics.health.ready("evaluator", False, f"redis refused a call: {exc}")
                 log.error("redis refused a call; evaluator retrying", error=str(exc),
                           retry_in=backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+        metrics.health.ready("evaluator", False, "stopping")
         with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
             self.ownership.release_all()
         log.info("evaluator stopped", materialized=self.materialized)

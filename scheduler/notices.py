@@ -16,6 +16,7 @@ import random
 import threading
 
 import redis
+from duetime.common.connection import unavailable
 from duetime.common.logs import get as get_logger
 
 log = get_logger("duetime.scheduler")
@@ -75,18 +76,31 @@ class Heads:
         return min(times) if times else None
 
 
+def report_health(part: str, listener: Listener) -> None:
+    """A scheduler loop that just passed is ready if its wake channel is up too (an idle loop
+    may not send a command for a while; the subscription notices a lost server at once)."""
+    from duetime.common import metrics
+
+    if listener.subscribed.is_set():
+        metrics.health.ready(part)
+    else:
+        metrics.health.ready(part, False, listener.error or "subscribing to the wake channel")
+
+
 class Listener(threading.Thread):
     """Subscribes to the scheduler wake channel and hands notices of `kinds` to `heads`;
     reconnects forever with jittered back-off, and sets `reread` after every (re)subscription,
     so the loop reads the heads again and notices sent while it was away are made up for."""
 
-    def __init__(self, client: redis.Redis, channel: str, kinds: str, heads: Heads,
+    def __init__(self, client: redis.Redis, url: str, channel: str, kinds: str, heads: Heads,
                  stopping: threading.Event) -> None:
         super().__init__(name=f"notices-{kinds}", daemon=True)
-        self.client, self.channel, self.kinds, self.heads = client, channel, kinds, heads
+        self.client, self.url, self.channel, self.kinds = client, url, channel, kinds
+        self.heads = heads
         self.stopping = stopping
         self.subscribed = threading.Event()
         self.reread = threading.Event()
+        self.error = ""  # why the subscription was lost, while it is
 
     def run(self) -> None:
         delay = 0.1
@@ -107,6 +121,10 @@ class Listener(threading.Thread):
                         self._handle(msg["data"])
             except (redis.RedisError, OSError) as exc:
                 self.subscribed.clear()
+                self.error = (str(unavailable(self.url, exc))
+                              if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError)
+                              else f"wake channel: {exc}")
+                self.heads.changed.set()  # the loop reports itself not ready
                 log.warning("scheduler wake channel lost; reconnecting", error=str(exc),
                             retry_in=round(delay, 2))
                 self.stopping.wait(delay * (0.5 + random.random()))

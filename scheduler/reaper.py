@@ -18,7 +18,7 @@ from duetime.common.connection import server_time_ms, sync_client, unavailable
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.scripts import Scripts
-from duetime.scheduler.notices import SAFETY_S, Heads, Listener
+from duetime.scheduler.notices import SAFETY_S, Heads, Listener, report_health
 
 log = get_logger("duetime.reaper")
 
@@ -109,17 +109,19 @@ class Reaper:
 
     def run(self) -> None:
         log.info("reaper started", tick_s=self.tick_s, partitions=self.keys.partitions)
-        listener = Listener(self.client, self.keys.sched_wake, "ld", self.heads, self.stopping)
+        listener = Listener(self.client, self.url, self.keys.sched_wake, "ld", self.heads, self.stopping)
         listener.start()
         listener.subscribed.wait(5)
         backoff = 0.1
         while not self.stopping.is_set():
+            metrics.health.beat("reaper")
             try:
                 if listener.reread.is_set():
                     listener.reread.clear()
                     self._read_all_at = 0.0
                 self.heads.changed.clear()
                 self.reap_once()
+                report_health("reaper", listener)
                 backoff = 0.1
                 metrics.REFUSING_WRITES.set(0)
                 self.heads.changed.wait(self._sleep_s())
@@ -127,11 +129,13 @@ class Reaper:
                 # reap.lua is refused as a whole at maxmemory while heartbeats (allow-oom) go
                 # on extending leases: nothing is expired that a live worker could keep
                 metrics.REFUSING_WRITES.set(1)
+                metrics.health.ready("reaper", False, "redis is at maxmemory and refuses writes")
                 log.error("redis is at maxmemory and refuses writes; recovery waits (heartbeats "
                           "still extend leases)", error=str(exc), retry_in=backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
+                metrics.health.ready("reaper", False, str(unavailable(self.url, exc)))
                 log.warning("redis unavailable; reaper retrying",
                             error=str(unavailable(self.url, exc)), retry_in=backoff)
                 self.stopping.wait(backoff)
@@ -139,10 +143,12 @@ class Reaper:
             except redis.RedisError as exc:
                 # refused (OOM at maxmemory, READONLY after a failover, a damaged key): the
                 # process stays up and tries again, rather than crash-looping under a supervisor
+                metrics.health.ready("reaper", False, f"redis refused a call: {exc}")
                 log.error("redis refused a call; reaper retrying", error=str(exc),
                           retry_in=backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+        metrics.health.ready("reaper", False, "stopping")
         log.info("reaper stopped")
 
     def _sleep_s(self) -> float:

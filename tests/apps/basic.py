@@ -140,3 +140,39 @@ async def sched_slow(seconds: float) -> None:
         await asyncio.sleep(seconds)
     finally:
         r().rpush(intervals_key(), f"{run.run_id}|{start}|{time.time()}")
+
+
+def journal(path: str) -> list[tuple[str, int, float]]:
+    """The (event, attempt, time) lines `journaled` wrote, in order."""
+    try:
+        with open(path) as f:
+            return [(e, int(a), float(t)) for e, a, t in (ln.split() for ln in f if ln.strip())]
+    except FileNotFoundError:
+        return []
+
+
+@app.task(name="journaled", backoff=(0.1, 0.2))
+def journaled(path: str, seconds: float, fail_attempt: int = 0) -> None:
+    """A sync task that notes its start and end in a file, outside Redis and outside duetime:
+    how often, and whether at once, it really ran. Attempt `fail_attempt` raises at its end."""
+    run = record()
+    with open(path, "a") as f:
+        f.write(f"start {run.attempt} {time.time()}\n")
+    time.sleep(seconds)
+    with open(path, "a") as f:
+        f.write(f"end {run.attempt} {time.time()}\n")
+    if run.attempt == fail_attempt:
+        raise RuntimeError("failed at its end")
+
+
+@app.task(name="retry_always", retries=1)
+def retry_always() -> None:
+    record()
+    raise duetime.Retry(reason="not yet")
+
+
+@app.task(name="leaky", retries=0)
+def leaky(secret: str) -> None:
+    """Fails with its argument in the exception text (as `d[key]` does)."""
+    record()
+    raise KeyError(secret)

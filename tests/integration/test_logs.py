@@ -63,3 +63,33 @@ def test_logs_on_a_terminal_are_readable_lines():
     line = out.decode().strip()
     assert "run failed" in line and "run_id=r1" in line and "attempt=2" in line
     assert not line.startswith("{")
+
+
+def test_a_failed_run_logs_its_exception_type_and_a_bounded_message(app, procs, monkeypatch):
+    """'run failed' is a warning naming the exception type; its message is cut to one short
+    line, and DUETIME_LOG_ERROR_TEXT=0 keeps it out (a KeyError quotes the argument). The run
+    record keeps the full text for `duetime runs show`."""
+    quoted = SECRET + "k" * 1000
+
+    def failed_lines(env: str | None) -> tuple[str, list[dict]]:
+        if env is None:
+            monkeypatch.delenv("DUETIME_LOG_ERROR_TEXT", raising=False)
+        else:
+            monkeypatch.setenv("DUETIME_LOG_ERROR_TEXT", env)
+        run_id = app.enqueue(basic.leaky, [quoted])
+        worker = procs.duetime("worker", "--app", "tests.apps.basic:app", log="INFO")
+        wait_for(lambda: app.get_run(run_id).state == "dead", 30, what="the run to fail")
+        worker.send_signal(signal.SIGTERM)
+        text = worker.communicate(timeout=30)[1].decode()
+        lines = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+        return text, [x for x in lines if x["event"] == "run failed" and x["run_id"] == run_id]
+
+    _, [line] = failed_lines(None)
+    assert line["level"] == "warning" and line["error_type"] == "KeyError"
+    assert line["error"].startswith(f"KeyError: '{SECRET}kkk") and len(line["error"]) <= 200
+
+    text, [line] = failed_lines("0")
+    assert line["level"] == "warning" and line["error_type"] == "KeyError"
+    assert "error" not in line and SECRET not in text
+    dead = app.get_run(line["run_id"])
+    assert SECRET in (dead.error or "") and "k" * 1000 in dead.error  # the record keeps it all

@@ -334,7 +334,7 @@ def test_a_scheduler_whose_evaluator_dies_exits_non_zero(url, namespace):
         "from duetime.scheduler import evaluator, service\n"
         "from duetime.common.keys import Keyspace\n"
         "def broken(self): raise RuntimeError('a bug in the evaluator')\n"
-        "evaluator.Evaluator.tick = broken\n"
+        "evaluator.Evaluator.step = broken\n"
         f"service.run_scheduler({url!r}, Keyspace({namespace!r}))\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)

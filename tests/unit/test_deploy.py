@@ -56,7 +56,8 @@ def test_alert_rules_cover_the_failure_modes_and_use_real_metrics():
     alerts = {r["alert"] for r in rules}
     assert len(alerts) == len(rules)
     assert {"DuetimeDeadLettersRising", "DuetimeStartLatenessHigh", "DuetimeLeaseExpiries",
-            "DuetimePartitionUnowned", "DuetimeNoScheduler", "DuetimeBacklogOld"} <= alerts
+            "DuetimePartitionUnowned", "DuetimeNoScheduler", "DuetimeBacklogOld",
+            "DuetimeNoLiveWorkers"} <= alerts
     for r in rules:
         assert r["expr"] and r["for"] and r["severity"] in ("info", "warning", "critical"), r
         assert r["summary"] and r["description"], r

@@ -1,0 +1,74 @@
+"""Workers inside the test's own event loop, against a real server (as arq and rq test
+theirs): a test can drive and observe the parts (claims, executor, reporter, leases) directly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from duetime.scheduler.reaper import Reaper
+from duetime.worker.runtime import Worker, WorkerConfig
+
+
+async def until(pred: Callable[[], object], timeout: float = 15.0, interval: float = 0.01,
+                what: str = "condition") -> object:
+    """Poll `pred` without blocking the loop the worker runs on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any, **settings: Any) -> AsyncIterator[Worker]:
+    """A worker of `app` running in this loop until the block ends (then stopped and drained)."""
+    settings.setdefault("queues", ["default"])
+    worker = Worker(app.registry, app.redis_url, app.keys, WorkerConfig(**settings))
+    task = asyncio.create_task(worker.run(handle_signals=False))
+    await until(lambda: worker.ready.is_set() or task.done(), what="worker to start")
+    if task.done():
+        task.result()  # raises what stopped it
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 60)
+
+
+@contextlib.contextmanager
+def reaper_thread(app: Any, tick_s: float = 0.05) -> Iterator[Reaper]:
+    """The reaper, in a thread of this process."""
+    reaper = Reaper(app.redis_url, app.keys, tick_s=tick_s)
+    thread = threading.Thread(target=reaper.run, daemon=True)
+    thread.start()
+    try:
+        yield reaper
+    finally:
+        reaper.stop()
+        thread.join(10)
+        reaper.close()
+
+
+class Gate:
+    """Holds a worker's heartbeats while closed (a stalled worker, seen from Redis)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.open = asyncio.Event()
+        self.open.set()
+        self.beats = 0
+        real = worker.leases.beat
+
+        async def beat() -> None:
+            await self.open.wait()
+            await real()
+            self.beats += 1
+
+        worker.leases.beat = beat  # type: ignore[method-assign]

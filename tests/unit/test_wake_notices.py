@@ -1,0 +1,57 @@
+"""Wake notices '<partition>|<queue>|<due ms>' are read defensively, and no name may hold a
+separator of duetime's messages or lists."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from duetime.common.errors import InvalidInput
+from duetime.common.names import check_name
+from duetime.worker.due import parse_wake
+from duetime.worker.errors import log_message
+
+
+def test_a_good_notice():
+    assert parse_wake(b"3|mail|1700000000123", 16) == (3, "mail", 1700000000123.0)
+    assert parse_wake("0|default|5.5", 16) == (0, "default", 5.5)
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"hello", b"1|default", b"1|a|b|c", b"x|default|5", b"1|default|soon",
+    b"16|default|5", b"-1|default|5", b"1||5", b"1|default|nan", b"1|default|inf",
+    b"\xff\xfe|default|1", 12, None, [b"1", b"default", b"5"],
+])
+def test_anything_else_is_not_a_notice(data):
+    assert parse_wake(data, 16) is None
+
+
+@pytest.mark.parametrize("kind", ["queue", "task name", "schedule name", "idempotency key",
+                                  "run id", "namespace"])
+def test_the_notice_separator_is_refused_in_every_name(kind):
+    with pytest.raises(InvalidInput, match="separator"):
+        check_name(kind, "a|b")
+
+
+def test_the_list_separator_is_refused_in_queue_names_only():
+    with pytest.raises(InvalidInput, match="separator"):
+        check_name("queue", "mail,sms")
+    assert check_name("idempotency key", "order,42") == "order,42"
+
+
+def test_enqueue_task_and_schedule_refuse_a_separator_in_a_queue_name():
+    from duetime.common.schedules import ScheduleDef
+
+    import duetime
+
+    app = duetime.App()
+    with pytest.raises(InvalidInput):
+        app.task(name="t", queue="a|b")(lambda: None)
+    with pytest.raises(InvalidInput):
+        ScheduleDef(name="s", trigger=duetime.Every(timedelta(minutes=1)), task="t", queue="a|b", payload=b"")
+
+
+def test_log_message_is_bounded_or_withheld():
+    assert log_message("KeyError: 'x'\nTraceback...", True) == "KeyError: 'x'"
+    assert len(log_message("E: " + "x" * 1000, True)) == 200
+    assert log_message("KeyError: 'secret'", False) is None

@@ -1,0 +1,75 @@
+"""A worker's settings, checked once: a bad value must never reach the loops (a lease of 0
+would make the heartbeat loop spin and every run lapse at once)."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass, field
+
+from duetime.common.errors import InvalidInput
+from duetime.common.names import check_name
+
+MIN_LEASE_MS = 100  # heartbeats go every third of the lease: shorter would be a busy loop
+MAX_LEASE_MS = 24 * 3600 * 1000
+MAX_CONCURRENCY = 10_000
+MIN_REFRESH_S = 0.01
+LOG_ERROR_TEXT_ENV = "DUETIME_LOG_ERROR_TEXT"
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
+
+
+def _log_error_text_default() -> bool:
+    """DUETIME_LOG_ERROR_TEXT=0 keeps task exception messages (which may quote arguments) out
+    of the logs: only the exception type is logged. The run record keeps the full text."""
+    return os.environ.get(LOG_ERROR_TEXT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass
+class WorkerConfig:
+    queues: list[str]
+    concurrency: int = 16
+    lease_ms: int = 10_000
+    grace_s: float = 30.0
+    refresh_s: float = 5.0  # safety net only: wake notices and claim replies carry due times
+    # runs due this soon are claimed now and started at their due time (never before): the
+    # claim's round trip no longer adds to start lateness
+    claim_ahead_ms: int = 10
+    worker_id: str = field(default_factory=default_worker_id)
+    log_error_text: bool = field(default_factory=_log_error_text_default)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise InvalidInput naming the first bad setting."""
+        if isinstance(self.queues, str) or not isinstance(self.queues, list | tuple) or not self.queues:
+            raise InvalidInput(f"queues must be a non-empty list of queue names, got {self.queues!r}")
+        for q in self.queues:
+            check_name("queue", q)
+        if len(set(self.queues)) != len(self.queues):
+            raise InvalidInput(f"queues must not repeat a name, got {list(self.queues)!r}")
+        _int_in("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
+        _int_in("lease_ms", self.lease_ms, MIN_LEASE_MS, MAX_LEASE_MS)
+        _int_in("claim_ahead_ms", self.claim_ahead_ms, 0, self.lease_ms - 1,
+                " (shorter than the lease)")
+        _number_in("grace_s", self.grace_s, 0.0, 24 * 3600.0)
+        _number_in("refresh_s", self.refresh_s, MIN_REFRESH_S, 3600.0)
+        check_name("worker id", self.worker_id)
+
+
+def _int_in(name: str, value: object, lo: int, hi: int, note: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"worker {name} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidInput(f"worker {name} must be in {lo}..{hi}{note}, got {value}")
+
+
+def _number_in(name: str, value: object, lo: float, hi: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"worker {name} must be a finite number, got {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidInput(f"worker {name} must be in {lo:g}..{hi:g} seconds, got {value:g}")

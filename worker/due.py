@@ -1,0 +1,118 @@
+"""What a worker knows of the earliest due time of every (partition, queue) it serves.
+
+Three sources feed it: claim replies and a pipelined read of the sets' heads (authoritative
+at the moment the server answered), and wake notices (a run just became a set's earliest).
+A notice newer than a read still counts, so a read that crossed a notice cannot hide it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aredis
+from duetime.common.keys import Keyspace
+from duetime.common.logs import get as get_logger
+
+log = get_logger("duetime.worker")
+
+Key = tuple[int, str]  # (partition, queue)
+KEY_HOLD_S = 5.0  # a partition/queue whose call Redis refused is left alone this long
+
+
+def parse_wake(data: object, partitions: int) -> tuple[int, str, float] | None:
+    """A wake notice '<partition>|<queue>|<due ms>' (lua/_lib.lua), or None for anything else:
+    the channel is open to any client's PUBLISH, and one bad message must not stop the wake-ups."""
+    try:
+        text = data.decode() if isinstance(data, bytes) else data
+        if not isinstance(text, str):
+            return None
+        parts = text.split("|")
+        if len(parts) != 3:
+            return None
+        p, queue, due = int(parts[0]), parts[1], float(parts[2])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not 0 <= p < partitions or not queue or not math.isfinite(due):
+        return None
+    return p, queue, due
+
+
+class DueTimes:
+    def __init__(self, keys: Keyspace, queues: list[str], worker_id: str,
+                 on_earlier: Callable[[], None]) -> None:
+        self.keys, self.queues, self.worker_id = keys, list(queues), worker_id
+        self._on_earlier = on_earlier
+        self.next_due: dict[Key, float] = {}
+        self.seq = 0  # counts notices; a read remembers the count it started at
+        self._notices: dict[Key, tuple[int, float]] = {}
+        self._held: dict[Key, float] = {}  # key -> monotonic time it may be claimed again
+        self._rank = {q: i for i, q in enumerate(self.queues)}
+
+    def note(self, key: Key, due: float) -> None:
+        """A notice that `key` has a run due at `due` (server ms)."""
+        self.seq += 1
+        self._notices[key] = (self.seq, due)
+        cur = self.next_due.get(key)
+        if cur is None or due < cur:
+            self.next_due[key] = due
+            self._on_earlier()
+
+    def set(self, key: Key, due: float | None, since_seq: int) -> None:
+        """Authoritative head read at the server; notices newer than the read still count."""
+        w = self._notices.get(key)
+        if w is not None and w[0] > since_seq and (due is None or w[1] < due):
+            due = w[1]
+        if due is None:
+            self.next_due.pop(key, None)
+        else:
+            self.next_due[key] = due
+
+    def due_now(self, horizon_ms: float) -> list[Key]:
+        """Keys with a run due by `horizon_ms`, queues in the configured order, earliest first."""
+        if self._held:
+            t = time.monotonic()
+            self._held = {k: u for k, u in self._held.items() if u > t}
+        rank, held = self._rank, self._held
+        due = [(rank[k[1]], d, k) for k, d in self.next_due.items() if d <= horizon_ms and k not in held]
+        due.sort()
+        return [k for _, _, k in due]
+
+    def earliest(self) -> float | None:
+        """The earliest due time of a key that may be claimed (server ms)."""
+        dues = [d for k, d in self.next_due.items() if k not in self._held]
+        return min(dues) if dues else None
+
+    def next_release(self) -> float | None:
+        """When a held key becomes claimable again (monotonic s)."""
+        return min(self._held.values()) if self._held else None
+
+    def refuse(self, key: Key, doing: str, exc: Exception) -> None:
+        """Redis refused a call for one partition and queue: leave that key alone for a while
+        and go on with the others (one damaged key must not stop the whole worker)."""
+        p, q = key
+        log.error("redis refused a call; skipping this partition and queue for a while",
+                  doing=doing, partition=p, queue=q, key=self.keys.due(p, q), error=str(exc)[:300],
+                  retry_in=KEY_HOLD_S, worker_id=self.worker_id)
+        self._held[key] = time.monotonic() + KEY_HOLD_S
+
+    async def refresh(self, client: aredis.Redis) -> None:
+        """Read the head of every due and retry set served, in one pipeline."""
+        seq = self.seq
+        pipe = client.pipeline(transaction=False)
+        order: list[Key] = []
+        for p in range(self.keys.partitions):
+            for q in self.queues:
+                pipe.zrange(self.keys.due(p, q), 0, 0, withscores=True)
+                pipe.zrange(self.keys.retry(p, q), 0, 0, withscores=True)
+                order.append((p, q))
+        res: list[Any] = await pipe.execute(raise_on_error=False)
+        for i, key in enumerate(order):
+            due, retry = res[2 * i], res[2 * i + 1]
+            for r in (due, retry):
+                if isinstance(r, Exception):
+                    self.refuse(key, "reading due times", r)
+            heads = [s for part in (due, retry) if isinstance(part, list) for _, s in part]
+            self.set(key, min(heads) if heads else None, seq)

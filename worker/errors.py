@@ -1,0 +1,32 @@
+"""The Redis error families the worker's loops catch, and how a task's exception is written:
+in full (bounded) into the run record, as type plus a bounded line into the logs."""
+
+from __future__ import annotations
+
+import traceback
+
+import redis
+
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)  # Redis unreachable
+# Any error a Redis call can end with, unreachable or refused (OOM at maxmemory, READONLY after
+# a failover, WRONGTYPE on a damaged key, BUSY): the worker's loops log it and go on.
+ANY_REDIS_ERROR = (redis.RedisError, OSError)
+
+MAX_RECORD_TEXT = 4000  # traceback kept in the run record (what `duetime runs show` prints)
+MAX_LOG_TEXT = 200
+
+
+def record_text(exc: BaseException) -> str:
+    """'Type: message' and the traceback's tail, for the run record."""
+    text = "".join(traceback.format_exception(exc))
+    head = f"{type(exc).__name__}: {exc}"
+    return (head + "\n" + text[-MAX_RECORD_TEXT:]) if text else head
+
+
+def log_message(text: str, with_text: bool) -> str | None:
+    """The first line of an error message, at most MAX_LOG_TEXT characters; None when error
+    text is kept out of the logs (a task's exception message may quote its arguments)."""
+    if not with_text or not text:
+        return None
+    line = text.splitlines()[0]
+    return line if len(line) <= MAX_LOG_TEXT else line[: MAX_LOG_TEXT - 3] + "..."

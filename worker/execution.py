@@ -1,0 +1,350 @@
+"""Execution: runs claimed attempts (async tasks on the loop, sync tasks in a thread pool),
+turns how each ended into a report, and stops attempts whose lease is lost.
+
+In-flight state is kept per attempt, (run id, fence): a run can be claimed again while an
+older attempt of it still executes here (its lease lapsed while the worker was stalled, and
+the reaper retried it). Two attempts of one run never execute at once in one worker: the new
+attempt holds its lease and waits for the old task body to end. If that body returned (and
+never saw `lease_lost`), the work is done: the new attempt is acknowledged with that success
+instead of doing the work a second time. Otherwise the new attempt runs the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from duetime.common import metrics
+from duetime.common.codec import unpack_payload
+from duetime.common.context import RunContext, set_current
+from duetime.common.errors import Fatal, Retry, UnknownTask
+from duetime.common.logs import get as get_logger
+from duetime.common.models import from_ms
+from duetime.common.outcomes import FailMode, Outcome
+from duetime.common.tasks import Registry, TaskSpec
+from duetime.common.transitions import Claimed
+from duetime.worker.clock import ServerClock
+from duetime.worker.config import WorkerConfig
+from duetime.worker.errors import log_message, record_text
+from duetime.worker.reporter import Reporter
+
+log = get_logger("duetime.worker")
+LEASE_LOST, UNRECORDED = Outcome.LEASE_LOST.value, Outcome.UNRECORDED.value
+
+
+@dataclass(slots=True, eq=False)
+class Execution:
+    """One attempt in this worker, from its claim until its report is handed to the reporter."""
+
+    ctx: RunContext
+    partition: int
+    task: asyncio.Task[None] | None = None
+    released: bool = False  # given back at shutdown
+    cancel_requested: bool = False
+    lost: bool = False  # its lease is known lost: no more heartbeats for it
+    superseded: bool = False  # a later attempt of the run, claimed here, takes over its result
+    after: Execution | None = None  # an older attempt whose body still runs here: wait for it
+    in_body: bool = False  # the task body is executing (or queued for a thread)
+    body_ok: bool | None = None  # the body returned (True) or raised (False)
+    body_done: asyncio.Event | None = None  # made when a later attempt waits for this body
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.ctx.run_id, self.ctx.fence)
+
+    @property
+    def token(self) -> str:
+        return f"{self.ctx.worker_id}:{self.ctx.fence}"
+
+
+class _TimedOut(Exception):  # noqa: N818 - internal signal, never leaves this module
+    """The task exceeded its own timeout (unlike a TimeoutError the task itself raised)."""
+
+
+class Executor:
+    def __init__(self, registry: Registry, clock: ServerClock, reporter: Reporter,
+                 cfg: WorkerConfig, on_free: Callable[[], None]) -> None:
+        self.registry, self.clock, self.reporter, self.cfg = registry, clock, reporter, cfg
+        self.worker_id = cfg.worker_id
+        self._on_free = on_free  # a slot is free: the claim loop may claim again
+        self.pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="duetime-task")
+        self.inflight: dict[tuple[str, int], Execution] = {}  # (run id, fence) -> attempt
+        self._bodies: dict[str, Execution] = {}  # run id -> the attempt whose body runs here
+        self._waiting: dict[str, Execution] = {}  # run id -> the attempt waiting for that body
+        self.processed = 0
+        self._debug = log.is_enabled_for(logging.DEBUG)
+
+    # -- starting -------------------------------------------------------------------------
+    def start(self, p: int, queue: str, c: Claimed, now_ms: float) -> None:
+        ctx = RunContext(
+            run_id=c.run_id, task=c.task, queue=queue, attempt=c.attempt, fence=c.fence,
+            worker_id=self.worker_id, idempotency_key=c.key or c.run_id,
+            scheduled_at=from_ms(c.due_ms), schedule=c.schedule,
+        )
+        ex = Execution(ctx, p)
+        self.inflight[(c.run_id, c.fence)] = ex
+        if self._bodies:
+            prev = self._bodies.get(c.run_id)
+            if prev is not None:
+                self._follow(ex, prev)
+        if self._debug:
+            log.debug("run started", run_id=c.run_id, task=c.task, attempt=c.attempt,
+                      worker_id=self.worker_id, schedule=c.schedule, queue=queue, fence=c.fence)
+        # claimed ahead of its due time: wait for it, plus the clock estimate's error bound, so
+        # it never starts before its due time on the server's clock
+        wait_s = (c.ready_ms + self.clock.error_ms - now_ms) / 1000
+        ex.task = asyncio.create_task(self._execute(ex, c, wait_s))
+
+    def _follow(self, ex: Execution, prev: Execution) -> None:
+        """`ex` is a new attempt of a run whose older attempt `prev` still executes here: the
+        run was claimed again, so prev's lease is gone. ex keeps its own lease and waits."""
+        ctx = ex.ctx
+        older = self._waiting.get(ctx.run_id)
+        if older is not None:  # claimed a third time meanwhile: the waiting one lost its lease
+            self.lose(older, "the run was claimed again")
+        self._waiting[ctx.run_id] = ex
+        ex.after = prev
+        if prev.body_done is None:
+            prev.body_done = asyncio.Event()
+        if self.inflight.get(prev.key) is prev and not prev.lost:
+            # its lease lapsed (a stalled worker, Redis refusing heartbeats); the run is still
+            # this worker's, under the new fence: the body goes on and ex takes its result
+            prev.lost = prev.superseded = True
+            metrics.LEASES_LOST.inc()
+            log.warning("lease lost; the run was claimed again by this worker", run_id=ctx.run_id,
+                        task=ctx.task, attempt=prev.ctx.attempt, worker_id=self.worker_id,
+                        schedule=ctx.schedule, fence=prev.ctx.fence)
+        else:
+            prev.superseded = True
+        log.warning("run claimed again while an earlier attempt still runs here; waiting for it",
+                    run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
+                    schedule=ctx.schedule, running_attempt=prev.ctx.attempt)
+
+    # -- executing ------------------------------------------------------------------------
+    async def _execute(self, ex: Execution, c: Claimed, wait_s: float) -> None:
+        ctx = ex.ctx
+        report: str | None = "complete"
+        mode: FailMode = "error"
+        err, exc_type, delay_ms = "", "", 0
+        ran = False
+        started = time.perf_counter()
+        try:
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            if ex.after is not None and await self._after_previous(ex):
+                return  # the earlier attempt's success stands for this one (reported there)
+            started = time.perf_counter()
+            delay = max(0.0, (self.clock.now_ms() - c.ready_ms) / 1000)
+            metrics.child(metrics.QUEUE_DELAY, ctx.queue).observe(delay)
+            if ctx.attempt == 1:
+                # a first attempt is claimable from its scheduled time: lateness = queue delay
+                metrics.child(metrics.START_LATENESS, ctx.queue).observe(delay)
+            if c.damaged:
+                raise Fatal(c.damaged)
+            spec = self.registry.get(ctx.task)
+            try:
+                args, kwargs = unpack_payload(c.payload)
+            except Exception as exc:  # noqa: BLE001 - it will never decode: no retry
+                raise Fatal(f"payload unreadable (not duetime's msgpack [args, kwargs]): "
+                            f"{exc!r}") from None
+            ran = True
+            await self._call(ex, spec, args, kwargs, c.timeout_ms / 1000 or None)
+        except UnknownTask as exc:
+            report, mode, exc_type = "fail", "fatal", "UnknownTask"
+            err = f"{exc}; worker {self.worker_id} cannot run it"
+        except Retry as exc:
+            report, mode, err, exc_type = "fail", "retry", str(exc), type(exc).__name__
+            delay_ms = int((exc.delay or 0) * 1000)
+        except Fatal as exc:
+            report, mode, err, exc_type = "fail", "fatal", record_text(exc), type(exc).__name__
+        except _TimedOut:
+            report, exc_type = "fail", "TimeoutError"
+            err = f"TimeoutError: task exceeded its timeout of {c.timeout_ms / 1000:g}s"
+            ctx.mark_lost()
+        except asyncio.CancelledError:
+            # lease lost (another worker may own the run: report nothing), released at
+            # shutdown, or stopped on a cancel request
+            if ex.lost:
+                report = None
+            elif ex.released:
+                report = "release"
+            elif ex.cancel_requested:
+                report, mode, exc_type = "fail", "cancel", "CancelledError"
+                err = "cancelled on request while running"
+            else:  # cancelled from outside (the loop is closing): the reaper will recover it
+                report = None
+            if ex.after is not None and self._waiting.get(ctx.run_id) is ex:
+                self.interrupt(ex.after)  # the run stops here: so does the body it waited for
+        except Exception as exc:  # noqa: BLE001 - any task error is a retryable failure
+            report, err, exc_type = "fail", record_text(exc), type(exc).__name__
+        finally:
+            del self.inflight[(ctx.run_id, ctx.fence)]
+            if self._waiting and self._waiting.get(ctx.run_id) is ex:
+                del self._waiting[ctx.run_id]
+            self._on_free()
+        self.processed += 1
+        if ran:
+            metrics.child(metrics.EXECUTION, ctx.task).observe(time.perf_counter() - started)
+        if report is None or ex.superseded:
+            # nothing to report: the lease was lost (a later attempt claimed here may report),
+            # or the loop is being torn down (the reaper will recover the run)
+            label = LEASE_LOST if ex.lost or ex.superseded else UNRECORDED
+            metrics.child(metrics.RUNS_FINISHED, ctx.task, label).inc()
+            return
+        if report == "complete":
+            if self._debug:
+                log.debug("run succeeded", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
+                          worker_id=self.worker_id, schedule=ctx.schedule,
+                          duration_s=round(time.perf_counter() - started, 6))
+            self.reporter.complete(ex)
+        elif report == "release":
+            self.reporter.release(ex)
+        else:
+            # the exception's type, and its message bounded (or withheld: it may quote arguments)
+            text = log_message(err, self.cfg.log_error_text)
+            extra = {"error": text} if text is not None else {}
+            log.warning("run failed", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
+                        worker_id=self.worker_id, schedule=ctx.schedule, mode=mode,
+                        error_type=exc_type, **extra)
+            self.reporter.fail(ex, err, mode, delay_ms)
+
+    async def _after_previous(self, ex: Execution) -> bool:
+        """Wait for the earlier attempt's body; True when its success stands for `ex` (then
+        reported here), False when `ex` must run the task itself."""
+        prev, ctx = ex.after, ex.ctx
+        assert prev is not None and prev.body_done is not None
+        await prev.body_done.wait()
+        if prev.body_ok and not prev.ctx.lost_seen:
+            log.info("late success of an earlier attempt completes this one", run_id=ctx.run_id,
+                     task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
+                     schedule=ctx.schedule, earlier_attempt=prev.ctx.attempt)
+            self.reporter.complete(ex)
+            return True
+        log.info("earlier attempt ended without a usable result; running this one",
+                 run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
+                 schedule=ctx.schedule, earlier_attempt=prev.ctx.attempt)
+        return False
+
+    async def _call(self, ex: Execution, spec: TaskSpec, args: list[Any], kwargs: dict[str, Any],
+                    timeout: float | None) -> None:
+        """Run the task body. While it runs, `_bodies` names its attempt: a later attempt of
+        the run claimed meanwhile waits for it (`_follow`)."""
+        set_current(ex.ctx)
+        run_id = ex.ctx.run_id
+        self._bodies[run_id] = ex
+        ex.in_body = True
+        if spec.is_async:
+            ok = False
+            try:
+                if timeout is None:
+                    await spec.fn(*args, **kwargs)
+                else:
+                    await _within(timeout, spec.fn(*args, **kwargs))
+                ok = True
+            finally:  # inline, not a call: this is every async run's path
+                ex.in_body, ex.body_ok = False, ok
+                if self._bodies.get(run_id) is ex:
+                    del self._bodies[run_id]
+                if ex.body_done is not None:
+                    ex.body_done.set()
+            return
+        cv = contextvars.copy_context()
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, _run_in, cv, spec.fn, args, kwargs)
+        try:
+            if timeout is None:
+                await asyncio.shield(fut)
+            else:
+                await _within(timeout, asyncio.shield(fut))
+        except BaseException:
+            # a thread cannot be killed: after a timeout (the task is told through lease_lost)
+            # or a cancellation the body counts as running here until its thread returns
+            if fut.done():
+                self._body_ended(ex, False)
+            else:
+                fut.add_done_callback(
+                    lambda f: self._body_ended(ex, not f.cancelled() and f.exception() is None))
+            raise
+        self._body_ended(ex, True)
+
+    def _body_ended(self, ex: Execution, ok: bool) -> None:
+        ex.in_body = False
+        ex.body_ok = ok
+        if self._bodies.get(ex.ctx.run_id) is ex:
+            del self._bodies[ex.ctx.run_id]
+        if ex.body_done is not None:
+            ex.body_done.set()
+
+    # -- stopping attempts ----------------------------------------------------------------
+    def lose(self, ex: Execution, why: str) -> None:
+        """The lease of `ex` is lost: stop it (once), and say so."""
+        if ex.lost:
+            return
+        ex.lost = True
+        metrics.LEASES_LOST.inc()
+        ctx = ex.ctx
+        log.warning("lease lost; stopping the run", run_id=ctx.run_id, task=ctx.task,
+                    attempt=ctx.attempt, worker_id=self.worker_id, schedule=ctx.schedule,
+                    fence=ctx.fence, why=why)
+        self.interrupt(ex)
+
+    def cancel(self, ex: Execution) -> None:
+        ctx = ex.ctx
+        log.info("cancel requested; stopping the run", run_id=ctx.run_id, task=ctx.task,
+                 attempt=ctx.attempt, worker_id=self.worker_id, schedule=ctx.schedule)
+        ex.cancel_requested = True
+        self.interrupt(ex)
+
+    def interrupt(self, ex: Execution) -> None:
+        """An attempt not yet in its body, or in an async body, is cancelled; a sync task's
+        thread cannot be: it is told through lease_lost."""
+        ex.ctx.mark_lost()
+        if ex.task is not None and not ex.task.done() and (not ex.in_body or self._is_async(ex)):
+            ex.task.cancel()
+
+    def _is_async(self, ex: Execution) -> bool:
+        spec = self.registry.find(ex.ctx.task)
+        return spec is not None and spec.is_async
+
+    # -- shutdown -------------------------------------------------------------------------
+    async def drain(self, grace_s: float) -> None:
+        """Let in-flight attempts finish within the grace period, then release the rest."""
+        pending = [ex.task for ex in self.inflight.values() if ex.task is not None]
+        if pending:
+            log.info("waiting for in-flight runs", count=len(pending), grace_s=grace_s)
+            await asyncio.wait(pending, timeout=grace_s)
+        leftovers = list(self.inflight.values())
+        for ex in leftovers:
+            ex.released = True
+            ex.ctx.mark_lost()
+            if ex.task is not None:
+                ex.task.cancel()
+        if leftovers:
+            await asyncio.gather(*(ex.task for ex in leftovers if ex.task), return_exceptions=True)
+            log.info("releasing unfinished runs", count=len(leftovers))
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _within(timeout: float, aw: Any) -> None:
+    """Await `aw` for at most `timeout` s; _TimedOut when the time ran out (a TimeoutError
+    the task raised itself stays a TimeoutError: a failure like any other)."""
+    try:
+        async with asyncio.timeout(timeout) as cm:
+            await aw
+    except TimeoutError:
+        if cm.expired():
+            raise _TimedOut() from None
+        raise
+
+
+def _run_in(cv: contextvars.Context, fn: Callable[..., Any], args: list[Any],
+            kwargs: dict[str, Any]) -> Any:
+    return cv.run(fn, *args, **kwargs)
+

@@ -1,0 +1,172 @@
+"""The reporter: sends attempt outcomes to the scripts in batches and counts what the scripts
+decided.
+
+Every report waiting when a flush starts goes in one pipeline: successes as one complete.lua
+call per partition, failures and releases one call each. The script's reply is the outcome
+(`common.outcomes`): `duetime_runs_finished_total{outcome}` counts replies, not requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aredis
+from duetime.common import metrics
+from duetime.common import transitions as tr
+from duetime.common.keys import Keyspace
+from duetime.common.logs import get as get_logger
+from duetime.common.metrics import RUNS_FINISHED, child
+from duetime.common.outage import Outage
+from duetime.common.outcomes import LABELS, FailMode, Outcome, Report
+from duetime.common.scripts import Scripts
+from duetime.worker.errors import REDIS_ERRORS
+
+if TYPE_CHECKING:
+    from duetime.worker.execution import Execution
+
+log = get_logger("duetime.worker")
+
+# (report, execution, fail arguments: error text, mode, delay ms)
+Item = tuple[Report, "Execution", tuple[Any, ...]]
+REFUSED_PAUSE_S = (0.05, 5.0)  # pause after Redis refused reports: doubling from, up to
+SHUTDOWN_TRIES_S = 10.0  # at shutdown, reports Redis will not take are given up after this
+_NO_ARGS: tuple[Any, ...] = ()
+SUCCEEDED = Outcome.SUCCEEDED.value
+
+
+class Reporter:
+    def __init__(self, client: aredis.Redis, scripts: Scripts, keys: Keyspace, worker_id: str) -> None:
+        self.client, self.scripts, self.keys, self.worker_id = client, scripts, keys, worker_id
+        self._queue: asyncio.Queue[Item | None] = asyncio.Queue()
+        self._outage = Outage("reporter", log, worker_id=worker_id)
+        self._pause = 0.0  # before the next try of reports that did not go through
+
+    # -- what the executions call ---------------------------------------------------------
+    def complete(self, ex: Execution) -> None:
+        self._queue.put_nowait(("complete", ex, _NO_ARGS))
+
+    def fail(self, ex: Execution, error: str, mode: FailMode, delay_ms: int = 0) -> None:
+        self._queue.put_nowait(("fail", ex, (error, mode, delay_ms)))
+
+    def release(self, ex: Execution) -> None:
+        self._queue.put_nowait(("release", ex, _NO_ARGS))
+
+    def close(self) -> None:
+        """No more reports: `run` ends once the waiting ones are sent (or given up)."""
+        self._queue.put_nowait(None)
+
+    # -- the loop -------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Sends what is waiting as one pipeline. Reports that did not go through (Redis away,
+        or refusing: OOM, READONLY) go again after a pause, with whatever came meanwhile; after
+        `close`, they are tried for SHUTDOWN_TRIES_S more, then given up (the reaper recovers
+        runs whose outcome was never recorded)."""
+        carry: list[Item] = []
+        closed_at: float | None = None
+        while closed_at is None or (carry and time.monotonic() - closed_at < SHUTDOWN_TRIES_S):
+            batch: list[Item | None] = []
+            if carry:
+                await asyncio.sleep(self._pause)
+            else:
+                batch.append(await self._queue.get())
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            if None in batch and closed_at is None:
+                closed_at = time.monotonic()
+            items = carry + [b for b in batch if b is not None]
+            carry = await self.flush(items) if items else []
+        if carry:
+            for _, ex, _ in carry:
+                child(RUNS_FINISHED, ex.ctx.task, Outcome.UNRECORDED.value).inc()
+            log.error("outcomes not recorded: Redis did not take them before shutdown",
+                      runs=[ex.ctx.run_id for _, ex, _ in carry][:20], count=len(carry),
+                      worker_id=self.worker_id)
+
+    async def flush(self, batch: list[Item]) -> list[Item]:
+        """One pipeline for the batch; returns the reports to send again."""
+        successes: dict[int, list[Execution]] = {}
+        others: list[Item] = []
+        for item in batch:
+            if item[0] == "complete":
+                successes.setdefault(item[1].partition, []).append(item[1])
+            else:
+                others.append(item)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for p, exs in successes.items():
+                keys, args = tr.complete(self.keys, p, [(ex.ctx.run_id, ex.ctx.fence) for ex in exs])
+                await self.scripts.complete(keys=keys, args=args, client=pipe)
+            for item in others:
+                await self._call(pipe, item)
+            results = await pipe.execute(raise_on_error=False)
+        except REDIS_ERRORS as exc:
+            # keep the outcomes: a late report is still judged by its fence
+            self._pause = self._outage.failed(exc)
+            return batch
+        self._outage.ok()
+        refused: list[Item] = []
+        errors: list[str] = []
+        for exs, res in zip(successes.values(), results, strict=False):
+            if isinstance(res, Exception):
+                refused += [("complete", ex, _NO_ARGS) for ex in exs]
+                errors.append(str(res))
+                continue
+            for ex, reply in zip(exs, res, strict=True):
+                if reply == b"succeeded":  # the common case, kept free of calls
+                    child(RUNS_FINISHED, ex.ctx.task, SUCCEEDED).inc()
+                else:
+                    self._judged("complete", ex, reply)
+        for item, res in zip(others, results[len(successes):], strict=True):
+            if isinstance(res, Exception):
+                refused.append(item)
+                errors.append(str(res))
+                continue
+            self._judged(item[0], item[1], res if isinstance(res, bytes) else res[0])
+        if refused:
+            log.error("redis refused outcome reports; sending them again", count=len(refused),
+                      error=errors[0][:300], worker_id=self.worker_id)
+            lo, hi = REFUSED_PAUSE_S
+            self._pause = min(max(self._pause * 2, lo), hi)
+        else:
+            self._pause = 0.0
+        return refused
+
+    async def _call(self, pipe: Any, item: Item) -> None:
+        kind, ex, extra = item
+        k, p, ctx = self.keys, ex.partition, ex.ctx
+        if kind == "fail":
+            err, mode, delay_ms = extra
+            keys, args = tr.fail(k, p, ctx.queue, ctx.run_id, ctx.fence, err, mode, delay_ms,
+                                 random.random())
+            await self.scripts.fail(keys=keys, args=args, client=pipe)
+        else:
+            keys, args = tr.release(k, p, ctx.queue, ctx.run_id, ctx.fence)
+            await self.scripts.release(keys=keys, args=args, client=pipe)
+
+    def _judged(self, kind: Report, ex: Execution, reply: bytes) -> None:
+        """Count and, when it is news, log what the script decided."""
+        ctx = ex.ctx
+        label = LABELS.get(reply)
+        if label is None:
+            log.error("unexpected script reply", reply=repr(reply)[:80], report=kind,
+                      run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
+                      worker_id=self.worker_id, schedule=ctx.schedule)
+            return
+        child(RUNS_FINISHED, ctx.task, label).inc()
+        if reply == b"late_succeeded":
+            log.info("late success accepted", run_id=ctx.run_id, task=ctx.task,
+                     attempt=ctx.attempt, worker_id=self.worker_id, schedule=ctx.schedule)
+        elif label == Outcome.RETRYING:
+            child(metrics.RETRIES, ctx.task).inc()
+        elif label == Outcome.DEAD:
+            child(metrics.DEAD_LETTERS, ctx.task).inc()
+            log.warning("run dead-lettered", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
+                        worker_id=self.worker_id, schedule=ctx.schedule)
+        elif label in (Outcome.STALE, Outcome.MISSING):
+            metrics.LATE_REJECTED.inc()
+            log.warning("late result rejected", run_id=ctx.run_id, task=ctx.task,
+                        attempt=ctx.attempt, worker_id=self.worker_id, report=kind,
+                        fence=ctx.fence, schedule=ctx.schedule, reply=label)
