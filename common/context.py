@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 
 @dataclass
@@ -52,3 +53,18 @@ def current_run() -> RunContext:
 
 def set_current(ctx: RunContext | None) -> None:
     _current.set(ctx)
+
+
+_worker_context: Any = None
+
+
+def worker_context() -> Any:
+    """The resources the worker's start hooks built (`@app.on_worker_start`), from a task."""
+    if _worker_context is None:
+        raise RuntimeError("worker_context() is only available inside a duetime worker")
+    return _worker_context
+
+
+def set_worker_context(ctx: Any) -> None:
+    global _worker_context
+    _worker_context = ctx

@@ -81,6 +81,10 @@ class WaitTimeout(DuetimeError, TimeoutError):
         super().__init__(f"run {run.id} ({run.task}) is still {run.state} after {timeout:g}s")
 
 
+class WorkerStartFailed(DuetimeError):
+    """An `on_worker_start` hook raised: the worker stops before it claims anything."""
+
+
 class PartitionMismatch(DuetimeError):
     """The namespace was created with another partition count; keys would be misrouted."""
 

@@ -1,11 +1,20 @@
-"""structlog setup: JSON lines when not on a terminal, readable lines on one."""
+"""structlog setup: JSON lines when not on a terminal, readable lines on one.
+
+Records of the standard `logging` module (a task's own `logging.getLogger(...)`, libraries)
+go through the same processors, so they carry the same fields: inside a task, the worker binds
+`run_id`, `task` and `attempt` (structlog's context variables) and every line logged there,
+by structlog or by `logging`, has them.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def configure(level: str = "INFO", json: bool | None = None) -> None:
@@ -14,18 +23,36 @@ def configure(level: str = "INFO", json: bool | None = None) -> None:
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
+    numeric = logging.getLevelName(level.upper())
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    # the standard library's records: the same fields and rendering, on stderr
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, renderer]))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_duetime", False)]:
+        root.removeHandler(old)
+    handler._duetime = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(numeric)
+
+
+def bind_run(run_id: str, task: str, attempt: int, **more: Any) -> None:
+    """Fields every log line of the current context carries (the worker calls it in the
+    context of each attempt; sync tasks' threads run in a copy of it)."""
+    structlog.contextvars.bind_contextvars(run_id=run_id, task=task, attempt=attempt, **more)
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -245,9 +245,31 @@ class TaskOptions(Generic[P, R]):
         return f"<duetime.TaskOptions {self.task.spec.name!r} {opts}>"
 
 
+Hook = Callable[["WorkerContext"], Any]  # sync or async
+
+
+class WorkerContext(dict):  # type: ignore[type-arg]
+    """What a worker's start hooks build for its tasks (HTTP clients, DB pools): a dict whose
+    keys are also attributes (`ctx.http` is `ctx["http"]`). Tasks reach it through
+    `duetime.worker_context()`; stop hooks get it back to close what was opened."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+
 class Registry:
+    """Tasks by name, and the worker lifecycle hooks registered with them."""
+
     def __init__(self) -> None:
         self._tasks: dict[str, TaskSpec] = {}
+        self.on_start: list[Hook] = []
+        self.on_stop: list[Hook] = []
 
     def add(self, spec: TaskSpec) -> None:
         old = self._tasks.get(spec.name)

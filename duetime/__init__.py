@@ -7,7 +7,7 @@ triggers, read models and every exception a public method raises) is importable 
 from importlib.metadata import PackageNotFoundError, version
 
 from duetime.app import App
-from duetime.common.context import RunContext, current_run
+from duetime.common.context import RunContext, current_run, worker_context
 from duetime.common.errors import (
     DuetimeError,
     EnqueueIncomplete,
@@ -25,11 +25,12 @@ from duetime.common.errors import (
     ServerBinaryNotFound,
     UnknownTask,
     WaitTimeout,
+    WorkerStartFailed,
 )
 from duetime.common.models import Attempt, Run
 from duetime.common.schedule_store import ScheduleInfo, ScheduleNotFound
 from duetime.common.schedules import ScheduleDef
-from duetime.common.tasks import Task, TaskOptions, TaskSpec
+from duetime.common.tasks import Task, TaskOptions, TaskSpec, WorkerContext
 from duetime.common.timespec import At, Cron, Every, InvalidSchedule, Trigger
 
 try:
@@ -50,6 +51,7 @@ __all__ = [
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
     "EnqueueIncomplete", "PartitionMismatch", "RunFailed", "WaitTimeout",
+    "WorkerStartFailed", "WorkerContext", "worker_context",
     "ServerBinaryNotFound",
     "__version__",
 ]

@@ -19,7 +19,7 @@ from duetime.common.models import Run
 from duetime.common.runs import ASYNC_SLICE, EnqueueRequest, RunStore
 from duetime.common.schedule_store import ScheduleInfo, ScheduleStore
 from duetime.common.schedules import ScheduleDef, seeded
-from duetime.common.tasks import Registry, Task, TaskSpec
+from duetime.common.tasks import Hook, Registry, Task, TaskSpec
 from duetime.common.timespec import Trigger
 
 P = ParamSpec("P")
@@ -134,6 +134,20 @@ class App:
             return Task(spec, f, self)
 
         return register(fn) if fn is not None else register
+
+    # -- worker lifecycle ------------------------------------------------------------------
+    def on_worker_start(self, fn: Hook) -> Hook:
+        """`@app.on_worker_start`: called (sync or async) with the worker's context before it
+        claims anything; store shared resources on it (`ctx.http = ...`) for tasks to reach
+        with `duetime.worker_context()`. A hook that raises stops the worker with an error."""
+        self.registry.on_start.append(fn)
+        return fn
+
+    def on_worker_stop(self, fn: Hook) -> Hook:
+        """`@app.on_worker_stop`: called with the same context after the last run ended, to
+        close what the start hooks opened (errors are logged; every stop hook runs)."""
+        self.registry.on_stop.append(fn)
+        return fn
 
     def enqueue(
         self,

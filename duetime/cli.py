@@ -45,6 +45,7 @@ from duetime.common.timeparse import (
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=f"Redis URL (env {ENV_URL}).")
 @click.option("--namespace", envvar=ENV_NS, default=None, help=f"Key namespace (env {ENV_NS}).")
 @click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(logs.LEVELS, case_sensitive=False),
               help="DEBUG, INFO, WARNING or ERROR (logs go to stderr).")
 @click.version_option(__version__, "--version", prog_name="duetime", message="%(prog)s %(version)s")
 @click.pass_context
@@ -112,7 +113,8 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     announce(ctx, app, "worker")
     metrics.serve(metrics_port, metrics_host)
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
-                       grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead))
+                       grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),
+                       max_result=app.max_payload)
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
     asyncio.run(w.run())
     # threads of sync tasks that outlived the grace period were released; do not wait for them

@@ -8,6 +8,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from duetime.common.codec import DEFAULT_MAX_PAYLOAD
 from duetime.common.errors import InvalidInput
 from duetime.common.names import check_name
 
@@ -34,12 +35,14 @@ class WorkerConfig:
     concurrency: int = 16
     lease_ms: int = 10_000
     grace_s: float = 30.0
-    refresh_s: float = 5.0  # safety net only: wake notices and claim replies carry due times
+    # safety net only: wake notices and claim replies carry due times (an idle worker's reads)
+    refresh_s: float = 30.0
     # runs due this soon are claimed now and started at their due time (never before): the
     # claim's round trip no longer adds to start lateness
     claim_ahead_ms: int = 10
     worker_id: str = field(default_factory=default_worker_id)
     log_error_text: bool = field(default_factory=_log_error_text_default)
+    max_result: int = DEFAULT_MAX_PAYLOAD  # a task's return value is stored up to this size
 
     def __post_init__(self) -> None:
         self.validate()
@@ -59,6 +62,7 @@ class WorkerConfig:
         _number_in("grace_s", self.grace_s, 0.0, 24 * 3600.0)
         _number_in("refresh_s", self.refresh_s, MIN_REFRESH_S, 3600.0)
         check_name("worker id", self.worker_id)
+        _int_in("max_result", self.max_result, 1, 512 * 1024 * 1024)
 
 
 def _int_in(name: str, value: object, lo: int, hi: int, note: str = "") -> None:

@@ -23,6 +23,15 @@ def record_text(exc: BaseException) -> str:
     return (head + "\n" + text[-MAX_RECORD_TEXT:]) if text else head
 
 
+MAX_LOG_FRAMES = 2000
+
+
+def frames_text(exc: BaseException) -> str:
+    """Where it failed: the traceback's frames (files, lines, source lines), not the message,
+    which may quote arguments; the last MAX_LOG_FRAMES characters."""
+    return "".join(traceback.format_tb(exc.__traceback__))[-MAX_LOG_FRAMES:]
+
+
 def log_message(text: str, with_text: bool) -> str | None:
     """The first line of an error message, at most MAX_LOG_TEXT characters; None when error
     text is kept out of the logs (a task's exception message may quote its arguments)."""

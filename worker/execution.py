@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from duetime.common import metrics
-from duetime.common.codec import unpack_payload
+from duetime.common.codec import pack_result, unpack_payload
 from duetime.common.context import RunContext, set_current
-from duetime.common.errors import Fatal, Retry, UnknownTask
+from duetime.common.errors import Fatal, InvalidInput, Retry, UnknownTask
+from duetime.common.logs import bind_run
 from duetime.common.logs import get as get_logger
 from duetime.common.models import from_ms
 from duetime.common.outcomes import FailMode, Outcome
@@ -31,7 +32,7 @@ from duetime.common.tasks import Registry, TaskSpec
 from duetime.common.transitions import Claimed
 from duetime.worker.clock import ServerClock
 from duetime.worker.config import WorkerConfig
-from duetime.worker.errors import log_message, record_text
+from duetime.worker.errors import frames_text, log_message, record_text
 from duetime.worker.reporter import Reporter
 
 log = get_logger("duetime.worker")
@@ -53,6 +54,7 @@ class Execution:
     in_body: bool = False  # the task body is executing (or queued for a thread)
     body_ok: bool | None = None  # the body returned (True) or raised (False)
     body_done: asyncio.Event | None = None  # made when a later attempt waits for this body
+    result: bytes = b""  # the task's return value, packed to be stored on the run ('' = none)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -131,7 +133,7 @@ class Executor:
         ctx = ex.ctx
         report: str | None = "complete"
         mode: FailMode = "error"
-        err, exc_type, delay_ms = "", "", 0
+        err, exc_type, delay_ms, frames = "", "", 0, ""
         ran = False
         started = time.perf_counter()
         try:
@@ -154,7 +156,9 @@ class Executor:
                 raise Fatal(f"payload unreadable (not duetime's msgpack [args, kwargs]): "
                             f"{exc!r}") from None
             ran = True
-            await self._call(ex, spec, args, kwargs, c.timeout_ms / 1000 or None)
+            value = await self._call(ex, spec, args, kwargs, c.timeout_ms / 1000 or None)
+            if value is not None and spec.store_result:
+                ex.result = self._pack(ex, value)
         except UnknownTask as exc:
             report, mode, exc_type = "fail", "fatal", "UnknownTask"
             err = f"{exc}; worker {self.worker_id} cannot run it"
@@ -163,6 +167,7 @@ class Executor:
             delay_ms = int((exc.delay or 0) * 1000)
         except Fatal as exc:
             report, mode, err, exc_type = "fail", "fatal", record_text(exc), type(exc).__name__
+            frames = frames_text(exc)
         except _TimedOut:
             report, exc_type = "fail", "TimeoutError"
             err = f"TimeoutError: task exceeded its timeout of {c.timeout_ms / 1000:g}s"
@@ -183,6 +188,7 @@ class Executor:
                 self.interrupt(ex.after)  # the run stops here: so does the body it waited for
         except Exception as exc:  # noqa: BLE001 - any task error is a retryable failure
             report, err, exc_type = "fail", record_text(exc), type(exc).__name__
+            frames = frames_text(exc)
         finally:
             del self.inflight[(ctx.run_id, ctx.fence)]
             if self._waiting and self._waiting.get(ctx.run_id) is ex:
@@ -209,6 +215,8 @@ class Executor:
             # the exception's type, and its message bounded (or withheld: it may quote arguments)
             text = log_message(err, self.cfg.log_error_text)
             extra = {"error": text} if text is not None else {}
+            if frames:
+                extra["traceback"] = frames
             log.warning("run failed", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
                         worker_id=self.worker_id, schedule=ctx.schedule, mode=mode,
                         error_type=exc_type, **extra)
@@ -224,6 +232,7 @@ class Executor:
             log.info("late success of an earlier attempt completes this one", run_id=ctx.run_id,
                      task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
                      schedule=ctx.schedule, earlier_attempt=prev.ctx.attempt)
+            ex.result = prev.result
             self.reporter.complete(ex)
             return True
         log.info("earlier attempt ended without a usable result; running this one",
@@ -231,11 +240,22 @@ class Executor:
                  schedule=ctx.schedule, earlier_attempt=prev.ctx.attempt)
         return False
 
+    def _pack(self, ex: Execution, value: Any) -> bytes:
+        """The return value as stored on the run; one that cannot be stored (too large, not
+        msgpack) is said in the log (never its content) and the run succeeds without it."""
+        try:
+            return pack_result(value, self.cfg.max_result)
+        except InvalidInput as exc:
+            log.warning("result not stored", run_id=ex.ctx.run_id, task=ex.ctx.task,
+                        attempt=ex.ctx.attempt, worker_id=self.worker_id, why=str(exc)[:200])
+            return b""
+
     async def _call(self, ex: Execution, spec: TaskSpec, args: list[Any], kwargs: dict[str, Any],
-                    timeout: float | None) -> None:
-        """Run the task body. While it runs, `_bodies` names its attempt: a later attempt of
-        the run claimed meanwhile waits for it (`_follow`)."""
+                    timeout: float | None) -> Any:
+        """Run the task body; → its return value. While it runs, `_bodies` names its attempt: a
+        later attempt of the run claimed meanwhile waits for it (`_follow`)."""
         set_current(ex.ctx)
+        bind_run(ex.ctx.run_id, ex.ctx.task, ex.ctx.attempt, worker_id=self.worker_id)
         run_id = ex.ctx.run_id
         self._bodies[run_id] = ex
         ex.in_body = True
@@ -243,9 +263,9 @@ class Executor:
             ok = False
             try:
                 if timeout is None:
-                    await spec.fn(*args, **kwargs)
+                    value = await spec.fn(*args, **kwargs)
                 else:
-                    await _within(timeout, spec.fn(*args, **kwargs))
+                    value = await _within(timeout, spec.fn(*args, **kwargs))
                 ok = True
             finally:  # inline, not a call: this is every async run's path
                 ex.in_body, ex.body_ok = False, ok
@@ -253,24 +273,33 @@ class Executor:
                     del self._bodies[run_id]
                 if ex.body_done is not None:
                     ex.body_done.set()
-            return
+            return value
         cv = contextvars.copy_context()
         fut = asyncio.get_running_loop().run_in_executor(self.pool, _run_in, cv, spec.fn, args, kwargs)
         try:
             if timeout is None:
-                await asyncio.shield(fut)
+                value = await asyncio.shield(fut)
             else:
-                await _within(timeout, asyncio.shield(fut))
+                value = await _within(timeout, asyncio.shield(fut))
         except BaseException:
             # a thread cannot be killed: after a timeout (the task is told through lease_lost)
             # or a cancellation the body counts as running here until its thread returns
             if fut.done():
                 self._body_ended(ex, False)
             else:
-                fut.add_done_callback(
-                    lambda f: self._body_ended(ex, not f.cancelled() and f.exception() is None))
+                fut.add_done_callback(lambda f: self._thread_ended(ex, f))
             raise
         self._body_ended(ex, True)
+        return value
+
+    def _thread_ended(self, ex: Execution, fut: Any) -> None:
+        """A sync body that outlived its attempt (timeout, cancellation) returned at last: a
+        later attempt waiting for it may take its result."""
+        ok = not fut.cancelled() and fut.exception() is None
+        if ok and fut.result() is not None and self.registry.find(ex.ctx.task) is not None \
+                and self.registry.get(ex.ctx.task).store_result:
+            ex.result = self._pack(ex, fut.result())
+        self._body_ended(ex, ok)
 
     def _body_ended(self, ex: Execution, ok: bool) -> None:
         ex.in_body = False
@@ -332,12 +361,12 @@ class Executor:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-async def _within(timeout: float, aw: Any) -> None:
+async def _within(timeout: float, aw: Any) -> Any:
     """Await `aw` for at most `timeout` s; _TimedOut when the time ran out (a TimeoutError
     the task raised itself stays a TimeoutError: a failure like any other)."""
     try:
         async with asyncio.timeout(timeout) as cm:
-            await aw
+            return await aw
     except TimeoutError:
         if cm.expired():
             raise _TimedOut() from None

@@ -36,14 +36,20 @@ class LeaseKeeper:
 
     async def run(self) -> None:
         while True:
+            # liveness: the worker's event loop turns (this loop is one of its tasks);
+            # readiness: its heartbeats reach Redis
+            metrics.health.beat("worker")
             try:
                 await self.beat()
                 self.outage.ok()
+                metrics.health.ready("worker")
                 wait = self.interval_s
             except REDIS_ERRORS as exc:
                 # the leases stay as they were; try again soon, never later than a beat
+                metrics.health.ready("worker", False, f"cannot reach Redis: {bounded(exc)}")
                 wait = min(self.interval_s, self.outage.failed(exc))
             except ANY_REDIS_ERROR as exc:
+                metrics.health.ready("worker", False, f"redis refused a heartbeat: {bounded(exc)}")
                 log.warning("heartbeat refused", error=bounded(exc), worker_id=self.cfg.worker_id)
                 wait = self.interval_s
             await asyncio.sleep(wait)

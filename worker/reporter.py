@@ -97,7 +97,8 @@ class Reporter:
         try:
             pipe = self.client.pipeline(transaction=False)
             for p, exs in successes.items():
-                keys, args = tr.complete(self.keys, p, [(ex.ctx.run_id, ex.ctx.fence) for ex in exs])
+                keys, args = tr.complete(self.keys, p, [(ex.ctx.run_id, ex.ctx.fence, ex.result)
+                                                        for ex in exs])
                 await self.scripts.complete(keys=keys, args=args, client=pipe)
             for item in others:
                 await self._call(pipe, item)

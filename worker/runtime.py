@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import signal
+from typing import Any
 
 import redis.asyncio as aredis
+from duetime.common import metrics
 from duetime.common.connection import async_client, unavailable
+from duetime.common.context import set_worker_context
+from duetime.common.errors import WorkerStartFailed
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.scripts import Scripts
-from duetime.common.tasks import Registry
+from duetime.common.tasks import Registry, WorkerContext
 from duetime.worker.claims import Claimer
 from duetime.worker.clock import ServerClock
 from duetime.worker.config import WorkerConfig, default_worker_id
@@ -60,6 +65,23 @@ class Worker:
                                self.executor, self._wake)
         self.leases = LeaseKeeper(self.client, self.scripts, keys, config, self.executor)
         self.listener = WakeListener(self.client, keys.wake_channel, self.due, self.id)
+        self.context = WorkerContext(worker_id=self.id)  # what start hooks give tasks
+        set_worker_context(self.context)
+
+    async def _run_hooks(self, hooks: list[Any], kind: str, stop_on_error: bool) -> None:
+        """Lifecycle hooks, sync or async, in registration order, with the worker's context. A
+        start hook that raises stops the worker before it claims anything."""
+        for hook in hooks:
+            name = getattr(hook, "__qualname__", repr(hook))
+            try:
+                result = hook(self.context)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:
+                if stop_on_error:
+                    raise WorkerStartFailed(f"{kind} hook {name} failed: "
+                                            f"{type(exc).__name__}: {exc}") from exc
+                log.exception(f"{kind} hook failed", hook=name, worker_id=self.id)
 
     @property
     def inflight(self) -> dict[tuple[str, int], Execution]:
@@ -74,6 +96,7 @@ class Worker:
             log.info("worker stopping", worker_id=self.id, inflight=len(self.inflight))
         self._stopping.set()
         self._wake.set()
+        metrics.health.ready("worker", False, "stopping")
 
     async def run(self, handle_signals: bool = True) -> None:
         """Serve until `stop()` (SIGTERM/SIGINT when `handle_signals`), then let in-flight runs
@@ -88,6 +111,7 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
                     loop.add_signal_handler(sig, self.stop)
+        await self._run_hooks(self.registry.on_start, "on_worker_start", stop_on_error=True)
         log.info("worker started", worker_id=self.id, queues=self.cfg.queues,
                  concurrency=self.cfg.concurrency, lease_ms=self.cfg.lease_ms,
                  partitions=self.keys.partitions)
@@ -111,6 +135,7 @@ class Worker:
                 t.cancel()
             await asyncio.gather(reporter, *background, return_exceptions=True)
             await self.leases.deregister()
+            await self._run_hooks(self.registry.on_stop, "on_worker_stop", stop_on_error=False)
             self.executor.shutdown()
             await self.client.aclose()
             log.info("worker stopped", worker_id=self.id, processed=self.processed)

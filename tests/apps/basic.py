@@ -176,3 +176,18 @@ def leaky(secret: str) -> None:
     """Fails with its argument in the exception text (as `d[key]` does)."""
     record()
     raise KeyError(secret)
+
+
+@app.task(name="add")
+def add(a: int, b: int) -> dict:
+    return {"sum": a + b, "parts": [a, b]}
+
+
+@app.task(name="aadd")
+async def aadd(a: int, b: int) -> int:
+    return a + b
+
+
+@app.task(name="keeps_nothing", store_result=False)
+def keeps_nothing() -> str:
+    return "a result nobody should store"

@@ -165,3 +165,19 @@ def test_a_producer_enqueues_by_name_with_the_options_workers_published(url, nam
 def r_field(app, run_id, field):
     p = app.keys.partition_of_run(run_id)
     return app.store.client.hget(app.keys.run(p, run_id), field)
+
+
+def test_a_worker_stores_return_values_that_wait_returns(app, procs):
+    """End to end: the worker stores what a task returns (sync and async), `wait` and
+    `await_result` return it; a task with store_result=False stores nothing."""
+    procs.worker()
+    assert app.wait(basic.add.enqueue(2, 3), timeout=30) == {"sum": 5, "parts": [2, 3]}
+    quiet = basic.keeps_nothing.enqueue()
+    assert app.wait(quiet, timeout=30) is None
+    p = app.keys.partition_of_run(quiet)
+    assert app.store.client.hget(app.keys.run(p, quiet), "result") is None
+
+    async def main() -> int:
+        return await app.await_result(await basic.aadd.aenqueue(40, 2), timeout=30)
+
+    assert asyncio.run(main()) == 42
