@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import hiredis
 import redis
 import redis.asyncio as aredis
-from duetime.common import scripts
+from duetime.common import memory, scripts
 from duetime.common.errors import PartitionMismatch, RedisRefused, RedisUnavailable
 from duetime.common.keys import Keyspace
 from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
@@ -110,6 +110,8 @@ class _Cluster(RedisCluster):
 
 def sync_client(url: str, **kw: Any) -> redis.Redis:
     """Every connection it opens loads duetime's scripts first (common.scripts)."""
+    if memory.is_memory(url):
+        return memory.sync_client(url)  # type: ignore[no-any-return]
     real, cluster = _split(url)
     kw.setdefault("socket_connect_timeout", 5)
     if cluster:  # the cluster client runs its own handshake, then calls ours
@@ -153,6 +155,8 @@ _FAST = {aredis.Connection: _FastConnection, aredis.SSLConnection: _FastSSLConne
 
 
 def async_client(url: str, **kw: Any) -> aredis.Redis:
+    if memory.is_memory(url):
+        return memory.async_client(url)  # type: ignore[no-any-return]
     real, cluster = _split(url)
     kw.setdefault("socket_connect_timeout", 5)
     if cluster:

@@ -170,6 +170,16 @@ def assembled(name: str) -> Assembled:
     return Assembled(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
+@cache
+def plain(name: str) -> Assembled:
+    """The script without its `#!lua` flags line (blank, so lines keep their numbers), for a
+    server that does not read one: the in-memory backend of `duetime.testing`."""
+    src = assembled(name).source
+    if src.startswith("#!"):
+        src = "\n" + src.split("\n", 1)[1]
+    return Assembled(name, src, hashlib.sha1(src.encode()).hexdigest())
+
+
 def source(name: str) -> str:
     return assembled(name).source
 
@@ -223,8 +233,9 @@ async def aconnect_and_load(conn: Any) -> None:
 
 
 class _Script:
-    def __init__(self, name: str) -> None:
-        self.name, self.sha = name, sha(name)
+    def __init__(self, name: str, plain_source: bool = False) -> None:
+        self.name = name
+        self.sha = plain(name).sha if plain_source else sha(name)
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any) -> Any:
         return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
@@ -253,5 +264,7 @@ class Scripts:
     def __init__(self, client: Any) -> None:
         self.client = client
         is_async = hasattr(client, "aclose")
+        plain_source = getattr(client, "duetime_plain_scripts", False)  # see common/memory.py
         for name in SCRIPT_NAMES:
-            setattr(self, name, _bind(_AsyncScript(name) if is_async else _Script(name), client))
+            script = (_AsyncScript if is_async else _Script)(name, plain_source)
+            setattr(self, name, _bind(script, client))

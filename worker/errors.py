@@ -4,6 +4,7 @@ in full (bounded) into the run record, as type plus a bounded line into the logs
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 
 import redis
 
@@ -26,10 +27,17 @@ def record_text(exc: BaseException) -> str:
 MAX_LOG_FRAMES = 2000
 
 
+_OWN = (str(Path(__file__).parent), "/asyncio/", "/concurrent/futures/")
+
+
 def frames_text(exc: BaseException) -> str:
-    """Where it failed: the traceback's frames (files, lines, source lines), not the message,
-    which may quote arguments; the last MAX_LOG_FRAMES characters."""
-    return "".join(traceback.format_tb(exc.__traceback__))[-MAX_LOG_FRAMES:]
+    """Where it failed: the traceback's frames (files, lines, source lines) from the task's
+    own code on -- not duetime's or the event loop's frames before it, nor the message, which
+    may quote arguments; the last MAX_LOG_FRAMES characters."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    while frames and any(part in frames[0].filename for part in _OWN):
+        frames.pop(0)
+    return "".join(traceback.format_list(frames))[-MAX_LOG_FRAMES:]
 
 
 def log_message(text: str, with_text: bool) -> str | None:
