@@ -12,8 +12,9 @@ app = duetime.App()
 
 
 @app.task(name="demo.resize", backoff=(0.2, 1.0))
-def resize(image: str, width: int) -> None:
+def resize(image: str, width: int) -> dict:
     time.sleep(random.uniform(0.001, 0.01))
+    return {"image": image, "width": width}
 
 
 @app.task(name="demo.flaky", retries=3, backoff=(0.2, 1.0))

@@ -70,12 +70,14 @@ def test_readme_walkthrough_runs_as_written(url, namespace, tmp_path: Path):
         client.close()
     out, err = raw_out.decode(errors="replace"), raw_err.decode(errors="replace")
     assert bash.returncode == 0, err[-4000:]
-    # the single run and the 200 of the batch succeeded, shared by the two workers
-    assert seen["batch"] == 201 and seen["run_workers"] == seen["live"] and len(seen["live"]) == 2
+    # the single run, the service's and the 200 of the batch succeeded, shared by the workers
+    assert seen["batch"] == 202 and seen["run_workers"] == seen["live"] and len(seen["live"]) == 2
     assert seen["thumbnails"] >= 1  # the schedule registered from the CLI fired and ran
     assert "created thumbnails: every 2s" in out
     assert "next 5 fire times (UTC / UTC)" in out
     assert re.search(r"^succeeded$", out, re.M)  # runs wait
+    assert '"result": {\n    "image": "dog.png",\n    "width": 640\n  }' in out  # runs wait --json
+    assert "{'image': 'owl.png', 'width': 128}" in out  # the asyncio service, by name
     assert "\nsucceeded\ndemo.resize\n" in out  # redis-cli HMGET of the run's hash
     assert "T:leases" in out and "redis-cli -u" in out  # duetime keys
     assert "DONE/s" in out and "default" in out  # top --once
