@@ -6,7 +6,7 @@ import json
 import signal
 import subprocess
 import sys
-import time
+import threading
 import uuid
 
 import pytest
@@ -63,9 +63,20 @@ def test_leases_workers_and_top_show_live_work(app, url, namespace, procs):
 def test_top_redraws_in_place_until_ctrl_c(app, procs):
     app.enqueue(basic.noop, queue="q1", delay=60)
     top = procs.duetime("top", "--interval", "100ms")
-    time.sleep(1.5)
+    seen = bytearray()
+
+    def read() -> None:
+        while chunk := top.stdout.read1(4096):
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    # interrupt once it has drawn twice (a loaded machine may take a while to start it)
+    wait_for(lambda: seen.count(b"\x1b[H") >= 2, 30, what="two frames of top")
     top.send_signal(signal.SIGINT)
-    out, err = top.communicate(timeout=15)
+    top.wait(timeout=15)
+    reader.join(5)
+    out, err = bytes(seen), top.stderr.read()
     assert top.returncode == 0, err
     assert out.count(b"\x1b[H") >= 2 and b"q1" in out and b"Traceback" not in err
 
