@@ -5,6 +5,7 @@ and one for schedules."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import redis
 from duetime.common.connection import sync_client
@@ -37,8 +38,8 @@ async def slow(seconds: float) -> None:
 
 
 @app.task(name="web.transfer", idempotent=False, owner="treasury")
-def transfer(amount: int) -> None:
-    pass
+def transfer(amount: int, seconds: float = 0.0) -> None:
+    time.sleep(seconds)
 
 
 @app.task(name="web.tick")
