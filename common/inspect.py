@@ -492,6 +492,7 @@ class Inspector:
 # (O(log N + page) per index), never by walking from the top: page 1,000 of a million runs
 # costs what page 1 costs. Positions survive runs coming and going between two pages.
 PAGE_BUDGET = 2000  # index entries a page may examine before it ends early (filters)
+FILTER_FIELDS = ("state", "queue", "task", "owner")
 
 
 class _Desc(str):
@@ -636,8 +637,10 @@ def page_runs(insp: Inspector, state: str | None = None, queue: str | None = Non
     k = insp.keys
     parts = [k.partition_of_schedule(schedule)] if schedule else list(range(k.partitions))
     queues = [queue] if queue else insp.queues()
-    out: list[RunSummary] = []
+    out: list[str] = []
     examined = 0
+    filtered = bool(task or owner or schedule or queue)
+    queue_b, task_b, owner_b = (x.encode() if x else None for x in (queue, task, owner))
     start = names.index(after.group) if after else 0
     batch = min(max(limit, 50), 500)
     for index, states, newest_first in groups[start:]:
@@ -658,21 +661,48 @@ def page_runs(insp: Inspector, state: str | None = None, queue: str | None = Non
                     break
             else:
                 exhausted = True
-            keep = [(rid, s) for rid, s in chunk if not schedule or rid.rsplit("@", 1)[0] == schedule]
-            summaries = dict(zip([rid for rid, _ in keep], insp._summaries([rid for rid, _ in keep]),
-                                 strict=True))
+            keep = [rid for rid, _ in chunk if not schedule or rid.rsplit("@", 1)[0] == schedule]
+            # the fields filters need first (a few bytes a run); whole summaries of matches only
+            pipe = insp.client.pipeline(transaction=False)
+            for rid in keep:
+                pipe.hmget(k.run(k.partition_of_run(rid), rid), *FILTER_FIELDS)
+            matching = {rid for rid, (st, q, t, o) in zip(keep, insp._exec(pipe), strict=True)
+                        if st is not None and st.decode() in wanted and (not queue or q == queue_b)
+                        and (not task or t == task_b) and (not owner or o == owner_b)}
             for run_id, score in chunk:
                 last = Position(index, score, run_id)
-                s = summaries.get(run_id)
-                if s is None or s.state not in wanted or (queue and s.queue != queue) \
-                        or (task and s.task != task) or (owner and s.owner != owner):
+                if run_id not in matching:
                     continue
-                out.append(s)
+                out.append(run_id)
                 if len(out) >= limit:
-                    return RunPage(out, examined, last, bool(task or owner or schedule or queue))
+                    return _page(insp, out, examined, last, filtered)
             if exhausted:
                 break
             if examined >= budget:
-                return RunPage(out, examined, last, bool(task or owner or schedule or queue))
-    return RunPage(out, examined, None, bool(task or owner or schedule or queue))
+                return _page(insp, out, examined, last, filtered)
+    return _page(insp, out, examined, None, filtered)
 
+
+def _page(insp: Inspector, ids: list[str], examined: int, nxt: Position | None,
+          filtered: bool) -> RunPage:
+    runs = [s for s in insp._summaries(ids) if s is not None]  # a run swept meanwhile drops out
+    return RunPage(runs, examined, nxt, filtered)
+
+
+
+def newest_field_counts(insp: Inspector, index: str, field: str, sample: int = 1000
+                        ) -> tuple[dict[str, int], int]:
+    """How the newest `sample` entries of a newest-first index (dead, uncertain, done) spread
+    over one record field (owner, task, queue) → (counts, entries read). One HGET each."""
+    k = insp.keys
+    zkeys = insp._index_keys(index, range(k.partitions), [])
+    ids = [m for (m, _), _ in zip(keyset_merge(insp.client, insp.url, zkeys, True, None,
+                                               min(sample, 500)), range(sample), strict=False)]
+    pipe = insp.client.pipeline(transaction=False)
+    for rid in ids:
+        pipe.hget(k.run(k.partition_of_run(rid), rid), field)
+    counts: dict[str, int] = {}
+    for value in insp._exec(pipe):
+        name = value.decode(errors="replace") if value else ""
+        counts[name] = counts.get(name, 0) + 1
+    return counts, len(ids)

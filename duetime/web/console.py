@@ -5,7 +5,6 @@ functions. Payloads never leave here unless a page asks for one run's or schedul
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
@@ -16,7 +15,7 @@ from duetime.common import series
 from duetime.common.admin import RunAdmin
 from duetime.common.connection import redact, server_time_ms, translated
 from duetime.common.doctor import run_checks
-from duetime.common.inspect import GROUPS, Inspector, Position, RunPage, page_runs
+from duetime.common.inspect import GROUPS, Inspector, Position, RunPage, newest_field_counts, page_runs
 from duetime.common.models import from_ms
 from duetime.common.schedule_store import SCHEDULE_ORDERS, ScheduleStore, page_schedules
 from duetime.render import (
@@ -33,6 +32,7 @@ from duetime.web.timeline import timeline
 
 PAGE = 50
 OWNER_SAMPLE = 1000  # dead letters read to count them by owner
+ACTIVITY_SAMPLE = 400  # recent runs read for the "now" numbers (rate, lateness, dead per queue)
 DOCTOR_TTL_S = 5.0  # the overview refreshes every few seconds; the checks need not
 SERIES_WINDOWS = {"1h": "10s", "24h": "5m"}
 PLOTTED = (("backlog", "backlog", ""), ("running", "running", ""),
@@ -78,7 +78,7 @@ class Console:
 
     def overview(self, window: str = "1h") -> dict[str, Any]:
         step = SERIES_WINDOWS.get(window, "10s")
-        ov = self.insp.overview(activity=True, window_s=60.0, sample=2000)
+        ov = self.insp.overview(activity=True, window_s=60.0, sample=ACTIVITY_SAMPLE)
         top = overview_to_dict(ov)  # `duetime top --once --json`
         step_ms, cap = series.STEPS[step]
         points = series.read(self.insp.client, self.app.redis_url, self.app.keys.series(step),
@@ -129,9 +129,8 @@ class Console:
     def dead_owners(self) -> dict[str, Any]:
         """Dead letters counted by owner among the newest OWNER_SAMPLE (all of them if fewer)."""
         total = self.admin.count_dead()
-        page = page_runs(self.insp, "dead", limit=OWNER_SAMPLE, budget=OWNER_SAMPLE)
-        owners = Counter(s.owner or "" for s in page.runs)
-        return {"total": total, "sampled": len(page.runs), "complete": len(page.runs) >= total,
+        owners, read = newest_field_counts(self.insp, "dead", "owner", OWNER_SAMPLE)
+        return {"total": total, "sampled": read, "complete": read >= total,
                 "owners": sorted(owners.items(), key=lambda kv: (-kv[1], kv[0]))}
 
     def count_matching_dead(self, queue: str | None, task: str | None, owner: str | None,
