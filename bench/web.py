@@ -5,7 +5,7 @@ Population (through the real Lua transitions, as workers and the reaper would le
 100,000 schedules (cron in zones, intervals); 1,000,000 runs over 4 queues: finished
 (succeeded), dead letters of several owners, uncertain, running (leased), a claimable backlog
 and runs due later; a day of console samples (what schedulers record). Then `duetime web`'s app
-is served by uvicorn in this process and each page is fetched `--repeat` times over HTTP
+is served by `duetime web` in its own process and each page is fetched `--repeat` times over HTTP
 (after one warm-up): the median and the slowest are reported.
 
     .venv/bin/python -m bench.web --runs 1000000 --schedules 100000 --repeat 7 [--server redis|valkey]
@@ -19,7 +19,7 @@ import os
 import platform
 import statistics
 import subprocess
-import threading
+import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -28,7 +28,6 @@ from urllib.parse import quote
 
 import httpx
 import redis
-import uvicorn
 from duetime.common import series
 from duetime.common import transitions as tr
 from duetime.common.inspect import Inspector
@@ -36,7 +35,6 @@ from duetime.common.scripts import Scripts
 
 import duetime
 from duetime.embedded import EmbeddedServer
-from duetime.web.server import create_app
 
 QUEUES = ("default", "emails", "billing", "reports")
 OWNERS = ("payments", "growth", "platform", "data")
@@ -69,19 +67,20 @@ def enqueue(task, n: int, delay: float | None = None) -> None:
 
 
 def claim_all(r: redis.Redis, queue: str, limit: int, lease_ms: int = 600_000):
-    """→ [(partition, Claimed)] for up to `limit` claimable runs of `queue` (claim.lua)."""
+    """→ [(partition, Claimed)]: at least `limit` claimable runs of `queue` if there are that
+    many (the last round may claim a few more; every claimed run is returned)."""
     scripts, k = Scripts(r), app.keys
     out = []
     while len(out) < limit:
         pipe = r.pipeline(transaction=False)
-        want = min(500, limit - len(out))
+        want = max(1, min(500, (limit - len(out)) // k.partitions + 1))
         for p in range(k.partitions):
             keys, args = tr.claim(k, p, queue, "bench-worker", want, lease_ms)
             scripts.claim(keys=keys, args=args, client=pipe)
         got = [(p, c) for p, res in enumerate(pipe.execute()) for c in tr.parse_claim(res).runs]
         if not got:
             break
-        out += got[: limit - len(out)]
+        out += got
     return out
 
 
@@ -178,19 +177,28 @@ def populate(r: redis.Redis, runs: int, schedules: int) -> dict[str, int]:
     return counts
 
 
-def serve(token: str) -> tuple[str, uvicorn.Server, threading.Thread]:
+def serve(token: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """`duetime web` as an operator starts it: its own process, on a free loopback port."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(app, token), host="127.0.0.1", port=port,
-                                           log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    return f"http://127.0.0.1:{port}", server, thread
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "DUETIME_REDIS_URL": app.redis_url, "DUETIME_NAMESPACE": app.keys.namespace,
+           "DUETIME_WEB_WRITE_TOKEN": token}
+    proc = subprocess.Popen([sys.executable, "-m", "duetime", "--log-level", "WARNING", "web",
+                             "--port", str(port)], env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(base + "/workers", timeout=5).status_code == 200:
+                return base, proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("duetime web did not start")
+        time.sleep(0.2)
 
 
 def pages(r: redis.Redis) -> list[tuple[str, str]]:
@@ -260,7 +268,7 @@ def write_results(path: Path, args: argparse.Namespace, counts: dict[str, int], 
         f"- command: `{cmd}` (at {head}; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
         f"- server: embedded {version}, one namespace of 16 partitions, {memory} used",
         f"- machine: {os.cpu_count()} cores, Python {platform.python_version()}; the console served by "
-        "uvicorn in the bench process, fetched over loopback HTTP (time to the last byte)",
+        "`duetime web` (its own process), fetched over loopback HTTP (time to the last byte)",
         f"- population: {counts['total_runs']:,} runs ({counts['succeeded']:,} succeeded, "
         f"{counts['dead']:,} dead, {counts['uncertain']:,} uncertain, {counts['running']:,} running, "
         f"{counts['backlog']:,} claimable, {counts['later']:,} due in an hour) over 4 queues; "
@@ -297,12 +305,12 @@ def main() -> None:
         print(f"populating {args.runs:,} runs and {args.schedules:,} schedules on {version} ...", flush=True)
         counts = populate(r, args.runs, args.schedules)
         memory = r.info("memory")["used_memory_human"]
-        base, server, thread = serve("bench-write-token-0123456789")
+        base, proc = serve("bench-write-token-0123456789")
         try:
             rows = measure(base, pages(r), args.repeat)
         finally:
-            server.should_exit = True
-            thread.join(5)
+            proc.terminate()
+            proc.wait(10)
         if args.results:
             write_results(args.results, args, counts, version, rows, memory)
             print(f"appended to {args.results}")

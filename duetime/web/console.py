@@ -32,6 +32,7 @@ from duetime.web.timeline import timeline
 
 PAGE = 50
 OWNER_SAMPLE = 1000  # dead letters read to count them by owner
+COUNT_BUDGET = 3000  # dead letters examined to count those a replay-all filter matches
 ACTIVITY_SAMPLE = 400  # recent runs read for the "now" numbers (rate, lateness, dead per queue)
 DOCTOR_TTL_S = 5.0  # the overview refreshes every few seconds; the checks need not
 SERIES_WINDOWS = {"1h": "10s", "24h": "5m"}
@@ -134,7 +135,7 @@ class Console:
                 "owners": sorted(owners.items(), key=lambda kv: (-kv[1], kv[0]))}
 
     def count_matching_dead(self, queue: str | None, task: str | None, owner: str | None,
-                            budget: int = 10_000) -> tuple[int, bool]:
+                            budget: int = COUNT_BUDGET) -> tuple[int, bool]:
         """→ (dead letters matching, exact?): at most `budget` index entries are examined."""
         if not (queue or task or owner):
             return self.admin.count_dead(), True
@@ -162,7 +163,7 @@ class Console:
                 "until": until}
 
     # -- leases and processes ---------------------------------------------------------------
-    def leases(self, limit: int = 500) -> dict[str, Any]:
+    def leases(self, limit: int = 200) -> dict[str, Any]:
         held = self.insp.leases()
         rows = []
         for lease in held[:limit]:

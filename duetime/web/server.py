@@ -28,7 +28,7 @@ from duetime.common.inspect import STATE_INDEX, page_runs
 from duetime.common.models import STATES
 from duetime.common.schedule_store import SCHEDULE_ORDERS, ScheduleNotFound
 from duetime.common.timespec import InvalidSchedule
-from duetime.web.console import SERIES_WINDOWS, Console
+from duetime.web.console import COUNT_BUDGET, SERIES_WINDOWS, Console
 from duetime.web.security import CSRF_FIELD, SESSION_COOKIE, WRITE_COOKIE, Guard, same_origin
 
 HERE = Path(__file__).resolve().parent
@@ -189,8 +189,8 @@ class ConsoleApp:
     def dead_replay_confirm(self, request: Request) -> Response:
         f = {k: _param(request, k) for k in ("queue", "task", "owner")}
         count, exact = self.console.count_matching_dead(**f)
-        return self.render(request, "confirm_replay_all.html", {"f": f, "count": count,
-                                                                "exact": exact, "batch": REPLAY_BATCH})
+        return self.render(request, "confirm_replay_all.html", {
+            "f": f, "count": count, "exact": exact, "batch": REPLAY_BATCH, "budget": COUNT_BUDGET})
 
     def uncertain(self, request: Request) -> Response:
         f = {"queue": _param(request, "queue")}
