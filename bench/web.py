@@ -204,10 +204,23 @@ def serve(token: str) -> tuple[str, subprocess.Popen[bytes]]:
 def pages(r: redis.Redis) -> list[tuple[str, str]]:
     """(label, path): every page, first and deep pages of the long listings, filters."""
     k = app.keys
-    deep_done = r.zrevrange(k.done(0), 50_000, 50_000, withscores=True)
-    deep = f"done|{int(deep_done[0][1])}|{deep_done[0][0].decode()}" if deep_done else ""
-    deep_s = r.zrevrange(k.schedules(0), 3000, 3000, withscores=True)
-    deep_sched = f"created|{int(deep_s[0][1])}|{deep_s[0][0].decode()}" if deep_s else ""
+    # a position deep in the listings: an entry halfway down partition 0's index, and how many
+    # entries of all partitions come before it
+    mid = r.zcard(k.done(0)) // 2
+    deep_done = r.zrevrange(k.done(0), mid, mid, withscores=True)
+    (member, score), = deep_done
+    deep = f"done|{int(score)}|{member.decode()}"
+    pipe = r.pipeline(transaction=False)
+    for p in range(k.partitions):
+        pipe.zcount(k.done(p), f"({int(score)}", "+inf")
+    runs_before = sum(pipe.execute())
+    mid_s = r.zcard(k.schedules(0)) // 2
+    (member, score), = r.zrevrange(k.schedules(0), mid_s, mid_s, withscores=True)
+    deep_sched = f"created|{int(score)}|{member.decode()}"
+    pipe = r.pipeline(transaction=False)
+    for p in range(k.partitions):
+        pipe.zcount(k.schedules(p), f"({int(score)}", "+inf")
+    schedules_before = sum(pipe.execute())
     one_done = r.zrevrange(k.done(3), 0, 0)[0].decode()
     one_dead = r.zrevrange(k.dead(5), 0, 0)[0].decode()
     # the backfilled occurrences are older than the schedule's creation: look up to it
@@ -217,7 +230,7 @@ def pages(r: redis.Redis) -> list[tuple[str, str]]:
         ("overview (1 h of samples)", "/"),
         ("overview (24 h of samples)", "/?window=24h"),
         ("runs, first page", "/runs"),
-        ("runs, a page 50,000 deep in the finished runs", f"/runs?after={deep}"),
+        (f"runs, a page {runs_before:,} runs deep in the finished runs", f"/runs?after={quote(deep)}"),
         ("runs ?state=succeeded", "/runs?state=succeeded"),
         ("runs ?queue=emails", "/runs?queue=emails"),
         ("runs ?task=bench.reports (record filter)", "/runs?task=bench.reports"),
@@ -232,7 +245,7 @@ def pages(r: redis.Redis) -> list[tuple[str, str]]:
         ("leases (2,000 running)", "/leases"),
         ("workers", "/workers"),
         ("schedules, first page", "/schedules"),
-        ("schedules, a page ~48,000 deep", f"/schedules?after={deep_sched}"),
+        (f"schedules, a page {schedules_before:,} schedules deep", f"/schedules?after={quote(deep_sched)}"),
         ("schedules ?order=next", "/schedules?order=next"),
         ("a schedule's timeline: 48 past occurrences with runs", f"/schedules/sched-000000?until={until}"),
         ("a cron schedule in a zone (timeline)", "/schedules/sched-000001"),
