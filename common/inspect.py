@@ -491,7 +491,7 @@ class Inspector:
 # A page of a listing starts where the previous one ended, found by score in each index
 # (O(log N + page) per index), never by walking from the top: page 1,000 of a million runs
 # costs what page 1 costs. Positions survive runs coming and going between two pages.
-PAGE_BUDGET = 2000  # index entries a page may examine before it ends early (filters)
+PAGE_BUDGET = 5000  # index entries a page may examine before it ends early (filters)
 FILTER_FIELDS = ("state", "queue", "task", "owner")
 
 
