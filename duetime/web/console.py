@@ -84,7 +84,9 @@ class Console:
         step_ms, cap = series.STEPS[step]
         points = series.read(self.insp.client, self.app.redis_url, self.app.keys.series(step),
                              ov.now_ms - step_ms * cap, cap)
-        t0, t1 = ov.now_ms - step_ms * cap, ov.now_ms
+        # the window, or less while fewer samples exist (a young namespace): no empty stretch
+        t0 = max(ov.now_ms - step_ms * cap, points[0].t_ms - step_ms) if points else ov.now_ms - step_ms * cap
+        t1 = ov.now_ms
         plots: dict[str, dict[str, Any]] = {}
         for q in top["queues"]:
             name = q["queue"]
