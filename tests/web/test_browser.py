@@ -49,8 +49,10 @@ def by(css: str):
 
 
 def text(d, css: str) -> str:
-    els = d.find_elements(*by(css))
-    return els[0].text.strip() if els else ""
+    """An element's text, read in one script call: live updates replace elements while a
+    test looks at them."""
+    return d.execute_script("const e = document.querySelector(arguments[0]);"
+                            "return e ? e.innerText.trim() : '';", css)
 
 
 def shot(d, name: str, tmp_path: Path) -> Path:
