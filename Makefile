@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench venv dist clean
+.PHONY: demo test lint bench venv dist clean screenshots
 
 $(BIN)/duetime: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,7 +18,13 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check .
+	@command -v chromedriver >/dev/null 2>&1 || echo "note: no chromium/chromedriver: the web console's \
+	browser tests are skipped (apt-get install -y chromium chromium-driver to run them)"
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# the README's pictures of the web console, taken by its browser tests (needs chromium)
+screenshots: venv
+	DUETIME_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/web/test_browser.py
 
 lint: venv
 	$(BIN)/ruff check .

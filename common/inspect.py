@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -476,3 +477,224 @@ class Inspector:
         for q, values in lateness.items():
             ov.queues[q].lateness_p50_s = percentile(values, 50)
             ov.queues[q].lateness_p99_s = percentile(values, 99)
+
+
+# -- pages by index ranges (the web console) ------------------------------------------------
+# A page of a listing starts where the previous one ended, found by score in each index
+# (O(log N + page) per index), never by walking from the top: page 1,000 of a million runs
+# costs what page 1 costs. Positions survive runs coming and going between two pages.
+PAGE_BUDGET = 5000  # index entries a page may examine before it ends early (filters)
+FILTER_FIELDS = ("state", "queue", "task", "owner")
+
+
+class _Desc(str):
+    """A member compared in reverse, for newest-first merges (ties: reverse member order,
+    as ZREVRANGEBYSCORE returns them)."""
+
+    __slots__ = ()
+
+    def __lt__(self, other: object) -> bool:
+        return str.__gt__(self, other)  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a page ended: the last entry's (score, member) in the listing's order, and the
+    index group it belongs to. Encoded into links as `group|score|member`."""
+
+    group: str
+    score: float
+    member: str
+
+    def encode(self) -> str:
+        score = int(self.score) if self.score == int(self.score) else self.score
+        return f"{self.group}|{score}|{self.member}"
+
+    @classmethod
+    def decode(cls, text: str, groups: Iterable[str]) -> Position:
+        group, _, rest = text.partition("|")
+        score, _, member = rest.partition("|")
+        try:
+            value = float(score)
+        except ValueError:
+            value = None
+        if group not in set(groups) or not member or value is None or value != value:  # NaN
+            raise InvalidInput(f"not a page position: {text[:80]!r}")
+        return cls(group, value, member)
+
+
+def keyset_merge(client: redis.Redis, url: str, zkeys: list[str], newest_first: bool,
+                 after: tuple[float, str] | None = None, batch: int = 200
+                 ) -> Iterator[tuple[str, float]]:
+    """The members of several sorted sets in one (score, member) order -- descending for
+    `newest_first` -- strictly after `after`, read `batch` entries per set at a time by score
+    range. Each set remembers how many of its entries share the last score it read, so a run
+    of equal scores (a bulk enqueue) is skipped by offset, not read again."""
+    # per set: (bound score, bound member) of the last entry taken, entries read at that score
+    bound: dict[str, tuple[float, str] | None] = dict.fromkeys(zkeys, after)
+    ties = dict.fromkeys(zkeys, 0)
+    done = dict.fromkeys(zkeys, False)
+
+    def later(score: float, member: str, b: tuple[float, str] | None) -> bool:
+        if b is None:
+            return True
+        if newest_first:
+            return score < b[0] or (score == b[0] and member < b[1])
+        return score > b[0] or (score == b[0] and member > b[1])
+
+    def fetch(which: list[str]) -> dict[str, deque[tuple[str, float]]]:
+        out: dict[str, deque[tuple[str, float]]] = {key: deque() for key in which}
+        todo = list(which)
+        while todo:
+            pipe = client.pipeline(transaction=False)
+            for key in todo:
+                b = bound[key]
+                edge = "+inf" if newest_first else "-inf"
+                edge = edge if b is None else repr(b[0])
+                if newest_first:
+                    pipe.zrevrangebyscore(key, edge, "-inf", start=ties[key], num=batch, withscores=True)
+                else:
+                    pipe.zrangebyscore(key, edge, "+inf", start=ties[key], num=batch, withscores=True)
+            with translated(url):
+                replies = pipe.execute()
+            again = []
+            for key, items in zip(todo, replies, strict=True):
+                b = bound[key]
+                kept = [(m.decode(), s) for m, s in items if later(s, m.decode(), b)]
+                # the entries read at the bound's score, kept or not, are skipped next time
+                at_bound = sum(1 for _, s in items if b is not None and s == b[0])
+                if len(items) < batch:
+                    done[key] = True
+                if kept:
+                    last = kept[-1][1]
+                    ties[key] = sum(1 for _, s in items if s == last) + (
+                        ties[key] if b is not None and last == b[0] else 0)
+                    bound[key] = (last, kept[-1][0])
+                    out[key] = deque(kept)
+                elif items and not done[key]:
+                    ties[key] += at_bound  # a run of equal scores longer than a batch
+                    again.append(key)
+            todo = again
+        return out
+
+    heap: list[tuple[float, str, int, str]] = []
+    bufs = fetch(list(zkeys))
+    order = {key: i for i, key in enumerate(zkeys)}
+
+    def push(key: str) -> None:
+        member, score = bufs[key][0]
+        if newest_first:
+            heapq.heappush(heap, (-score, _Desc(member), order[key], key))
+        else:
+            heapq.heappush(heap, (score, member, order[key], key))
+
+    for key in zkeys:
+        if bufs[key]:
+            push(key)
+    while heap:
+        _, _, _, key = heapq.heappop(heap)
+        member, score = bufs[key].popleft()
+        yield member, score
+        if not bufs[key] and not done[key]:
+            bufs[key] = fetch([key])[key]
+        if bufs[key]:
+            push(key)
+
+
+@dataclass
+class RunPage:
+    runs: list[RunSummary]
+    examined: int  # index entries looked at for this page
+    next: Position | None  # where the next page starts; None: this was the last
+    filtered: bool  # task/owner/schedule/queue filters applied to what was examined
+
+
+def _page_groups(state: str | None) -> list[tuple[str, frozenset[str], bool]]:
+    if state is not None and state not in STATE_INDEX:
+        raise InvalidInput(f"unknown state {state!r}; one of {', '.join(STATES)}")
+    return [g for g in GROUPS if state is None or g[0] == STATE_INDEX[state]]
+
+
+def page_runs(insp: Inspector, state: str | None = None, queue: str | None = None,
+               task: str | None = None, schedule: str | None = None, owner: str | None = None,
+               after: Position | None = None, limit: int = 50, budget: int = PAGE_BUDGET) -> RunPage:
+    """One page of runs, in the order of `Inspector.list_runs`, starting after `after`.
+    Filters on fields of the record (task, owner, and queue outside the due and retry sets)
+    are applied to the entries examined; a page that examined `budget` entries ends early,
+    with fewer runs and a position to go on from, so a rare match never costs a full scan."""
+    groups = _page_groups(state)
+    names = [g[0] for g in groups]
+    if after is not None and after.group not in names:
+        raise InvalidInput(f"page position {after.encode()!r} does not belong to this listing")
+    k = insp.keys
+    parts = [k.partition_of_schedule(schedule)] if schedule else list(range(k.partitions))
+    queues = [queue] if queue else insp.queues()
+    out: list[str] = []
+    examined = 0
+    filtered = bool(task or owner or schedule or queue)
+    queue_b, task_b, owner_b = (x.encode() if x else None for x in (queue, task, owner))
+    start = names.index(after.group) if after else 0
+    batch = min(max(limit, 50), 500)
+    for index, states, newest_first in groups[start:]:
+        wanted = {state} if state else states
+        bound = (after.score, after.member) if after and after.group == index else None
+        stream = keyset_merge(insp.client, insp.url, insp._index_keys(index, parts, queues),
+                              newest_first, bound, batch)
+        if index == "due" and schedule and bound is None:
+            stream = insp._with_buffered(schedule, stream)
+        last: Position | None = None
+        exhausted = False
+        while True:
+            chunk: list[tuple[str, float]] = []
+            for run_id, score in stream:
+                examined += 1
+                chunk.append((run_id, score))
+                if len(chunk) >= READ_BATCH or examined >= budget:
+                    break
+            else:
+                exhausted = True
+            keep = [rid for rid, _ in chunk if not schedule or rid.rsplit("@", 1)[0] == schedule]
+            # the fields filters need first (a few bytes a run); whole summaries of matches only
+            pipe = insp.client.pipeline(transaction=False)
+            for rid in keep:
+                pipe.hmget(k.run(k.partition_of_run(rid), rid), *FILTER_FIELDS)
+            matching = {rid for rid, (st, q, t, o) in zip(keep, insp._exec(pipe), strict=True)
+                        if st is not None and st.decode() in wanted and (not queue or q == queue_b)
+                        and (not task or t == task_b) and (not owner or o == owner_b)}
+            for run_id, score in chunk:
+                last = Position(index, score, run_id)
+                if run_id not in matching:
+                    continue
+                out.append(run_id)
+                if len(out) >= limit:
+                    return _page(insp, out, examined, last, filtered)
+            if exhausted:
+                break
+            if examined >= budget:
+                return _page(insp, out, examined, last, filtered)
+    return _page(insp, out, examined, None, filtered)
+
+
+def _page(insp: Inspector, ids: list[str], examined: int, nxt: Position | None,
+          filtered: bool) -> RunPage:
+    runs = [s for s in insp._summaries(ids) if s is not None]  # a run swept meanwhile drops out
+    return RunPage(runs, examined, nxt, filtered)
+
+
+
+def newest_field_counts(insp: Inspector, index: str, field: str, sample: int = 1000
+                        ) -> tuple[dict[str, int], int]:
+    """How the newest `sample` entries of a newest-first index (dead, uncertain, done) spread
+    over one record field (owner, task, queue) → (counts, entries read). One HGET each."""
+    k = insp.keys
+    zkeys = insp._index_keys(index, range(k.partitions), [])
+    ids = [m for (m, _), _ in zip(keyset_merge(insp.client, insp.url, zkeys, True, None,
+                                               min(sample, 500)), range(sample), strict=False)]
+    pipe = insp.client.pipeline(transaction=False)
+    for rid in ids:
+        pipe.hget(k.run(k.partition_of_run(rid), rid), field)
+    counts: dict[str, int] = {}
+    for value in insp._exec(pipe):
+        name = value.decode(errors="replace") if value else ""
+        counts[name] = counts.get(name, 0) + 1
+    return counts, len(ids)

@@ -125,7 +125,8 @@ class KeyGuide:
             docs.append(KeyDoc("T:" + pattern, typ, holds, example,
                                [a.replace("{k}", example) for a in cmd], False))
         for pattern, typ, holds, cmd in GLOBAL:
-            example = f"{k.namespace}:" + pattern.replace(WORKER, s.get("worker", WORKER))
+            example = f"{k.namespace}:" + pattern.replace(WORKER, s.get("worker", WORKER)).replace(
+                "<step>", "10s")
             docs.append(KeyDoc(f"{k.namespace}:{pattern}", typ, holds, example,
                                [a.replace("{k}", example) for a in cmd], False))
         pipe = self.client.pipeline(transaction=False)

@@ -80,6 +80,9 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
     "tasks": KeyKind("tasks", "hash", "task name -> its options as JSON, published by workers, so "
                      "a producer without the task's code enqueues it with the right options"),
     "wake": KeyKind("wake", "channel", "pub/sub: '<partition>|<queue>|<due ms>' wakes idle workers"),
+    "series": KeyKind("series:", "stream", "per-queue numbers (backlog, running, finished/s, "
+                      "start lateness p50/p99, dead) sampled by schedulers at a fixed step, capped; "
+                      "entry id = the sample's time: what the web console plots", "step"),
 }
 GLOBAL: dict[str, str] = {name: kind.suffix for name, kind in GLOBAL_KEYS.items()}
 
@@ -210,3 +213,7 @@ class Keyspace:
     @cached_property
     def wake_channel(self) -> str:
         return self._global("wake")
+
+    def series(self, step: str) -> str:
+        """The capped stream of queue samples at one resolution (`10s`, `5m`)."""
+        return self._global("series") + step

@@ -12,6 +12,7 @@ from duetime.common import transitions as tr
 from duetime.common.codec import unpack_payload
 from duetime.common.connection import server_time_ms, translated
 from duetime.common.errors import DuetimeError, InvalidInput
+from duetime.common.inspect import Position, keyset_merge
 from duetime.common.keys import Keyspace
 from duetime.common.models import from_ms as stored_ms
 from duetime.common.names import check_name
@@ -274,3 +275,62 @@ class ScheduleStore:
             if progress:
                 progress(len(chunk))
         return len(occs), created
+
+
+# -- pages and occurrence lookups (the web console) -----------------------------------------
+SCHEDULE_ORDERS = {"created": "schedules", "next": "sched_due"}
+OCCURRENCE_FIELDS = ("state", "due", "started", "finished", "attempt", "coalesced",
+                     "coalesced_from", "reason", "error")
+
+
+def page_schedules(store: ScheduleStore, order: str = "created", after: Position | None = None,
+                   limit: int = 50) -> tuple[list[ScheduleInfo], Position | None]:
+    """One page of schedules: `created` (newest first, every schedule) or `next` (soonest
+    next fire first; paused and finished ones have none), from the partitions' indexes by
+    score, so any page of 100,000 schedules costs what the first costs."""
+    if order not in SCHEDULE_ORDERS:
+        raise InvalidInput(f"order must be one of {', '.join(SCHEDULE_ORDERS)}; got {order!r}")
+    if after is not None and after.group != order:
+        raise InvalidInput(f"page position {after.encode()!r} does not belong to this listing")
+    k = store.keys
+    index = getattr(k, SCHEDULE_ORDERS[order])
+    zkeys = [index(p) for p in range(k.partitions)]
+    bound = (after.score, after.member) if after else None
+    names: list[tuple[str, float]] = []
+    for name, score in keyset_merge(store.client, store.url, zkeys, order == "created", bound,
+                                    min(limit + 1, 500)):
+        names.append((name, score))
+        if len(names) > limit:
+            break
+    more = len(names) > limit
+    names = names[:limit]
+    pipe = store.client.pipeline(transaction=False)
+    for n, _ in names:
+        pipe.hgetall(k.sched(k.partition_of_schedule(n), n))
+    infos = [ScheduleInfo.decode(h) for h in store._call(pipe.execute) if h]
+    nxt = Position(order, names[-1][1], names[-1][0]) if more and names else None
+    return infos, nxt
+
+
+def occurrence_runs(store: ScheduleStore, name: str, occurrences_ms: list[int]
+                    ) -> dict[int, dict[str, str] | None]:
+    """The runs of given occurrences of a schedule, by their derived ids (`<name>@<ms>`): one
+    pipelined HMGET each, no listing. None where no run exists (never created, or removed by
+    retention)."""
+    p, _ = store._where(name)
+    pipe = store.client.pipeline(transaction=False)
+    for o in occurrences_ms:
+        pipe.hmget(store.keys.run(p, run_id_for(name, o)), *OCCURRENCE_FIELDS)
+    out: dict[int, dict[str, str] | None] = {}
+    for o, values in zip(occurrences_ms, store._call(pipe.execute), strict=True):
+        out[o] = None if values[0] is None else {
+            f: v.decode(errors="replace") for f, v in zip(OCCURRENCE_FIELDS, values, strict=True) if v}
+    return out
+
+
+def oldest_finished_ms(store: ScheduleStore, name: str) -> int | None:
+    """The finish time of the oldest run the schedule's partition still keeps: a run that
+    finished before it may have been removed by retention."""
+    p, _ = store._where(name)
+    head = store._call(store.client.zrange, store.keys.done(p), 0, 0, withscores=True)
+    return int(head[0][1]) if head else None

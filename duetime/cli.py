@@ -251,8 +251,9 @@ def _register() -> None:
     from duetime.cli_ops import doctor, keys, leases, top, workers
     from duetime.cli_runs import dead, runs, uncertain
     from duetime.cli_schedule import schedule
+    from duetime.cli_web import web
 
-    for command in (schedule, runs, dead, uncertain, leases, workers, top, doctor, keys, dev):
+    for command in (schedule, runs, dead, uncertain, leases, workers, top, doctor, keys, dev, web):
         main.add_command(command)
 
 

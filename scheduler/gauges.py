@@ -1,5 +1,6 @@
 """Queue-level gauges (backlog, oldest-due age, active leases, dead letters, unowned
-partitions), computed by the scheduler process from the partition indexes.
+partitions), computed by the scheduler process from the partition indexes; and the small
+per-queue time series the web console plots (common/series.py), one point per step.
 
 Every scheduler exports the same namespace-wide numbers; dashboards aggregate with max().
 One pass is a few pipelined commands per partition and queue, never a key scan.
@@ -16,6 +17,7 @@ from duetime.common.errors import RedisUnavailable
 from duetime.common.inspect import Inspector
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
+from duetime.common.series import SeriesWriter
 
 log = get_logger("duetime.gauges")
 
@@ -25,6 +27,7 @@ class Gauges:
         self.client = sync_client(url)
         self.inspector = Inspector(self.client, keys, url)
         self.interval_s = interval_s
+        self.series = SeriesWriter(self.inspector)
         self.stopping = threading.Event()
 
     def update(self) -> None:
@@ -39,6 +42,10 @@ class Gauges:
         metrics.UNCERTAIN_RUNS.set(ov.uncertain)
         metrics.PARTITIONS_UNOWNED.set(len(ov.unowned_partitions))
         metrics.WORKERS_LIVE.set(ov.workers)
+        try:
+            self.series.record()
+        except redis.ResponseError as exc:  # refused (maxmemory): the gauges above still count
+            log.warning("queue samples for the web console not written", error=str(exc))
 
     def run(self) -> None:
         while not self.stopping.is_set():

@@ -1,0 +1,361 @@
+"""The console's routes: GET pages render templates from `Console` dicts; POSTs act through
+the same transitions as the CLI, after the write checks of `security.Guard`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import redis
+from jinja2 import pass_context
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from duetime.app import App
+from duetime.common.admin import VERDICTS
+from duetime.common.errors import DuetimeError, InvalidInput, InvalidState, RedisUnavailable, RunNotFound
+from duetime.common.inspect import STATE_INDEX, page_runs
+from duetime.common.models import STATES
+from duetime.common.schedule_store import SCHEDULE_ORDERS, ScheduleNotFound
+from duetime.common.timespec import InvalidSchedule
+from duetime.web.console import COUNT_BUDGET, SERIES_WINDOWS, Console
+from duetime.web.security import CSRF_FIELD, SESSION_COOKIE, WRITE_COOKIE, Guard, same_origin
+
+HERE = Path(__file__).resolve().parent
+REPLAY_BATCH = 500  # dead letters replayed per confirmed POST
+FLASH = {
+    "paused": "Paused: no runs are created until it is resumed.",
+    "resumed": "Resumed: occurrences missed while paused follow its catch-up policy.",
+    "triggered": "Triggered: a run was created now (id ending in @m<ms>).",
+    "replayed": "Replayed: this is the new run.",
+    "resolved": "Resolved.",
+    "cancelled": "Cancel done or requested.",
+    "unlocked": "Writes are unlocked for this browser session.",
+    "locked": "Writes are locked again for this browser session.",
+}
+
+
+def _human(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s, sign = abs(seconds), "-" if seconds < 0 else ""
+    if s < 1:
+        return f"{sign}{s * 1000:.0f}ms"
+    if s < 60:
+        return f"{sign}{s:.1f}s"
+    if s < 3600:
+        return f"{sign}{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 86400:
+        return f"{sign}{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{sign}{s / 86400:.1f}d"
+
+
+def _when(iso: str | None) -> str:
+    """`2026-03-29T01:00:00.123Z` → `2026-03-29 01:00:00Z`: one format, UTC, in tables."""
+    if not iso:
+        return "-"
+    return iso.replace("T", " ").split(".")[0].removesuffix("Z").removesuffix("+00:00") + "Z"
+
+
+def _seg(name: str) -> str:
+    """A run id or schedule name as a URL path (names may hold `?`, `#`, `%`)."""
+    return quote(name, safe="@/:")
+
+
+def _param(request: Request, name: str) -> str | None:
+    value = request.query_params.get(name, "").strip()
+    return value or None
+
+
+def _instant(text: str | None, what: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"{what}: not an ISO-8601 instant: {text[:60]!r}") from None
+    if when.tzinfo is None:
+        raise InvalidInput(f"{what}: {text[:60]!r} has no UTC offset; add one (e.g. Z or +01:00)")
+    return when
+
+
+class ConsoleApp:
+    def __init__(self, app: App, write_token: str | None = None) -> None:
+        self.console = Console(app)
+        self.guard = Guard(write_token)
+        self.templates = Jinja2Templates(directory=str(HERE / "templates"))
+        env = self.templates.env
+        env.filters["human"] = _human
+        env.filters["when"] = _when
+        env.globals["qs"] = self._qs
+        env.globals["FLASH"] = FLASH
+        env.filters["seg"] = _seg
+
+    @staticmethod
+    @pass_context
+    def _qs(ctx: Any, **changes: Any) -> str:
+        """The current page's query string with some parameters changed (None drops one)."""
+        request: Request = ctx["request"]
+        params = dict(request.query_params)
+        params.pop("flash", None)
+        for k, v in changes.items():
+            if v is None or v == "":
+                params.pop(k, None)
+            else:
+                params[k] = v
+        return "?" + urlencode(params) if params else "?"
+
+    # -- rendering --------------------------------------------------------------------------
+    def session(self, request: Request) -> tuple[str, bool]:
+        sid = request.cookies.get(SESSION_COOKIE)
+        return (sid, False) if sid else (self.guard.new_session(), True)
+
+    def render(self, request: Request, template: str, ctx: dict[str, Any], status: int = 200,
+               live: bool = False) -> Response:
+        sid, new = self.session(request)
+        unlocked = self.guard.unlocked(sid, request.cookies.get(WRITE_COOKIE))
+        base = {"where": self.console.where(), "read_only": self.guard.read_only,
+                "unlocked": unlocked, "csrf": self.guard.csrf_token(sid), "live": live,
+                "flash": FLASH.get(request.query_params.get("flash", "")), "path": request.url.path}
+        response = self.templates.TemplateResponse(request, template, {**base, **ctx}, status_code=status)
+        response.headers["Cache-Control"] = "no-store"
+        if new:
+            response.set_cookie(SESSION_COOKIE, sid, httponly=True, samesite="strict")
+        return response
+
+    def refuse(self, request: Request, status: int, message: str, advice: str = "") -> Response:
+        return self.render(request, "error.html", {"status": status, "message": message,
+                                                   "advice": advice}, status=status)
+
+    async def writable(self, request: Request, unlock: bool = False) -> FormData | Response:
+        """The form of a write POST, or the refusal: read-only console, another site's page,
+        a missing or wrong CSRF token, writes not unlocked in this browser session."""
+        if self.guard.read_only:
+            return self.refuse(request, 403, "This console is read-only.",
+                               "Start it with a write token (`duetime web --write-token ...` or "
+                               "DUETIME_WEB_WRITE_TOKEN) to act on runs and schedules.")
+        if not same_origin(request.headers.get("origin"), request.headers.get("host")):
+            return self.refuse(request, 403, "Refused: the request came from another site's page.")
+        form = await request.form()
+        sid = request.cookies.get(SESSION_COOKIE)
+        sent = form.get(CSRF_FIELD)
+        if not self.guard.csrf_ok(sid, sent if isinstance(sent, str) else None):
+            return self.refuse(request, 403, "Refused: the form's CSRF token is missing or wrong.",
+                               "Reload the page and submit the form again.")
+        if not unlock and not self.guard.unlocked(sid, request.cookies.get(WRITE_COOKIE)):
+            return self.refuse(request, 403, "Writes are locked in this browser session.",
+                               "Unlock them with the write token (the lock at the top right).")
+        return form
+
+    # -- pages ------------------------------------------------------------------------------
+    def overview(self, request: Request) -> Response:
+        window = request.query_params.get("window", "1h")
+        if window not in SERIES_WINDOWS:
+            raise InvalidInput(f"window must be one of {', '.join(SERIES_WINDOWS)}")
+        return self.render(request, "overview.html", self.console.overview(window), live=True)
+
+    def runs(self, request: Request) -> Response:
+        f = {k: _param(request, k) for k in ("state", "queue", "task", "schedule", "owner")}
+        if f["state"] and f["state"] not in STATE_INDEX:
+            raise InvalidInput(f"unknown state {f['state']!r}; one of {', '.join(STATES)}")
+        data = self.console.runs(**f, after=_param(request, "after"))
+        return self.render(request, "runs.html", {**data, "f": f, "states": STATES,
+                                                  "queues": self.console.queues(),
+                                                  "first": not _param(request, "after")},
+                           live=not _param(request, "after"))
+
+    def run(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        show = request.query_params.get("payload") == "1"
+        return self.render(request, "run.html", {"run": self.console.run(run_id, show),
+                                                 "show_payload": show}, live=True)
+
+    def dead(self, request: Request) -> Response:
+        f = {k: _param(request, k) for k in ("queue", "task", "owner")}
+        data = self.console.runs("dead", **f, after=_param(request, "after"))
+        return self.render(request, "dead.html", {**data, "f": f, "owners": self.console.dead_owners(),
+                                                  "queues": self.console.queues()}, live=True)
+
+    def dead_replay_confirm(self, request: Request) -> Response:
+        f = {k: _param(request, k) for k in ("queue", "task", "owner")}
+        count, exact = self.console.count_matching_dead(**f)
+        return self.render(request, "confirm_replay_all.html", {
+            "f": f, "count": count, "exact": exact, "batch": REPLAY_BATCH, "budget": COUNT_BUDGET})
+
+    def uncertain(self, request: Request) -> Response:
+        f = {"queue": _param(request, "queue")}
+        data = self.console.runs("uncertain", **f, after=_param(request, "after"))
+        return self.render(request, "uncertain.html", {**data, "f": f, "verdicts": VERDICTS,
+                                                       "queues": self.console.queues()}, live=True)
+
+    def confirm(self, request: Request) -> Response:
+        """The confirmation page of an action on one run (replay, resolve, cancel)."""
+        run_id = request.path_params["run_id"]
+        action = request.path_params["action"]
+        verdict = request.query_params.get("as")
+        if action not in ("replay", "resolve", "cancel") or (action == "resolve" and verdict not in VERDICTS):
+            raise HTTPException(404)
+        return self.render(request, "confirm_run.html", {"run": self.console.run(run_id),
+                                                         "action": action, "verdict": verdict})
+
+    def schedules(self, request: Request) -> Response:
+        name = _param(request, "name")
+        if name:
+            self.console.schedules.get(name)  # ScheduleNotFound: a 404 saying so
+            return RedirectResponse(f"/schedules/{_seg(name)}", status_code=303)
+        order = request.query_params.get("order", "created")
+        if order not in SCHEDULE_ORDERS:
+            raise InvalidInput(f"order must be one of {', '.join(SCHEDULE_ORDERS)}")
+        data = self.console.schedule_page(order, _param(request, "after"))
+        return self.render(request, "schedules.html", data)
+
+    def schedule(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        show = request.query_params.get("payload") == "1"
+        until = _instant(_param(request, "until"), "until")
+        data = self.console.schedule(name, until, show)
+        return self.render(request, "schedule.html", {**data, "show_payload": show},
+                           live=until is None)
+
+    def leases(self, request: Request) -> Response:
+        return self.render(request, "leases.html", self.console.leases(), live=True)
+
+    def workers(self, request: Request) -> Response:
+        gone = request.query_params.get("all") == "1"
+        return self.render(request, "workers.html", {**self.console.workers(gone), "all": gone}, live=True)
+
+    def unlock_page(self, request: Request) -> Response:
+        return self.render(request, "unlock.html", {})
+
+    # -- actions ----------------------------------------------------------------------------
+    async def unlock(self, request: Request) -> Response:
+        form = await self.writable(request, unlock=True)
+        if isinstance(form, Response):
+            return form
+        token = form.get("token")
+        if not isinstance(token, str) or not self.guard.token_ok(token):
+            return self.refuse(request, 403, "That is not the write token.")
+        sid = request.cookies.get(SESSION_COOKIE) or ""
+        response = RedirectResponse("/?flash=unlocked", status_code=303)
+        response.set_cookie(WRITE_COOKIE, self.guard.write_cookie(sid), httponly=True, samesite="strict")
+        return response
+
+    async def lock(self, request: Request) -> Response:
+        form = await self.writable(request, unlock=True)
+        if isinstance(form, Response):
+            return form
+        response = RedirectResponse("/?flash=locked", status_code=303)
+        response.delete_cookie(WRITE_COOKIE)
+        return response
+
+    async def schedule_action(self, request: Request) -> Response:
+        form = await self.writable(request)
+        if isinstance(form, Response):
+            return form
+        name, action = request.path_params["name"], request.path_params["action"]
+        store = self.console.schedules
+        if action == "pause":
+            note = str(form.get("note") or "paused from the web console")[:500]
+            await run_in_threadpool(store.set_paused, name, True, note)
+        elif action == "resume":
+            await run_in_threadpool(store.set_paused, name, False)
+        elif action == "trigger":
+            run_id = await run_in_threadpool(store.trigger, name)
+            return RedirectResponse(f"/runs/{_seg(run_id)}?flash=triggered", status_code=303)
+        else:
+            raise HTTPException(404)
+        return RedirectResponse(f"/schedules/{_seg(name)}?flash={action}d", status_code=303)
+
+    async def run_action(self, request: Request) -> Response:
+        form = await self.writable(request)
+        if isinstance(form, Response):
+            return form
+        run_id, action = request.path_params["run_id"], request.path_params["action"]
+        adm = self.console.admin
+        note = str(form.get("note") or "")[:500]
+        if action == "replay":
+            new_id, _ = await run_in_threadpool(adm.replay, run_id, form.get("force") == "1", note)
+            return RedirectResponse(f"/runs/{_seg(new_id)}?flash=replayed", status_code=303)
+        if action == "resolve":
+            verdict = str(form.get("verdict") or "")
+            result = await run_in_threadpool(adm.resolve, run_id, verdict, note)
+            target = result if verdict == "replay" else run_id
+            return RedirectResponse(f"/runs/{_seg(target)}?flash=resolved", status_code=303)
+        if action == "cancel":
+            await run_in_threadpool(adm.cancel, run_id, note or "cancelled from the web console")
+            return RedirectResponse(f"/runs/{_seg(run_id)}?flash=cancelled", status_code=303)
+        raise HTTPException(404)
+
+    async def dead_replay(self, request: Request) -> Response:
+        """Replay the dead letters matching the filters, REPLAY_BATCH per confirmed POST."""
+        form = await self.writable(request)
+        if isinstance(form, Response):
+            return form
+        f = {k: (str(form.get(k) or "").strip() or None) for k in ("queue", "task", "owner")}
+
+        def replay_batch() -> tuple[list[tuple[str, str]], bool]:
+            page = page_runs(self.console.insp, "dead", f["queue"], f["task"], None, f["owner"],
+                             None, REPLAY_BATCH, 20_000)
+            pairs = []
+            for s in page.runs:
+                try:
+                    pairs.append((s.id, self.console.admin.replay(s.id)[0]))
+                except (InvalidState, RunNotFound):
+                    continue  # replayed or purged by someone else meanwhile
+            return pairs, page.next is not None
+
+        pairs, more = await run_in_threadpool(replay_batch)
+        return self.render(request, "replayed.html", {"pairs": pairs, "more": more, "f": f})
+
+
+def create_app(app: App, write_token: str | None = None) -> Starlette:
+    """The ASGI application of the console for one namespace."""
+    c = ConsoleApp(app, write_token)
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, RunNotFound | ScheduleNotFound):
+            return c.refuse(request, 404, str(exc))
+        if isinstance(exc, InvalidInput | InvalidSchedule):
+            return c.refuse(request, 400, str(exc))
+        if isinstance(exc, InvalidState):
+            return c.refuse(request, 409, str(exc))
+        if isinstance(exc, RedisUnavailable | redis.ConnectionError | redis.TimeoutError):
+            return c.refuse(request, 503, f"Redis is unavailable: {exc}")
+        if isinstance(exc, HTTPException):
+            return c.refuse(request, exc.status_code, str(exc.detail))
+        return c.refuse(request, 500, f"{type(exc).__name__}: {exc}")
+
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        DuetimeError: on_error, InvalidSchedule: on_error, redis.RedisError: on_error,
+        HTTPException: on_error}
+    routes = [
+        Route("/", c.overview),
+        Route("/runs", c.runs),
+        Route("/runs/{run_id:path}/confirm/{action}", c.confirm),
+        Route("/runs/{run_id:path}/{action}", c.run_action, methods=["POST"]),
+        Route("/runs/{run_id:path}", c.run),
+        Route("/dead", c.dead),
+        Route("/dead/replay", c.dead_replay_confirm),
+        Route("/dead/replay", c.dead_replay, methods=["POST"]),
+        Route("/uncertain", c.uncertain),
+        Route("/schedules", c.schedules),
+        Route("/schedules/{name:path}/{action}", c.schedule_action, methods=["POST"]),
+        Route("/schedules/{name:path}", c.schedule),
+        Route("/leases", c.leases),
+        Route("/workers", c.workers),
+        Route("/unlock", c.unlock_page),
+        Route("/unlock", c.unlock, methods=["POST"]),
+        Route("/lock", c.lock, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]
+    return Starlette(routes=routes, exception_handlers=handlers)

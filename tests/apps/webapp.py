@@ -1,0 +1,47 @@
+"""The web console's test application: a task that fails until a test says its bug is fixed
+(so a dead letter's replay can succeed), a slow one (a backlog to drain), a non-idempotent one
+and one for schedules."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis
+from duetime.common.connection import sync_client
+
+import duetime
+
+app = duetime.App()
+_client: dict[str, redis.Redis] = {}
+
+
+def r() -> redis.Redis:
+    if app.redis_url not in _client:
+        _client[app.redis_url] = sync_client(app.redis_url)
+    return _client[app.redis_url]
+
+
+def fixed_key() -> str:
+    return f"{app.keys.namespace}:test:fixed"
+
+
+@app.task(name="web.charge", retries=0, owner="payments")
+def charge(invoice: int) -> None:
+    if not r().exists(fixed_key()):
+        raise duetime.Fatal(f"card processor rejected invoice {invoice}")
+
+
+@app.task(name="web.slow")
+async def slow(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+@app.task(name="web.transfer", idempotent=False, owner="treasury")
+def transfer(amount: int, seconds: float = 0.0) -> None:
+    time.sleep(seconds)
+
+
+@app.task(name="web.tick")
+def tick() -> None:
+    pass
