@@ -56,14 +56,14 @@ class Driver:
         keys, args = tr.fail(self.k, p, "default", c.run_id, c.fence, error, mode, delay_ms, 0.5)
         return self.scripts.fail(keys=keys, args=args)[0].decode()
 
-    def dead(self, task: Any, n: int) -> list[str]:
-        ids = self.app.enqueue_many([(task, [])] * n)
+    def dead(self, task: Any, n: int, args: list[Any] | None = None) -> list[str]:
+        ids = self.app.enqueue_many([(task, args or [])] * n)
         for p, c in self.claim_all():
             assert self.fail(p, c) == "dead"
         return ids
 
-    def succeeded(self, task: Any, n: int) -> list[str]:
-        ids = self.app.enqueue_many([(task, [])] * n)
+    def succeeded(self, task: Any, n: int, args: list[Any] | None = None) -> list[str]:
+        ids = self.app.enqueue_many([(task, args or [])] * n)
         for p, c in self.claim_all():
             keys, args = tr.complete(self.k, p, [(c.run_id, c.fence)])
             assert self.scripts.complete(keys=keys, args=args) == [b"succeeded"]

@@ -40,8 +40,7 @@ def test_every_documented_key_is_readable_with_redis_cli(app, url, namespace, pr
     procs.duetime("scheduler")
     procs.worker("--lease", "5s")
     wait_for(lambda: app.get_run(running).state == "running", 20, what="a running scheduled run")
-    wait_for(lambda: app.store.client.exists(f"{namespace}:schedulers"), 20, what="a scheduler")
-    wait_for(lambda: any(app.store.client.exists(app.keys.owner(q)) for q in range(16)), 20)
+    wait_for(lambda: app.store.client.hlen(app.keys.owners) > 1, 20, what="a partition owned")
 
     doc = as_json(cli(url, namespace, "keys", "--json"))
     assert doc["namespace"] == namespace and doc["partitions"] == 16
@@ -49,9 +48,9 @@ def test_every_documented_key_is_readable_with_redis_cli(app, url, namespace, pr
     entries = {e["pattern"]: e for e in doc["keys"]}
     core = {"T:due:<queue>", "T:retry:<queue>", "T:leases", "T:run:<run>",
             "T:attempts:<run>", "T:sched:<name>", "T:sched_due", "T:schedules",
-            "T:sched_running:<name>", "T:dead", "T:uncertain", "T:done", "T:events", "T:owner",
+            "T:sched_running:<name>", "T:dead", "T:uncertain", "T:done", "T:events",
             f"{namespace}:meta", f"{namespace}:queues", f"{namespace}:workers",
-            f"{namespace}:worker:<worker>", f"{namespace}:schedulers", f"{namespace}:wake"}
+            f"{namespace}:worker:<worker>", f"{namespace}:owners", f"{namespace}:wake"}
     live = {p for p, e in entries.items() if e["live"]}
     assert core <= live, core - live
     for e in entries.values():

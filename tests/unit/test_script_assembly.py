@@ -92,7 +92,7 @@ def test_each_script_carries_only_the_helpers_it_uses():
     fail = scripts.source("fail")
     assert "local function backoff_ms" in fail and "local function add_due" in fail
     assert "local function finish_unstarted" not in fail
-    assert "local function" not in scripts.source("partition_lease")
+    assert "local function" not in scripts.source("schedule_delete")
 
 
 def test_line_numbers_of_the_assembled_scripts_name_the_file():
@@ -122,7 +122,7 @@ def test_memory_flags_match_what_each_script_may_do():
     every other script is refused before it writes (a shebang without allow-oom)."""
     allow_oom = {n for n in scripts.SCRIPT_NAMES
                  if scripts.source(n).startswith("#!lua flags=allow-oom")}
-    assert allow_oom == {"heartbeat", "partition_lease", "purge", "schedule_delete"}
+    assert allow_oom == {"heartbeat", "partition_owners", "purge", "schedule_delete"}
     for n in scripts.SCRIPT_NAMES:
         assert scripts.source(n).startswith("#!lua"), n
 

@@ -123,7 +123,7 @@ def test_errors_are_pages_with_their_status(console):
 
 def test_dead_letters_by_owner_and_replay_all_with_a_confirmation(console, wapp):
     d = Driver(wapp)
-    ids = d.dead(webapp.charge, 3)
+    ids = d.dead(webapp.charge, 3, [1])
     c = console(TOKEN)
     page = c.get("/dead").text
     assert "payments: 3" in page and all(i in page for i in ids)

@@ -51,7 +51,7 @@ def _walk(insp: Inspector, **kw) -> tuple[list[str], int]:
 
 def test_pages_of_runs_cover_every_run_once_in_listing_order(wapp):
     d = Driver(wapp)
-    dead = d.dead(webapp.charge, 30)
+    dead = d.dead(webapp.charge, 30, [1])
     done = d.succeeded(webapp.tick, 40)
     # a bulk enqueue: runs of one script call share their due time
     due = wapp.enqueue_many([(webapp.slow, [0.1])] * 230)
@@ -79,7 +79,7 @@ def test_pages_of_runs_cover_every_run_once_in_listing_order(wapp):
 
 def test_a_filter_on_the_record_ends_pages_early_but_finds_every_match(wapp):
     d = Driver(wapp)
-    wanted = d.dead(webapp.charge, 5)
+    wanted = d.dead(webapp.charge, 5, [1])
     wapp.enqueue_many([(webapp.tick, [])] * 300)
     insp = Inspector(wapp.store.client, wapp.keys, wapp.redis_url)
     page = page_runs(insp, task="web.charge", limit=50, budget=100)
