@@ -15,7 +15,7 @@ import hiredis
 import redis
 import redis.asyncio as aredis
 from duetime.common import memory, scripts
-from duetime.common.errors import PartitionMismatch, RedisRefused, RedisUnavailable
+from duetime.common.errors import InvalidInput, PartitionMismatch, RedisRefused, RedisUnavailable
 from duetime.common.keys import Keyspace
 from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -34,14 +34,23 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 META_VERSION = "1"
 
 
+_SECRET_PARAMS = ("password", "pass", "pwd", "auth", "token", "ssl_password", "ssl_keyfile_password")
+
+
 def redact(url: str) -> str:
-    """The URL without its password, safe for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    """The URL without its password -- in `user:pass@` and in query parameters such as
+    `?password=` -- safe for logs and error messages. Anything unparsable is withheld whole."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
+        query = "&".join(
+            f"{k}=***" if k.lower() in _SECRET_PARAMS else (f"{k}={v}" if sep else k)
+            for k, sep, v in (p.partition("=") for p in parts.query.split("&") if p))
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    except ValueError:
+        return "<a Redis URL that cannot be parsed>"
 
 
 def _split(url: str) -> tuple[str, bool]:
@@ -108,8 +117,23 @@ class _Cluster(RedisCluster):
         return pipe
 
 
+def _url_error(url: str, exc: Exception) -> InvalidInput:
+    return InvalidInput(f"not a Redis URL: {redact(url)!r} ({exc}; expected redis://host:port/db, "
+                        "rediss://..., unix://path, redis+cluster://host:port or memory://name)")
+
+
 def sync_client(url: str, **kw: Any) -> redis.Redis:
-    """Every connection it opens loads duetime's scripts first (common.scripts)."""
+    """Every connection it opens loads duetime's scripts first (common.scripts). A URL that is
+    not one is InvalidInput; a cluster none of whose nodes answers is RedisUnavailable."""
+    try:
+        return _sync_client(url, **kw)
+    except ValueError as exc:
+        raise _url_error(url, exc) from None
+    except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
+        raise unavailable(url, exc) from None
+
+
+def _sync_client(url: str, **kw: Any) -> redis.Redis:
     if memory.is_memory(url):
         return memory.sync_client(url)  # type: ignore[no-any-return]
     real, cluster = _split(url)
@@ -155,6 +179,13 @@ _FAST = {aredis.Connection: _FastConnection, aredis.SSLConnection: _FastSSLConne
 
 
 def async_client(url: str, **kw: Any) -> aredis.Redis:
+    try:
+        return _async_client(url, **kw)
+    except ValueError as exc:
+        raise _url_error(url, exc) from None
+
+
+def _async_client(url: str, **kw: Any) -> aredis.Redis:
     if memory.is_memory(url):
         return memory.async_client(url)  # type: ignore[no-any-return]
     real, cluster = _split(url)
@@ -219,7 +250,7 @@ def translated(url: str) -> Iterator[None]:
     both with a password-free message."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
         raise unavailable(url, exc) from None
     except redis.ResponseError as exc:
         raise refused(url, exc) from None

@@ -69,14 +69,24 @@ class RunSummary:
 
     @classmethod
     def decode(cls, run_id: str, values: list[bytes | None]) -> RunSummary:
-        """Absent fields hold their defaults (see lua/enqueue.lua); the id is the key's."""
-        v = dict(zip(SUMMARY_FIELDS, (x.decode() if x else None for x in values), strict=True))
+        """Absent fields hold their defaults (see lua/enqueue.lua); the id is the key's. A
+        record damaged by hand still decodes (text replaced, numbers defaulted): one bad
+        record must not fail a listing."""
+        v = dict(zip(SUMMARY_FIELDS, (x.decode(errors="replace") if x else None for x in values),
+                     strict=True))
+
+        def n(name: str, default: int) -> int:
+            try:
+                return int(v[name] or default)
+            except ValueError:
+                return default
+
         err = v["error"]
         return cls(
             id=run_id, state=v["state"] or "", task=v["task"] or "", queue=v["queue"] or "",
             schedule=v["schedule"], due=from_ms(v["due"]), created=from_ms(v["created"]),
             started=from_ms(v["started"]), finished=from_ms(v["finished"]),
-            attempt=int(v["attempt"] or 0), max_attempts=int(v["max_attempts"] or 1),
+            attempt=n("attempt", 0), max_attempts=n("max_attempts", 1),
             worker=v["worker"], error=err.splitlines()[0] if err else None, reason=v["reason"],
             owner=v["owner"], retry_at=from_ms(v["retry_at"]), replay_of=v["replay_of"],
             replayed_by=v["replayed_by"], cancel_requested=v["cancel_requested"] is not None,

@@ -13,8 +13,8 @@ import re
 from duetime.common.errors import InvalidInput
 
 MAX_NAME = 200
-_BAD = re.compile(r"[{}|\x00-\x1f\x7f\s]")
-_BAD_IN_LIST = re.compile(r"[{}|,\x00-\x1f\x7f\s]")
+_BAD = re.compile(r"[{}|\x00-\x1f\x7f\s\ud800-\udfff]")
+_BAD_IN_LIST = re.compile(r"[{}|,\x00-\x1f\x7f\s\ud800-\udfff]")
 LISTED = frozenset({"queue"})  # kinds of names that travel in comma-separated lists
 
 
@@ -29,6 +29,8 @@ def _explain(kind: str, value: object) -> str:
     """The slow path: say exactly what is wrong."""
     if not isinstance(value, str) or not value:
         raise InvalidInput(f"{kind} must be a non-empty string, got {value!r}")
+    if any("\ud800" <= ch <= "\udfff" for ch in value):
+        raise InvalidInput(f"{kind} {value!r} is not valid UTF-8 text")
     if len(value) > MAX_NAME:
         raise InvalidInput(f"{kind} {value[:40]!r}... is longer than {MAX_NAME} characters")
     for ch in value:

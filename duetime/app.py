@@ -16,6 +16,7 @@ from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
+from duetime.common.names import check_name
 from duetime.common.runs import ASYNC_SLICE, EnqueueRequest, RunStore
 from duetime.common.schedule_store import ScheduleInfo, ScheduleStore
 from duetime.common.schedules import ScheduleDef, seeded
@@ -256,17 +257,19 @@ class App:
                                         mapping={s.name: s.options_json() for s in specs})
 
     def _resolve(self, task: TaskRef, published: bool = False) -> TaskSpec:
-        """`published`: a name this process has no code for must at least have been published
-        by a worker (a schedule fires for ever: a misspelt name is refused, not dead-lettered
-        at every occurrence); enqueue accepts any well-formed name."""
-        if published and isinstance(task, str) and self.registry.find(task) is None:
+        """A task object, or a name. A name this app has no code for is taken with the options
+        a worker published for it. Without that, it is refused (UnknownTask: a misspelt name)
+        when this app registers tasks of its own or `published` is asked (a schedule fires for
+        ever), and enqueued with the default options by a pure producer, an app with no tasks."""
+        if isinstance(task, str) and self.registry.find(task) is None:
+            check_name("task name", task)
             spec = self._by_name(task)
-            if spec.fn is None and task not in self._published:
+            if task not in self._published and (published or self.registry.names()):
                 known = ", ".join(self.registry.names()) or "none"
                 raise UnknownTask(f"unknown task {task!r}: not registered in this app "
                                   f"(registered: {known}) and no worker has published it")
             return spec
-        return self.registry.resolve(task, by_name=self._by_name)
+        return self.registry.resolve(task)
 
     async def _aresolve(self, task: TaskRef) -> TaskSpec:
         if isinstance(task, str) and self.registry.find(task) is None:
@@ -279,7 +282,7 @@ class App:
         if hit is None or time.monotonic() - hit[0] > CATALOGUE_TTL_S:
             with translated(self.redis_url):
                 raw = self.store.ready().hget(self.keys.tasks, name)
-            if raw is None and name not in self._warned:
+            if raw is None and name not in self._warned and not self.registry.names():
                 self._warned.add(name)
                 log.warning("task not registered here and not published by any worker: "
                             "enqueued with the default options", task=name)

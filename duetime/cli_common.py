@@ -130,6 +130,9 @@ def load_app(ref: str, url: str | None, namespace: str | None) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="--app") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed: say so, in one line
+        raise click.BadParameter(f"importing {module_name!r} raised {type(exc).__name__}: {exc}",
+                                 param_hint="--app") from None
     app = getattr(module, attr, None)
     if not isinstance(app, App):
         raise click.BadParameter(f"{ref!r} is not a duetime App", param_hint="--app")
@@ -220,15 +223,29 @@ def instant_option(*decls: str, help: str, **kw: Any) -> Callable[[F], F]:
                         **kw)
 
 
+def run_id_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A RUN_ID argument checked before anything is read (one error line, no round trip)."""
+    if value is not None:
+        from duetime.common.names import check_name
+
+        try:
+            check_name("run id", value)
+        except InvalidInput as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return value
+
+
+def _json(text: str, option: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"bad JSON: {exc}", param_hint=option) from None
+    except RecursionError:
+        raise click.BadParameter("nested too deeply", param_hint=option) from None
+
+
 def parse_payload(args_json: str, kwargs_json: str) -> tuple[list[Any], dict[str, Any]]:
-    try:
-        args = json.loads(args_json)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"bad JSON: {exc}", param_hint="--args") from None
-    try:
-        kwargs = json.loads(kwargs_json)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"bad JSON: {exc}", param_hint="--kwargs") from None
+    args, kwargs = _json(args_json, "--args"), _json(kwargs_json, "--kwargs")
     if not isinstance(args, list):
         raise click.BadParameter("must be a JSON list", param_hint="--args")
     if not isinstance(kwargs, dict):

@@ -16,6 +16,7 @@ from duetime.cli_common import (
     interrupted,
     plain_app,
     progress,
+    run_id_arg,
     server_now,
     table,
     when,
@@ -87,7 +88,7 @@ def runs_list(ctx: click.Context, state: str | None, schedule: str | None, queue
 
 
 @runs.command("show")
-@click.argument("run_id")
+@click.argument("run_id", callback=run_id_arg)
 @click.option("--json", "as_json", is_flag=True, help="The record as JSON (absolute ISO times).")
 @click.pass_context
 @fail_cleanly
@@ -102,7 +103,7 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
 
 
 @runs.command("cancel")
-@click.argument("run_id")
+@click.argument("run_id", callback=run_id_arg)
 @click.option("--reason", default="cancelled by an operator", show_default=True,
               help="Recorded on the run.")
 @click.pass_context
@@ -119,7 +120,7 @@ def runs_cancel(ctx: click.Context, run_id: str, reason: str) -> None:
 
 
 @runs.command("replay")
-@click.argument("run_id")
+@click.argument("run_id", callback=run_id_arg)
 @click.option("--force", is_flag=True, help="Also replay a run that succeeded.")
 @click.option("--note", default="", help="Recorded on the old run.")
 @click.pass_context
@@ -134,7 +135,7 @@ def runs_replay(ctx: click.Context, run_id: str, force: bool, note: str) -> None
 
 
 @runs.command("wait")
-@click.argument("run_id")
+@click.argument("run_id", callback=run_id_arg)
 @duration_option("--timeout", span=WAIT, default="60s", show_default=True,
                  help="Give up (exit 1) after this long.")
 @click.option("--json", "as_json", is_flag=True,
@@ -192,7 +193,7 @@ def dead_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) 
 
 
 @dead.command("show")
-@click.argument("run_id")
+@click.argument("run_id", callback=run_id_arg)
 @click.option("--json", "as_json", is_flag=True, help="The record as JSON (absolute ISO times).")
 @click.pass_context
 @fail_cleanly
@@ -211,7 +212,7 @@ def dead_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
 
 
 @dead.command("replay")
-@click.argument("run_id", required=False)
+@click.argument("run_id", required=False, callback=run_id_arg)
 @click.option("--all", "replay_all", is_flag=True, help="Every dead run (of --queue / --task).")
 @click.option("--queue", default=None, help="With --all: only this queue.")
 @click.option("--task", default=None, help="With --all: only this task.")
@@ -308,7 +309,7 @@ def uncertain_list(ctx: click.Context, queue: str | None, limit: int, as_json: b
 
 
 @uncertain.command("resolve")
-@click.argument("run_id")
+@click.argument("run_id", callback=run_id_arg)
 @click.option("--as", "verdict", required=True, type=click.Choice(("succeeded", "failed", "replay")),
               help="succeeded: it happened; failed: dead-letter it; replay: run it again.")
 @click.option("--note", default="", help="Recorded on the run.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -121,3 +122,81 @@ def test_enqueue_many_refuses_internal_fields(app):
         with pytest.raises(InvalidInput):
             app.enqueue_many([{"task": basic.noop}, bad])
     assert app.enqueue_many([{"task": basic.noop, "args": [1], "key": "k1", "delay": 5}])
+
+
+def _duetime(*args: str, cwd: object = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "duetime", "--log-level", "INFO", *args],
+                          capture_output=True, text=True, errors="replace", timeout=60,
+                          cwd=cwd or ROOT, env=env)
+
+
+def test_operator_tools_show_the_rest_when_one_record_is_damaged(app, url, namespace):
+    """A run record with unreadable numbers and non-UTF-8 text, one with a payload that is not
+    msgpack, a schedule with an unknown trigger kind: every listing still works."""
+    import duetime
+
+    ids = [app.enqueue(basic.noop, [i]) for i in range(3)]
+    k, r = app.keys, app.store.client
+    p = k.partition_of_run(ids[0])
+    r.hset(k.run(p, ids[0]), mapping={"attempt": "abc", "max_attempts": "inf", "due": "xyz",
+                                      "task": b"\xff\xfe"})
+    r.hset(k.run(k.partition_of_run(ids[1]), ids[1]), "payload", b"\xc1\xc1")
+    app.schedule("damaged", duetime.Every(60), basic.noop)
+    r.hset(k.sched(k.partition_of_schedule("damaged"), "damaged"),
+           mapping={"t.kind": "weekly", "max_catchup": "lots"})
+    for cmd in (["runs", "list"], ["runs", "list", "--json"], ["runs", "show", ids[0]],
+                ["runs", "show", ids[1], "--json"], ["schedule", "list"], ["top", "--once"],
+                ["keys"]):
+        out = _duetime("--redis-url", url, "--namespace", namespace, *cmd)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, (cmd, out.stderr[-2000:])
+    listing = _duetime("--redis-url", url, "--namespace", namespace, "runs", "list").stdout
+    assert all(i in listing for i in ids)  # the damaged ones are listed with the others
+    assert "damaged" in _duetime("--redis-url", url, "--namespace", namespace, "schedule",
+                                 "list").stdout
+
+
+def test_bad_apps_urls_and_arguments_are_one_error_line(tmp_path):
+    (tmp_path / "boomapp.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "synapp.py").write_text("def x(:\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cases = [
+        (["worker", "--app", "boomapp:app"], "boom at import"),
+        (["worker", "--app", "synapp:app"], "SyntaxError"),
+        (["--redis-url", "notaurl", "runs", "list"], "not a Redis URL"),
+        (["--redis-url", f"redis+cluster://127.0.0.1:{free_port()}", "runs", "list"],
+         "cannot reach Redis"),
+        (["--redis-url", "redis://127.0.0.1:1/0", "enqueue", "noop", "--args",
+          "[" * 3000 + "]" * 3000], "nested too deeply"),
+        (["--redis-url", "redis://127.0.0.1:1/0", "runs", "show", "\udcff"], "not valid UTF-8"),
+    ]
+    for args, words in cases:
+        out = _duetime(*args, cwd=tmp_path, env=env)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode in (1, 2) and "Traceback" not in out.stderr, (args, out.stderr)
+        assert lines[-1].startswith("error:") and words in lines[-1], (args, lines)
+
+
+def test_a_password_in_the_url_query_is_never_printed(url, namespace):
+    """`?password=` is redacted like `user:pass@` in doctor, top, keys and the connected log."""
+    from duetime.common.connection import redact
+
+    secret = "hunter2-query-secret"
+    assert secret not in redact(f"redis://127.0.0.1:1/0?password={secret}&db=0")
+    assert "password=***" in redact(f"redis://127.0.0.1:1/0?password={secret}")
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    bad = f"redis://127.0.0.1:{port}/0?password={secret}"
+    for cmd in (["doctor"], ["top", "--once"], ["keys"], ["reaper", "--tick", "100ms"]):
+        if cmd[0] == "reaper":  # a long-running process: its 'connected' line, then stop it
+            p = subprocess.Popen([sys.executable, "-m", "duetime", "--redis-url", bad, "--namespace",
+                                  namespace, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 cwd=ROOT)
+            try:
+                out_b, err_b = p.communicate(timeout=3)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                out_b, err_b = p.communicate(timeout=30)
+            text = out_b.decode(errors="replace") + err_b.decode(errors="replace")
+        else:
+            out = _duetime("--redis-url", bad, "--namespace", namespace, *cmd)
+            text = out.stdout + out.stderr
+        assert secret not in text, (cmd, text[-1500:])
