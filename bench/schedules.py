@@ -66,8 +66,13 @@ def _commands(r: redis.Redis) -> tuple[dict[str, int], float]:
             cpu["used_cpu_sys"] + cpu["used_cpu_user"])
 
 
-def idle(url: str, window_s: float, settle_s: float = 10.0) -> None:
-    """The namespace `register` left behind: a scheduler and an idle worker, then count."""
+def idle(url: str, n: int, window_s: float, settle_s: float = 10.0) -> None:
+    """n schedules none of which fires in the window (yearly, spread by H), a scheduler and an
+    idle worker: count what they send while nothing is due."""
+    fresh(url)
+    for i in range(0, n, CHUNK):
+        app.schedule_many([app.schedule_def(f"y-{j:06d}", duetime.Cron("H H 1 1 *"), noop, args=[j])
+                           for j in range(i, min(n, i + CHUNK))])
     r = redis.Redis.from_url(url)
     env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": app.keys.namespace}
     cmd = [sys.executable, "-m", "duetime", "--log-level", "WARNING"]
@@ -88,7 +93,8 @@ def idle(url: str, window_s: float, settle_s: float = 10.0) -> None:
     total = sum(v for v in delta.values() if v > 0)
     top = ", ".join(f"{k} {v / dt:.2f}" for k, v in sorted(delta.items(), key=lambda kv: -kv[1])[:6]
                     if v > 0)
-    print(f"idle: one scheduler + one idle worker, {window_s:g} s after {settle_s:g} s to settle: "
+    print(f"idle: {n:,} schedules, one scheduler + one idle worker, {window_s:g} s after "
+          f"{settle_s:g} s to settle: "
           f"{total / dt:.2f} Redis commands/s ({top}); Redis CPU {(cpu1 - cpu0) / dt * 1000:.2f} ms/s")
 
 
@@ -169,7 +175,7 @@ def main() -> None:
         if args.register:
             register(server.url, args.register)
         if args.idle:
-            idle(server.url, args.idle)
+            idle(server.url, args.register or 100_000, args.idle)
         if args.materialize:
             materialize(server.url, args.materialize)
         for n in [int(x) for x in args.herd.split(",") if x]:

@@ -153,6 +153,7 @@ class QueueStats:
     lateness_p50_s: float | None = None
     lateness_p99_s: float | None = None
     dead: int = 0
+    next_due_ms: int | None = None  # the earliest due or retry time still ahead (server ms)
 
 
 @dataclass
@@ -432,6 +433,9 @@ class Inspector:
                         st.retrying += total
                     if ready and head:
                         st.oldest_due_age_s = max(st.oldest_due_age_s, (now - head[0][1]) / 1000)
+                    elif head and head[0][1] > now and (st.next_due_ms is None
+                                                        or head[0][1] < st.next_due_ms):
+                        st.next_due_ms = int(head[0][1])
             leases += next(res)
             dead += next(res)
             uncertain += next(res)

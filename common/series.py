@@ -65,13 +65,15 @@ class SeriesWriter:
         self.steps = STEPS if steps is None else steps
         self._last: dict[str, int] = {}
 
-    def record(self) -> list[str]:
-        """→ the steps a point was written for now."""
+    def record(self, only: tuple[str, ...] | None = None) -> list[str]:
+        """→ the steps a point was written for now (`only`: these steps alone)."""
         insp = self.inspector
         client, keys = insp.client, insp.keys
         now = insp.now_ms()
         due = []
         for name, (step_ms, _) in self.steps.items():
+            if only is not None and name not in only:
+                continue
             start = now - now % step_ms
             if self._last.get(name, -1) < start:
                 due.append((name, start))

@@ -92,10 +92,12 @@ class Listener(threading.Thread):
     reconnects forever with jittered back-off, and sets `reread` after every (re)subscription,
     so the loop reads the heads again and notices sent while it was away are made up for."""
 
-    def __init__(self, client: redis.Redis, url: str, channel: str, kinds: str, heads: Heads,
-                 stopping: threading.Event) -> None:
-        super().__init__(name=f"notices-{kinds}", daemon=True)
-        self.client, self.url, self.channel, self.kinds = client, url, channel, kinds
+    def __init__(self, client: redis.Redis, url: str, channel: str | list[str], kinds: str | None,
+                 heads: Heads, stopping: threading.Event) -> None:
+        """`kinds` None: any message on the channel(s) only wakes the loop (`heads.changed`)."""
+        super().__init__(name=f"notices-{kinds or 'any'}", daemon=True)
+        self.client, self.url, self.kinds = client, url, kinds
+        self.channels = [channel] if isinstance(channel, str) else list(channel)
         self.heads = heads
         self.stopping = stopping
         self.subscribed = threading.Event()
@@ -107,7 +109,7 @@ class Listener(threading.Thread):
         while not self.stopping.is_set():
             pubsub = self.client.pubsub(ignore_subscribe_messages=False)
             try:
-                pubsub.subscribe(self.channel)
+                pubsub.subscribe(*self.channels)
                 while not self.stopping.is_set():
                     msg = pubsub.get_message(timeout=1.0)
                     if msg is None:
@@ -119,7 +121,11 @@ class Listener(threading.Thread):
                         delay = 0.1
                     elif msg["type"] == "message":
                         self._handle(msg["data"])
-            except (redis.RedisError, OSError) as exc:
+            except Exception as exc:
+                if self.stopping.is_set():
+                    return  # the process is closing its connections under us
+                if not isinstance(exc, redis.RedisError | OSError):
+                    raise
                 self.subscribed.clear()
                 self.error = (str(unavailable(self.url, exc))
                               if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError)
@@ -136,6 +142,9 @@ class Listener(threading.Thread):
     def _handle(self, data: bytes) -> None:
         """`<kind>|<partition>|<ms>`; anything else on the channel is ignored (a stray PUBLISH
         must not silence the notices)."""
+        if self.kinds is None:
+            self.heads.changed.set()
+            return
         try:
             kind, p, ms = data.decode().split("|")
             if kind in self.kinds:
