@@ -255,7 +255,8 @@ class Executor:
         """Run the task body; → its return value. While it runs, `_bodies` names its attempt: a
         later attempt of the run claimed meanwhile waits for it (`_follow`)."""
         set_current(ex.ctx)
-        bind_run(ex.ctx.run_id, ex.ctx.task, ex.ctx.attempt, worker_id=self.worker_id)
+        bind_run(ex.ctx.run_id, ex.ctx.task, ex.ctx.attempt, worker_id=self.worker_id,
+                 schedule=ex.ctx.schedule)
         run_id = ex.ctx.run_id
         self._bodies[run_id] = ex
         ex.in_body = True
