@@ -73,10 +73,13 @@ def test_three_schedulers_200_schedules_every_occurrence_exactly_once(app, r, pr
     schedulers[0].send_signal(signal.SIGKILL)  # one dies mid-way; the others take over
     schedulers[0].wait()
     time.sleep(4.0)
+    names = [f"fleet-{i:03d}" for i in range(200)]
+    # a loaded machine starts the processes late: let every schedule reach 5 occurrences
+    wait_for(lambda: all(len(runs_of(app, n)) >= 5 for n in names), 30, interval=0.5,
+             what="five occurrences of every schedule")
     for s in schedulers[1:]:
         s.send_signal(signal.SIGTERM)
         s.wait(10)
-    names = [f"fleet-{i:03d}" for i in range(200)]
     wait_for(lambda: all(run.state == "succeeded" for n in names for run in runs_of(app, n)),
              30, interval=0.5, what="every run to succeed")
     counts = {k.decode(): int(v) for k, v in r.hgetall(basic.count_key()).items()}
