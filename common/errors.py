@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 
 class DuetimeError(Exception):
     """Base class: a clear, one-line message meant for a human."""
@@ -39,9 +41,10 @@ class RedisUnavailable(DuetimeError, ConnectionError):
     """Redis cannot be reached; the message names the (password-free) URL."""
 
 
-class RedisRefused(DuetimeError):
+class RedisRefused(DuetimeError, ResponseError):
     """Redis answered but refused the call (at maxmemory, a read-only replica, a missing ACL
-    permission, a damaged key); the message says what to do. `code` is Redis's error code."""
+    permission, a damaged key); the message says what to do. `code` is Redis's error code.
+    Also a redis-py ResponseError, so code catching that still catches it."""
 
     def __init__(self, message: str, code: str = "") -> None:
         super().__init__(message)

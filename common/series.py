@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from duetime.common.connection import translated
@@ -79,11 +80,7 @@ class SeriesWriter:
                 due.append((name, start))
         if not due:
             return []
-        pipe = client.pipeline(transaction=False)
-        for name, _ in due:
-            pipe.xrevrange(keys.series(name), count=1)
-        with translated(insp.url):
-            heads = pipe.execute()
+        heads = self._heads([name for name, _ in due])
         todo = []
         for (name, start), head in zip(due, heads, strict=True):
             last = int(head[0][0].decode().split("-")[0]) if head else -1
@@ -95,16 +92,26 @@ class SeriesWriter:
         for name, start in todo:
             step_ms, cap = self.steps[name]
             ov = insp.overview(activity=True, window_s=step_ms / 1000, sample=SAMPLE)
-            try:
-                with translated(insp.url):
+            with translated(insp.url):
+                try:
                     client.xadd(keys.series(name), encode(ov), id=f"{start}-0", maxlen=cap,
                                 approximate=False)
-                written.append(name)
-            except redis.ResponseError as exc:
-                if "equal or smaller" not in str(exc):
-                    raise
+                    written.append(name)
+                except redis.ResponseError as exc:  # another scheduler wrote this step first
+                    if "equal or smaller" not in str(exc):
+                        raise
             self._last[name] = start
         return written
+
+
+    def _heads(self, names: list[str]) -> list[Any]:
+        """The newest point of each named series (the one read that tells a step has one)."""
+        insp = self.inspector
+        pipe = insp.client.pipeline(transaction=False)
+        for name in names:
+            pipe.xrevrange(insp.keys.series(name), count=1)
+        with translated(insp.url):
+            return pipe.execute()
 
 
 def read(client: redis.Redis, url: str, key: str, since_ms: int | None = None,

@@ -41,6 +41,18 @@ def test_one_sample_per_step_whichever_scheduler_writes_it_and_the_stream_is_cap
     assert len(points) == 4 and [p.t_ms for p in points] == sorted({p.t_ms for p in points})
 
 
+def test_two_schedulers_writing_one_step_at_once_is_not_an_error(wapp):
+    """Both read 'no point yet' before either writes: the second XADD is refused by the stream
+    (same id); that is the design, not a failure (it killed a scheduler's gauges thread)."""
+    insp = Inspector(wapp.store.client, wapp.keys, wapp.redis_url)
+    steps = {"race": (60_000, 4)}
+    a, b = series.SeriesWriter(insp, steps), series.SeriesWriter(insp, steps)
+    b._heads = lambda names: [[] for _ in names]  # b read the stream before a wrote
+    assert a.record() == ["race"]
+    assert b.record() == []  # its XADD is refused as a duplicate of this step, quietly
+    assert len(series.read(wapp.store.client, wapp.redis_url, wapp.keys.series("race"))) == 1
+
+
 def test_the_scheduler_gauges_record_the_consoles_samples(wapp):
     wapp.enqueue_many([(webapp.slow, [1.0])] * 3)
     g = Gauges(wapp.redis_url, wapp.keys)
