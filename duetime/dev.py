@@ -33,6 +33,7 @@ def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: 
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    embedded = not url
     with ExitStack() as stack:
         if not url:
             from duetime.embedded import local_server
@@ -46,9 +47,12 @@ def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: 
         app.configure(redis_url=url, namespace=namespace)
         app.store.ready()
         ns = app.keys.namespace
+        created = []
         for name, trigger, task, args in SAMPLES:
             status = app.schedule(name, trigger, task, args, catchup="latest")
             click.echo(f"schedule {name}: {trigger.describe()} ({status})")
+            if status == "created":
+                created.append(name)
         metrics.serve(metrics_port)
         parts = [Evaluator(url, app.keys, lead_ms=1000), Reaper(url, app.keys, tick_s=0.5),
                  Gauges(url, app.keys, interval_s=2.0)]
@@ -90,5 +94,26 @@ def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: 
                 x.stop()
             for t in threads:
                 t.join(5)
+            if not embedded:
+                _remove_samples(app, created)
             app.close()
         click.echo("stopped")
+
+
+def _remove_samples(app: App, names: list[str]) -> None:
+    """On a real server, leave it as found: delete the sample schedules this run created (not
+    ones that were there before — another `duetime dev` may be using them) and cancel their
+    runs that had not started, which no worker would otherwise pick up."""
+    from duetime.common.inspect import Inspector
+
+    insp = Inspector(app.store.client, app.keys, app.redis_url)
+    cancelled = 0
+    for name in names:
+        app.delete_schedule(name)
+        for state in ("scheduled", "retrying"):
+            for run in insp.list_runs(state, schedule=name, limit=1000).runs:
+                app.cancel(run.id, reason="duetime dev stopped")
+                cancelled += 1
+    if names:
+        click.echo(f"removed the sample schedules it created ({', '.join(names)}); "
+                   f"cancelled {cancelled} run(s) not started")

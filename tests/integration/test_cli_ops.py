@@ -154,9 +154,19 @@ def valkey_procs(servers):
 
 
 def test_dev_runs_scheduler_workers_and_samples_until_ctrl_c(valkey_procs):
+    """On a real server dev cleans up after itself: the sample schedules it created go, with
+    their runs not started; one that was there before it started stays."""
+    from duetime import App
+    from duetime.common.timespec import Every
+
+    keys = Keyspace(valkey_procs.namespace)
+    before = App(redis_url=valkey_procs.url, namespace=valkey_procs.namespace)
+    flaky = before.task(name="demo.flaky")(lambda n: n)
+    before.schedule("dev.flaky-import", Every(3600), flaky, [0])
+    before.close()
     dev = valkey_procs.duetime("dev", "--workers", "1", log="WARNING")
     client = redis.Redis.from_url(valkey_procs.url)
-    insp = Inspector(client, Keyspace(valkey_procs.namespace), valkey_procs.url)
+    insp = Inspector(client, keys, valkey_procs.url)
     wait_for(lambda: insp.list_runs("succeeded", schedule="dev.thumbnails").runs, 30,
              what="a sample schedule's run to succeed")
     assert [w.queues for w in insp.workers()] == [["default"]]
@@ -164,7 +174,12 @@ def test_dev_runs_scheduler_workers_and_samples_until_ctrl_c(valkey_procs):
     out, err = dev.communicate(timeout=30)
     assert dev.returncode == 0, err
     assert b"stopped" in out and b"duetime top" in out and b"Traceback" not in err
+    assert b"removed the sample schedules it created (dev.thumbnails, dev.nightly-report)" in out
     wait_for(lambda: not insp.workers(), 10, what="the worker to deregister")
+    after = App(redis_url=valkey_procs.url, namespace=valkey_procs.namespace)
+    assert [s.name for s in after.list_schedules()] == ["dev.flaky-import"]
+    assert not insp.list_runs("scheduled", schedule="dev.thumbnails").runs
+    after.close()
     client.close()
 
 
