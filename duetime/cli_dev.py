@@ -8,7 +8,8 @@ from duetime.cli_common import fail_cleanly
 
 
 @click.command()
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Worker processes to start (each runs the demo app's tasks).")
 @click.option("--metrics-port", default=None, type=int,
               help="Scheduler metrics here; worker i on the port + 1 + i.")
 @click.pass_context

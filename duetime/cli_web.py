@@ -24,7 +24,8 @@ def _loopback(host: str) -> bool:
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (anything but loopback exposes the console).")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535),
+              help="Port the console listens on.")
 @click.option("--write-token", envvar=ENV_TOKEN, default=None,
               help=f"Allow actions (pause, trigger, replay, resolve, cancel) to whoever enters this "
               f"token in the browser; without it the console only reads. Prefer env {ENV_TOKEN} "
