@@ -206,3 +206,19 @@ def test_worker_config_is_checked_before_anything_runs(app):
     cfg.lease_ms = 0  # changed after construction: the worker checks again
     with pytest.raises(InvalidInput, match="lease_ms"):
         Worker(app.registry, app.redis_url, app.keys, cfg)
+
+
+def test_a_run_that_succeeds_on_retry_carries_no_error_of_the_failed_attempt(app, tmp_path):
+    """The run shows how it ended; the first attempt's error stays in that attempt's entry."""
+    path = str(tmp_path / "journal")
+
+    async def main() -> str:
+        run_id = app.enqueue(basic.journaled, [path, 0.0, 1])  # attempt 1 raises
+        async with serving(app):
+            await until(lambda: app.get_run(run_id).state == "succeeded", 15, what="the retry")
+        return run_id
+
+    run = app.get_run(asyncio.run(main()))
+    assert run.error is None and run.reason is None
+    assert [(a.outcome, a.error) for a in run.attempts][1] == ("succeeded", None)
+    assert run.attempts[0].outcome == "failed" and "failed at its end" in (run.attempts[0].error or "")
