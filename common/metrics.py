@@ -11,7 +11,17 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from duetime.common.errors import DuetimeError, InvalidInput
 from duetime.common.health import Health, Verdict
-from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from duetime.common.outcomes import Outcome
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    make_wsgi_app,
+)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
                    60, 300)
@@ -73,6 +83,43 @@ REFUSING_WRITES = Gauge(
     "recovered meanwhile; heartbeats still extend leases",
 )
 
+# What each process exports on /metrics: its own metrics, every one from startup. A scheduler
+# does not show worker gauges at 0 (a dashboard summing them would read a scheduler as an idle
+# worker), nor a worker the namespace gauges. In-process, all are in the default registry.
+WORKER_METRICS = (RUNS_FINISHED, START_LATENESS, QUEUE_DELAY, EXECUTION, CLAIMED, LEASES_LOST,
+                  LATE_REJECTED, INFLIGHT, RETRIES, DEAD_LETTERS, MISSED, SKIPPED)
+REAPER_METRICS = (REAPED, MISSED, REFUSING_WRITES)
+SCHEDULER_METRICS = (*REAPER_METRICS, SKIPPED, MATERIALIZED, QUARANTINED, PARTITIONS_OWNED,
+                     QUEUE_BACKLOG, QUEUE_OLDEST_DUE, QUEUE_SCHEDULED, QUEUE_RETRYING,
+                     LEASES_ACTIVE, DEAD_RUNS, UNCERTAIN_RUNS, PARTITIONS_UNOWNED, WORKERS_LIVE)
+ROLES: dict[str, tuple[Any, ...]] = {"worker": WORKER_METRICS, "reaper": REAPER_METRICS,
+                                     "scheduler": SCHEDULER_METRICS}
+
+
+def registry(role: str) -> CollectorRegistry:
+    """The metrics `role` exports, with the process, platform and GC collectors."""
+    reg = CollectorRegistry(auto_describe=True)
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR,
+                      *dict.fromkeys(ROLES[role])):
+        reg.register(collector)
+    return reg
+
+
+REAPED.labels("recovered")  # its one result so far: there from startup
+
+
+def preset(tasks: Iterable[str] = (), queues: Iterable[str] = ()) -> None:
+    """Create the labelled series a worker will report at 0, so a rate() or an absent() alert
+    has a series to read before the first run (unlabelled ones start at 0 by themselves)."""
+    for q in queues:
+        for metric in (CLAIMED, START_LATENESS, QUEUE_DELAY):
+            child(metric, q)
+    for t in tasks:
+        for metric in (EXECUTION, RETRIES, DEAD_LETTERS):
+            child(metric, t)
+        for outcome in Outcome:
+            child(RUNS_FINISHED, t, outcome.value)
+
 
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -92,13 +139,13 @@ health = Health()
 _Start = Callable[[str, list[tuple[str, str]]], Any]
 
 
-def _app(metrics_app: Callable[..., Iterable[bytes]], registry: Health) -> Callable[..., Iterable[bytes]]:
+def _app(metrics_app: Callable[..., Iterable[bytes]], probes: Health) -> Callable[..., Iterable[bytes]]:
     """/healthz and /readyz from the health registry; every other path is the metrics."""
-    probes: dict[str, Callable[[], Verdict]] = {"/healthz": registry.liveness,
-                                                "/readyz": registry.readiness}
+    paths: dict[str, Callable[[], Verdict]] = {"/healthz": probes.liveness,
+                                               "/readyz": probes.readiness}
 
     def app(environ: dict[str, Any], start_response: _Start) -> Iterable[bytes]:
-        probe = probes.get(environ.get("PATH_INFO", ""))
+        probe = paths.get(environ.get("PATH_INFO", ""))
         if probe is None:
             return metrics_app(environ, start_response)
         verdict = probe()
@@ -122,10 +169,11 @@ class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
 
-def serve(port: int | None, addr: str = "127.0.0.1", registry: Health | None = None) -> WSGIServer | None:
-    """/metrics, /healthz and /readyz on `addr:port`, in a daemon thread; nothing without a port.
-    Loopback unless told otherwise (the metrics name tasks, queues and owners); `0.0.0.0` in a
-    container, where the orchestrator probes and Prometheus scrapes from outside."""
+def serve(port: int | None, addr: str = "127.0.0.1", role: str = "scheduler",
+          probes: Health | None = None) -> WSGIServer | None:
+    """/metrics (`role`'s), /healthz and /readyz on `addr:port`, in a daemon thread; nothing
+    without a port. Loopback unless told otherwise (the metrics name tasks, queues and owners);
+    `0.0.0.0` in a container, where the orchestrator probes and Prometheus scrapes from outside."""
     if not port:
         return None
     try:
@@ -135,7 +183,7 @@ def serve(port: int | None, addr: str = "127.0.0.1", registry: Health | None = N
         raise InvalidInput(f"metrics host {addr!r}: {exc.strerror}") from None
     server_class = type("MetricsServer", (_Server,), {"address_family": family})
     try:
-        httpd = make_server(sockaddr[0], port, _app(make_wsgi_app(), registry or health),
+        httpd = make_server(sockaddr[0], port, _app(make_wsgi_app(registry(role)), probes or health),
                             server_class, handler_class=_Quiet)
     except OSError as exc:
         raise DuetimeError(f"cannot serve metrics on {addr}:{port}: {exc.strerror}") from None

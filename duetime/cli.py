@@ -111,7 +111,8 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     app.store.ready().sadd(app.keys.queues, *qs)  # clear error now if Redis is down
     app.publish_tasks()  # producers without the code enqueue by name with these options
     announce(ctx, app, "worker")
-    metrics.serve(metrics_port, metrics_host)
+    metrics.preset(app.registry.names(), qs)
+    metrics.serve(metrics_port, metrics_host, role="worker")
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
                        grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),
                        max_result=app.max_payload)
@@ -143,7 +144,7 @@ def _run_reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retent
         redis_url=ctx.obj["url"], namespace=ctx.obj["namespace"])
     app.store.ready()
     announce(ctx, app, "reaper")
-    metrics.serve(metrics_port, metrics_host)
+    metrics.serve(metrics_port, metrics_host, role="reaper")
     reaper = Reaper(app.redis_url, app.keys, tick_s=tick.total_seconds(),
                     retention_ms=duration_ms(retention))
     signal.signal(signal.SIGTERM, lambda *_: reaper.stop())
@@ -195,7 +196,7 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: timedelta, tick: ti
     app = _app_or_plain(ctx, app_ref)
     app.store.ready()
     announce(ctx, app, "scheduler")
-    metrics.serve(metrics_port, metrics_host)
+    metrics.serve(metrics_port, metrics_host, role="scheduler")
     run_scheduler(app.redis_url, app.keys, lead_ms=duration_ms(lead),
                   tick_s=tick.total_seconds(), reap_tick_s=reap_tick.total_seconds(),
                   miss_tolerance_ms=None if miss_tolerance is None else duration_ms(miss_tolerance),

@@ -89,7 +89,7 @@ def test_readiness_needs_a_report_every_part_ok_and_no_stuck_loop():
 def test_probes_are_served_beside_metrics():
     h = Health()
     port = free_port()
-    httpd = serve(port, "127.0.0.1", registry=h)
+    httpd = serve(port, "127.0.0.1", probes=h)
     assert httpd is not None
     try:
         assert get(port, "/healthz") == (200, {"status": "ok", "checks": {}})
@@ -104,7 +104,7 @@ def test_probes_are_served_beside_metrics():
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as resp:
             assert b"# TYPE duetime_queue_backlog gauge" in resp.read()
         with pytest.raises(DuetimeError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
-            serve(port, "127.0.0.1", registry=h)
+            serve(port, "127.0.0.1", probes=h)
     finally:
         httpd.shutdown()
         httpd.server_close()

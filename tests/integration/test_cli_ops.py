@@ -156,8 +156,9 @@ def valkey_procs(servers):
 def test_dev_runs_scheduler_workers_and_samples_until_ctrl_c(valkey_procs):
     """On a real server dev cleans up after itself: the sample schedules it created go, with
     their runs not started; one that was there before it started stays."""
-    from duetime import App
     from duetime.common.timespec import Every
+
+    from duetime import App
 
     keys = Keyspace(valkey_procs.namespace)
     before = App(redis_url=valkey_procs.url, namespace=valkey_procs.namespace)

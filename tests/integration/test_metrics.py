@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import urllib.request
 from collections.abc import Callable
 from datetime import timedelta
 
+from duetime.common import metrics
 from prometheus_client.parser import text_string_to_metric_families
 
 import duetime
 from duetime.embedded import free_port
 from tests.apps import basic
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
 from tests.integration.opkit import Driver
 
 Samples = dict[tuple[str, frozenset], float]
@@ -98,6 +100,59 @@ def test_worker_and_scheduler_metrics_after_known_work(app, procs):
     assert value(s, "duetime_runs_materialized_total") >= 1
     assert value(s, "duetime_workers_live") == 1
     assert value(s, "duetime_uncertain_runs") == 0
+
+
+def _readme_metrics() -> set[str]:
+    text = (ROOT / "README.md").read_text()
+    paragraph = text[text.index("Metrics (Prometheus"):text.index("Alert rules and a Grafana")]
+    return set(re.findall(r"`(duetime_[a-z_]+)", paragraph))
+
+
+def _families(samples: Samples) -> set[str]:
+    """Metric names as documented: counters with `_total`, histograms without suffix."""
+    out = set()
+    for name, _ in samples:
+        out.add(name)
+        out.add(re.sub(r"_(count|sum|bucket)$", "", name))
+    return out
+
+
+def test_every_documented_metric_is_exported_from_startup_by_its_own_role(app, procs):
+    """Before any work: each metric the README lists is on /metrics (at 0) of the process that
+    reports it, and a process exports only its own (no worker gauge on a scheduler)."""
+    sched_port, worker_port = free_port(), free_port()
+    procs.duetime("scheduler", "--metrics-port", str(sched_port))
+    procs.worker("--metrics-port", str(worker_port), "--queues", "default")
+    wait_for(lambda: _up(sched_port) and _up(worker_port), 20, what="both metrics endpoints")
+    w, s = scrape(worker_port), scrape(sched_port)
+    documented = _readme_metrics()
+    defined = {m._name + ("_total" if m._type == "counter" else "")
+               for role in metrics.ROLES.values() for m in role}
+    assert documented == defined  # the README lists every metric, and only real ones
+    assert documented - (_families(w) | _families(s)) == set()
+
+    # the worker's series exist for its tasks and queues, at 0
+    assert value(w, "duetime_runs_finished_total", task="noop", outcome="succeeded") == 0
+    assert value(w, "duetime_runs_finished_total", task="fatal", outcome="dead") == 0
+    assert value(w, "duetime_retries_total", task="flaky") == 0
+    assert value(w, "duetime_dead_letters_total", task="flaky") == 0
+    assert value(w, "duetime_execution_duration_seconds_count", task="noop") == 0
+    assert value(w, "duetime_start_lateness_seconds_count", queue="default") == 0
+    assert value(w, "duetime_queue_delay_seconds_count", queue="default") == 0
+    assert value(w, "duetime_runs_claimed_total", queue="default") == 0
+    assert value(w, "duetime_leases_lost_total") == 0
+
+    worker_only = {"duetime_worker_inflight_runs", "duetime_runs_finished_total",
+                   "duetime_execution_duration_seconds", "duetime_leases_lost_total"}
+    scheduler_only = {"duetime_queue_backlog", "duetime_scheduler_partitions_owned",
+                      "duetime_workers_live", "duetime_partitions_unowned",
+                      "duetime_runs_materialized_total", "duetime_lease_expiries_total"}
+    assert worker_only <= _families(w) and not worker_only & _families(s)
+    assert scheduler_only - {"duetime_queue_backlog"} <= _families(s)
+    assert not scheduler_only & _families(w)
+    assert value(s, "duetime_lease_expiries_total", result="recovered") == 0
+    assert value(s, "duetime_runs_materialized_total") == 0
+    assert "process_cpu_seconds_total" in _families(w) | _families(s)
 
 
 def _try(fn: Callable[[], object]) -> bool:

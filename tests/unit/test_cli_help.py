@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import click
+
 from duetime.cli import main
 
 
