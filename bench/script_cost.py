@@ -4,6 +4,9 @@ phase. Give several copies of `lua/` to compare script variants on one server, i
 (the claim and complete scripts come from each copy; enqueue uses the installed scripts).
 
     .venv/bin/python -m bench.script_cost [--runs 20000] [--batch 50] [--rounds 5] [LUA_DIR ...]
+
+`--results` instead compares completing with and without a stored result (a task's return
+value kept on its run for `wait`), interleaved on one server: Redis CPU and memory per run.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import redis
 from duetime.common import scripts
+from duetime.common.codec import pack_result
 from duetime.common import transitions as tr
 
 from bench.apps import app, noop
@@ -38,14 +42,21 @@ def _cpu_us(r: redis.Redis) -> float:
     return (info["used_cpu_sys"] + info["used_cpu_user"]) * 1e6
 
 
-def one_round(url: str, lua_dir: Path, n: int, batch: int) -> tuple[float, float, float]:
-    """(enqueue, claim, complete) Redis CPU µs per run. Enqueue uses the installed scripts."""
+# what a report task might return: small, like most results (a count, a path, a flag)
+RESULT = pack_result({"rows": 1234, "path": "s3://reports/2026-12-01/daily.csv", "ok": True})
+
+
+def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
+              memory: list[float] | None = None) -> tuple[float, float, float]:
+    """(enqueue, claim, complete) Redis CPU µs per run. Enqueue uses the installed scripts.
+    With `memory`, appends the server's used memory per run once every run is finished."""
     app.configure(redis_url=url, namespace=f"sc{uuid.uuid4().hex[:6]}")
     r = redis.Redis.from_url(url)
     app.store.ready()
     claim = r.register_script(_source(lua_dir, "claim"))
     complete = r.register_script(_source(lua_dir, "complete"))
     k = app.keys
+    m0 = r.info("memory")["used_memory"]
     c0 = _cpu_us(r)
     app.enqueue_many([(noop, [i]) for i in range(n)])
     c1 = _cpu_us(r)
@@ -61,9 +72,13 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int) -> tuple[float, float
     assert sum(len(v) for v in held.values()) == n, "not every run was claimed"
     for p, items in held.items():
         for i in range(0, len(items), batch):
-            keys, args = tr.complete(k, p, items[i : i + batch])
+            done = [(run_id, fence, result) if result else (run_id, fence)
+                    for run_id, fence in items[i : i + batch]]
+            keys, args = tr.complete(k, p, done)
             assert set(complete(keys=keys, args=args)) <= {b"succeeded", b"ok"}  # ok: old copies
     c3 = _cpu_us(r)
+    if memory is not None:
+        memory.append((r.info("memory")["used_memory"] - m0) / n)
     r.flushall()
     r.close()
     app.close()
@@ -76,8 +91,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
+    ap.add_argument("--results", action="store_true",
+                    help="compare completing with and without a stored result")
     ap.add_argument("lua_dirs", nargs="*", type=Path, default=[LUA])
     args = ap.parse_args()
+    if args.results:
+        results(args)
+        return
     res: dict[Path, list[tuple[float, float, float]]] = {d: [] for d in args.lua_dirs}
     with EmbeddedServer(args.server) as server:
         for _ in range(args.rounds):
@@ -89,6 +109,22 @@ def main() -> None:
         enq, cl, co = (statistics.median(c) for c in zip(*rounds, strict=True))
         print(f"{str(d):40s} enqueue {enq:6.2f}  claim {cl:6.2f}  complete {co:6.2f}"
               f"  total {enq + cl + co:6.2f}")
+
+
+def results(args: argparse.Namespace) -> None:
+    variants = {"off": b"", f"on ({len(RESULT)} B)": RESULT}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    mem: dict[str, list[float]] = {v: [] for v in variants}
+    with EmbeddedServer(args.server) as server:
+        for _ in range(args.rounds):
+            for name, result in variants.items():
+                cpu[name].append(one_round(server.url, LUA, args.runs, args.batch, result,
+                                           mem[name])[2])
+    print(f"server={args.server} runs={args.runs} batch={args.batch} rounds={args.rounds}"
+          " (medians per run: complete.lua Redis CPU µs; used memory once finished, bytes)")
+    for name in variants:
+        print(f"result {name:12s} complete {statistics.median(cpu[name]):6.2f} µs"
+              f"  memory {statistics.median(mem[name]):7.1f} B")
 
 
 if __name__ == "__main__":
