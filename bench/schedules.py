@@ -115,7 +115,8 @@ def materialize(url: str, n: int) -> None:
     print(f"materialize: {created} runs in {dt:.2f} s = {created / dt:,.0f} runs/s (one evaluator)")
 
 
-def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int) -> None:
+def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int,
+         worker_args: tuple[str, ...] = ()) -> None:
     ns = fresh(url)
     r = redis.Redis.from_url(url)
     sec, _ = r.time()
@@ -128,7 +129,7 @@ def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int)
     cmd = [sys.executable, "-m", "duetime", "--log-level", "WARNING"]
     procs = [subprocess.Popen([*cmd, "scheduler", "--lead", "2s"], env=env)]
     procs += [subprocess.Popen([*cmd, "worker", "--app", "bench.apps:app",
-                                "--concurrency", str(args_concurrency)], env=env)
+                                "--concurrency", str(args_concurrency), *worker_args], env=env)
               for _ in range(workers)]
     done_keys = [app.keys.done(p) for p in range(app.keys.partitions)]
     deadline = time.monotonic() + 60 + jitter_s
@@ -169,6 +170,7 @@ def main() -> None:
     ap.add_argument("--jitter", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=2000)
+    ap.add_argument("--worker-args", default="", help="extra worker options, e.g. '--claim-ahead 50ms'")
     ap.add_argument("--idle", type=float, default=0, help="seconds of idle measurement (0: none)")
     args = ap.parse_args()
     with EmbeddedServer("redis") as server:
@@ -179,8 +181,10 @@ def main() -> None:
         if args.materialize:
             materialize(server.url, args.materialize)
         for n in [int(x) for x in args.herd.split(",") if x]:
-            herd(server.url, n, 0, args.workers, args.concurrency)
-            herd(server.url, n, args.jitter, args.workers, args.concurrency)
+            extra = tuple(args.worker_args.split())
+            herd(server.url, n, 0, args.workers, args.concurrency, extra)
+            if args.jitter:
+                herd(server.url, n, args.jitter, args.workers, args.concurrency, extra)
 
 
 if __name__ == "__main__":
