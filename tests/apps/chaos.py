@@ -101,3 +101,19 @@ async def tick() -> None:
 async def long_tick(seconds: float = 2.5) -> None:
     """Runs longer than its schedule's interval: with overlap `skip`, the next one is skipped."""
     await _async(seconds)
+
+
+@app.task(name="chaos.watchful", retries=6, backoff=(0.2, 1.0))
+def watchful(seconds: float = 5.0) -> None:
+    """A sync task that does what the docs ask of one: it watches `current_run().lease_lost`
+    and journals the moment it turns true (then stops, as it should before external effects)."""
+    def body() -> None:
+        run = duetime.current_run()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if run.lease_lost:
+                journal.append({"e": "lost", "run": run.run_id, "fence": run.fence,
+                                "pid": os.getpid(), "t": journal.now()})
+                return
+            time.sleep(0.02)
+    _sync(body)

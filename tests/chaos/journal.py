@@ -57,6 +57,7 @@ class Execution:
     end: float | None = None  # None: the body never ended (its process was killed)
     outcome: str = ""  # 'ok' | 'raised' | 'cancelled' (async task cancelled)
     lost: bool = False  # current_run().lease_lost when the body ended
+    lost_at: float | None = None  # when a task watching lease_lost saw it turn true
 
     @property
     def key(self) -> tuple[str, int]:
@@ -81,6 +82,8 @@ def read(directory: Path) -> list[Execution]:
                               e["worker"], e["t"])
                 started[k] = x
                 out.append(x)
+            elif e["e"] == "lost" and k in started:
+                started[k].lost_at = e["t"]
             elif k in started:
                 x = started.pop(k)
                 x.end, x.outcome, x.lost = e["t"], e["outcome"], e.get("lost", False)
