@@ -26,13 +26,17 @@ META_VERSION = "1"
 
 
 def redact(url: str) -> str:
-    """The URL without its password, safe for logs and error messages."""
+    """The URL without its password, nor any `*password*` query option (`ssl_password`, the
+    client key's passphrase), safe for logs and error messages."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{netloc}")
+    if "password" in parts.query.lower():
+        pairs = [item.split("=", 1) for item in parts.query.split("&")]
+        parts = parts._replace(query="&".join(
+            f"{kv[0]}=***" if "password" in kv[0].lower() else "=".join(kv) for kv in pairs))
+    return urlunsplit(parts)
 
 
 def _split(url: str) -> tuple[str, bool]:
