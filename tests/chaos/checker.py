@@ -423,6 +423,22 @@ class Checker:
             out.append(int(nxt.timestamp() * 1000))
             t = nxt
 
+    def restart_modes(self) -> None:
+        """Per server restart: its mode, how long the server was away, the leases that expired
+        because of it, and the acknowledged runs it lost (allowed only for everysec+SIGKILL)."""
+        acked = [s for s in self.submitted if s.acked is not None]
+        out = []
+        for f in self.faults.of("server_sigkill", "server_shutdown"):
+            end = f.end or f.start
+            expired = sum(1 for r in self.snap.runs.values() for e in r.attempts
+                          if e.outcome == "unknown" and e.end is not None
+                          and f.start <= e.end <= end + self.lease_s + 2.0)
+            lost = sum(1 for s in acked if f.start - 2.5 <= (s.acked or 0) <= f.start
+                       and s.run_id not in self.snap.runs)
+            out.append(f"{f.kind.removeprefix('server_')}/{f.detail.get('fsync')}: away "
+                       f"{end - f.start:.1f}s, leases expired {expired}, acknowledged runs lost {lost}")
+        self.report.counts["server restarts"] = out
+
     # -- measurements ------------------------------------------------------------------------
     def measure(self) -> None:
         """Duplicate executions (a run's body run again after an execution that did not fail)
@@ -433,19 +449,23 @@ class Checker:
                 if any(p.outcome != "raised" for p in xs[:i]):
                     dup += 1
         self.report.counts["duplicate executions (each after an explained expiry or release)"] = dup
-        gaps: dict[str, list[float]] = {"sigkill": [], "sigstop": []}
+        gaps: dict[str, list[float]] = {}
         for f in self.faults.of("sigkill", "sigstop"):
             pid = f.detail.get("pid")
+            kind = f"{f.kind} with a backlog of {f.detail['backlog']} runs" if f.detail.get(
+                "backlog") else f.kind
             held = {x.run for x in self.execs
-                    if x.pid == pid and x.start <= f.start and self.end_of(x) > f.start + TOL}
+                    if x.pid == pid and x.start <= f.start and (x.end is None or x.end > f.start)}
             for rid in held:
                 later = [x.start for x in self.by_run[rid] if x.start > f.start and x.pid != pid]
                 if later:
-                    gaps[f.kind].append(min(later) - f.start)
+                    gaps.setdefault(kind, []).append(min(later) - f.start)
         for kind, g in gaps.items():
-            if g:
-                self.report.counts[f"{kind}: runs restarted elsewhere"] = len(g)
-                self.report.counts[f"{kind}: restart delay worst/median s"] = (
-                    round(max(g), 3), round(statistics.median(g), 3))
+            self.report.counts[f"{kind}: runs restarted elsewhere"] = len(g)
+            self.report.counts[f"{kind}: restart delay worst/median s"] = (
+                round(max(g), 3), round(statistics.median(g), 3))
+        late = sum(1 for r in self.snap.runs.values() for e in r.attempts if e.late)
+        self.report.counts["late results refused (recorded on their attempt)"] = late
+        self.restart_modes()
         self.report.counts["executions"] = len(self.execs)
         self.report.counts["faults"] = self.faults.summary()

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from duetime.embedded import EmbeddedServer
 
@@ -96,7 +98,9 @@ class ServerControl:
         self.server, self.faults = server, faults
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.server.port, socket_connect_timeout=2, socket_timeout=5)
+        # no retries: a SHUTDOWN sent again after the server left would wait out the backoff
+        return redis.Redis(port=self.server.port, socket_connect_timeout=2, socket_timeout=5,
+                           retry=Retry(NoBackoff(), 0))
 
     def set_fsync(self, mode: str) -> None:
         c = self.client()

@@ -129,7 +129,7 @@ class Fleet:
         return [m for m in self.members if m.role == role]
 
     # -- faults ----------------------------------------------------------------------------
-    def kill(self, m: Member) -> None:
+    def kill(self, m: Member, **detail: object) -> None:
         """SIGKILL: the process dies at once, its leases expire later."""
         with self._lock:
             m.held_down = True
@@ -140,7 +140,7 @@ class Fleet:
             self.cont(m)
         m.proc.send_signal(signal.SIGKILL)
         m.proc.wait()
-        self.faults.note("sigkill", m.name, pid=m.proc.pid)
+        self.faults.note("sigkill", m.name, pid=m.proc.pid, **detail)
 
     def stop(self, m: Member) -> None:
         """SIGSTOP: frozen, connections open; its leases expire while it is frozen."""

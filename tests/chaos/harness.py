@@ -33,8 +33,8 @@ from tests.chaos.proxy import ProxyHub
 
 # every kind of fault episode; a run goes through all of them once (in a seeded order), then
 # picks at random until its time is up
-EPISODES = ("worker_kill", "worker_stop", "worker_term", "scheduler_kill", "scheduler_stop",
-            "link_cut", "link_stall", "link_slow", "server_sigkill_everysec",
+EPISODES = ("worker_kill", "worker_kill_backlog", "worker_stop", "worker_term", "scheduler_kill",
+            "scheduler_stop", "link_cut", "link_stall", "link_slow", "server_sigkill_everysec",
             "server_sigkill_always", "server_shutdown", "oom")
 
 
@@ -54,6 +54,7 @@ class ChaosConfig:
     quiesce_s: float = 60.0  # at most, waiting for every run to settle after the load
     workdir: Path | None = None  # kept if given; a temporary one is removed when the run passes
     idle_cpu_s: float = 0.0  # > 0: measure idle workers' CPU while the server is down this long
+    backlog: int = 1500  # runs enqueued at once just before the backlog episode's kill
 
 
 @dataclass
@@ -80,9 +81,10 @@ class Outcome:
 class Chaos:
     """The episodes: each picks its victim with the run's seeded random generator."""
 
-    def __init__(self, cfg: ChaosConfig, fleet: Fleet, control: ServerControl,
+    def __init__(self, cfg: ChaosConfig, fleet: Fleet, control: ServerControl, load: LoadGenerator,
                  log: Callable[[str], None]) -> None:
         self.cfg, self.fleet, self.control, self.log = cfg, fleet, control, log
+        self.load = load
         self.rnd = random.Random(cfg.seed)
 
     def pick(self, role: str | None = None) -> Member:
@@ -95,6 +97,13 @@ class Chaos:
         if kind == "worker_kill":
             m = self.pick("worker")
             f.kill(m)
+            time.sleep(r.uniform(0.2, 1.0))
+            f.start(m)
+        elif kind == "worker_kill_backlog":  # its runs must restart ahead of a fresh backlog
+            m = self.pick("worker")
+            created = self.load.burst(self.cfg.backlog)
+            time.sleep(0.3)
+            f.kill(m, backlog=created)
             time.sleep(r.uniform(0.2, 1.0))
             f.start(m)
         elif kind == "worker_stop":  # frozen past its lease: its runs are reaped and rerun
@@ -194,6 +203,19 @@ def ready(client: redis.Redis, keys: Keyspace, cfg: ChaosConfig, timeout: float 
     raise RuntimeError("the chaos fleet did not come up; see the logs in the work directory")
 
 
+def caught_up(app: Any, timeout: float) -> bool:
+    """Every interval schedule has a run for its occurrence of a second ago: the evaluators
+    caught up after the last fault (one may have been backing off)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = time.time()
+        if all(info.last_occurrence and info.last_occurrence.timestamp() >= now - 1.5
+               for info in (app.get_schedule(s.name) for s in schedules()) if info.name != "chaos-cron"):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def judge_exits(report: Report, fleet: Fleet) -> None:
     """A process may exit at start-up when the server cannot be reached (one error line, by
     design: its supervisor restarts it); a running process must never exit by itself."""
@@ -235,7 +257,7 @@ def run_chaos(cfg: ChaosConfig, log: Callable[[str], None] = lambda s: None) -> 
         ready(client := sync_client(server.url), keys, cfg)
         client.close()
         load.start()
-        episodes = Chaos(cfg, fleet, control, log).run(cfg.duration_s)
+        episodes = Chaos(cfg, fleet, control, load, log).run(cfg.duration_s)
         log(f"episodes done: {len(episodes)}")
         # heal: every process up and running, every link clear, memory unlimited
         for m in fleet.members:
@@ -245,6 +267,7 @@ def run_chaos(cfg: ChaosConfig, log: Callable[[str], None] = lambda s: None) -> 
                 fleet.start(m)
         load.stop()
         load.join(120)
+        caught_up(app, 30.0)  # the evaluators made up for the outages before the pause
         paused_at = time.time()
         for s in schedules():
             app.pause(s.name, note="chaos run over")

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from duetime.common.errors import DuetimeError
+from duetime.common.errors import DuetimeError, EnqueueIncomplete
 from duetime.common.runs import keyed_run_id
 
 import duetime
@@ -101,6 +101,28 @@ class LoadGenerator(threading.Thread):
             self._halt.wait(max(0.0, next_t - time.monotonic()))
             if time.monotonic() - next_t > 5:  # fell behind during an outage: no burst after
                 next_t = time.monotonic()
+
+    def burst(self, n: int, task: duetime.Task | None = None) -> int:
+        """`n` runs at once (a backlog), in one bulk enqueue; returns how many were created.
+        Ids come from keys, so a bulk call stopped part way still says which exist."""
+        task = task or chaos_app.quick
+        base = f"B{time.monotonic_ns()}-"
+        subs = [Submitted(keyed_run_id(task.name, base + str(i)), task.name, base + str(i),
+                          time.time()) for i in range(n)]
+        self.submitted.extend(subs)
+        try:
+            self.app.enqueue_many([{"task": task, "args": [0.01], "key": s.key} for s in subs])
+            created = {s.run_id for s in subs}
+        except EnqueueIncomplete as exc:
+            created = set(exc.created)
+        except DuetimeError:
+            created = set()
+        now = time.time()
+        for s in subs:
+            s.tries = 1
+            if s.run_id in created:
+                s.acked = now
+        return len(created)
 
     def _submit(self, task: duetime.Task, args: list, key: str, delay: float) -> None:
         s = Submitted(keyed_run_id(task.name, key), task.name, key, time.time())
