@@ -18,13 +18,8 @@ from datetime import UTC, datetime, timedelta
 import redis
 
 from bench.apps import app, stamp
-from bench.stats import print_rounds
+from bench.stats import percentile, print_rounds
 from duetime.embedded import EmbeddedServer
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def one_round(url: str, n: int, window: float) -> dict[str, float]:
@@ -50,8 +45,8 @@ def one_round(url: str, n: int, window: float) -> dict[str, float]:
     proc.terminate()
     proc.wait(30)
     app.close()
-    return {"p50_ms": pct(lateness, 0.5), "p95_ms": pct(lateness, 0.95),
-            "p99_ms": pct(lateness, 0.99), "max_ms": max(lateness),
+    return {"p50_ms": percentile(lateness, 50), "p95_ms": percentile(lateness, 95),
+            "p99_ms": percentile(lateness, 99), "max_ms": max(lateness),
             "early": float(sum(1 for x in lateness if x < 0)),
             "not_run": float(len(ids) - len(lateness))}
 

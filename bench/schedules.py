@@ -23,14 +23,10 @@ from duetime.scheduler.evaluator import Evaluator
 
 import duetime
 from bench.apps import app, noop
+from bench.stats import percentile
 from duetime.embedded import EmbeddedServer
 
 CHUNK = 5000
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def fresh(url: str) -> str:
@@ -117,7 +113,8 @@ def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int)
     label = f"jitter {jitter_s:g}s" if jitter_s else "no jitter"
     print(f"herd: {n} schedules at one instant, {label}, {workers} worker process(es) x "
           f"concurrency {args_concurrency}: "
-          f"{len(late)} runs; start lateness p50 {pct(late, .5):.0f} ms, p99 {pct(late, .99):.0f} ms, "
+          f"{len(late)} runs; start lateness p50 {percentile(late, 50):.0f} ms, "
+          f"p99 {percentile(late, 99):.0f} ms, "
           f"max {max(late):.0f} ms, early {sum(1 for x in late if x < 0)}")
 
 

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
+
+from duetime.common.stats import percentile as common_percentile
 
 
 def percentile(values: Sequence[float], p: float) -> float:
     """Nearest-rank percentile (p in 0..100) of a non-empty sequence: the smallest value with at
     least p % of the values at or below it; p=0 gives the minimum, p=100 the maximum."""
-    if not values:
+    value = common_percentile(values, p)
+    if value is None:
         raise ValueError("percentile of no values")
-    s = sorted(values)
-    if p <= 0:
-        return s[0]
-    k = math.ceil(p / 100 * len(s))
-    return s[min(len(s), max(1, k)) - 1]
+    return value
 
 
 def summary(values: Sequence[float | None]) -> dict[str, float] | None:

@@ -15,6 +15,16 @@ class PayloadTooLarge(InvalidInput):
     pass
 
 
+class InvalidSchedule(InvalidInput):
+    """A schedule definition that can never be evaluated; the message names the bad part."""
+
+
+class InvalidTime(InvalidSchedule):
+    """A duration or instant that cannot be used: unreadable, not finite, or outside its bounds.
+    The message names the value and the accepted range. (An InvalidSchedule too, because
+    schedules are defined with durations and instants.)"""
+
+
 class UnknownTask(DuetimeError, LookupError):
     pass
 

@@ -8,7 +8,6 @@ listing costs O(partitions × queues + runs examined), whatever the size of the 
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from duetime.common.errors import InvalidInput
 from duetime.common.keys import Keyspace
 from duetime.common.models import STATES, Run, from_ms
 from duetime.common.runs import read_run
+from duetime.common.stats import percentile
 
 SUMMARY_FIELDS = (
     "state", "task", "queue", "schedule", "due", "created", "started", "finished",
@@ -159,14 +159,6 @@ class Overview:
     schedulers: int
     window_s: float = 60.0
     sampled: bool = False  # per-queue activity numbers extrapolate a sample
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None for no data."""
-    if not values:
-        return None
-    s = sorted(values)
-    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
 
 
 def _s(b: bytes | None) -> str:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from duetime.common.codec import unpack_payload
+from duetime.common.errors import InvalidTime
+from duetime.common.timeparse import from_ms as exact_from_ms
+from duetime.common.timeparse import to_ms
+
+__all__ = ["STATES", "TERMINAL", "Attempt", "Run", "from_ms", "to_ms"]
 
 STATES = (
     "scheduled", "running", "retrying", "succeeded", "dead", "uncertain",
@@ -18,22 +23,16 @@ TERMINAL = frozenset({"succeeded", "dead", "cancelled", "skipped", "missed"})
 
 
 def from_ms(ms: int | float | str | bytes | None) -> datetime | None:
-    """A stored time in ms; None when absent or unreadable (a record damaged by hand must
-    still be shown, and dead-lettered, rather than crash the tool reading it)."""
+    """A stored time in ms (through the one exact converter, `timeparse.from_ms`); None when
+    absent or unreadable (a record damaged by hand must still be shown, and dead-lettered,
+    rather than crash the tool reading it)."""
     if ms in (None, b"", ""):
         return None
     try:
-        return datetime.fromtimestamp(int(float(ms)) / 1000, tz=UTC)
-    except (ValueError, OverflowError, OSError):
+        value = float(ms)
+        return exact_from_ms(int(value)) if math.isfinite(value) else None
+    except (ValueError, InvalidTime):
         return None
-
-
-def to_ms(dt: datetime, *, ceil: bool = False) -> int:
-    """Epoch ms; `ceil` for due times, so a run is never due before its instant."""
-    if dt.tzinfo is None:
-        raise ValueError(f"naive datetime {dt!r}: give an aware datetime (e.g. tzinfo=UTC)")
-    ms = dt.timestamp() * 1000
-    return math.ceil(ms) if ceil else int(ms)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import ensure_meta, refused, sync_client, translated, unavailable
 from duetime.common.errors import EnqueueIncomplete, InvalidInput, RunNotFound
 from duetime.common.keys import Keyspace
-from duetime.common.models import Run, to_ms
+from duetime.common.models import Run
 from duetime.common.names import check_name
 from duetime.common.scripts import Scripts
 from duetime.common.tasks import TaskSpec
+from duetime.common.timeparse import DELAY, duration_ms, parse_instant, to_ms
 
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call
 PIPELINE_RUNS = 2000  # runs per round trip
@@ -54,8 +55,8 @@ class EnqueueRequest:
     spec: TaskSpec
     args: Sequence[Any] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    at: datetime | None = None
-    delay: timedelta | float | None = None
+    at: datetime | str | None = None
+    delay: timedelta | float | str | None = None
     key: str | None = None
     queue: str | None = None
     run_id: str | None = None
@@ -129,12 +130,11 @@ class RunStore:
             if req.at is not None:
                 if req.delay is not None:
                     raise InvalidInput("give either at= or delay=, not both")
-                due = str(to_ms(req.at, ceil=True))
-            elif req.delay:
-                d = req.delay
-                delay_ms = int((d.total_seconds() if isinstance(d, timedelta) else float(d)) * 1000)
-                if delay_ms < 0:
-                    raise InvalidInput(f"delay must not be negative, got {delay_ms} ms")
+                due = str(to_ms(parse_instant(req.at, what="at"), ceil=True))
+            elif req.delay is not None:
+                # bounded, so server now + delay stays a sane due time (an unbounded one wrapped
+                # to INT64_MIN in Lua, ran at once and broke the claim batch it landed in)
+                delay_ms = duration_ms(DELAY.parse(req.delay, "delay"))
             fields: list[Any] = ["payload", payload]
             if req.key:
                 fields += ["key", req.key]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
@@ -13,10 +13,17 @@ from duetime.common.codec import unpack_payload
 from duetime.common.connection import server_time_ms, translated
 from duetime.common.errors import DuetimeError, InvalidInput
 from duetime.common.keys import Keyspace
-from duetime.common.models import from_ms
+from duetime.common.models import from_ms as stored_ms
 from duetime.common.names import check_name
-from duetime.common.schedules import TRIGGER_FIELDS, ScheduleDef, at_ms, ms, run_id_for, trigger_from_fields
+from duetime.common.schedules import (
+    MISS_TOLERANCE_MS,
+    TRIGGER_FIELDS,
+    ScheduleDef,
+    run_id_for,
+    trigger_from_fields,
+)
 from duetime.common.scripts import Scripts
+from duetime.common.timeparse import from_ms, parse_instant, to_ms
 from duetime.common.timespec import Trigger
 
 BACKFILL_CHUNK = 500
@@ -63,6 +70,7 @@ class ScheduleInfo:
     kwargs: dict[str, Any]
     catchup: str
     max_catchup: int
+    miss_tolerance_s: float
     lateness_s: float
     overlap: str
     jitter_s: float
@@ -111,13 +119,15 @@ class ScheduleInfo:
         info = cls(
             name=s("name"), trigger=trigger, task=s("task"),
             queue=s("queue"), args=args, kwargs=kwargs, catchup=s("catchup"),
-            max_catchup=i("max_catchup"), lateness_s=i("lateness_ms") / 1000,
+            max_catchup=i("max_catchup"),
+            miss_tolerance_s=int(s("miss_tolerance_ms") or MISS_TOLERANCE_MS) / 1000,
+            lateness_s=i("lateness_ms") / 1000,
             overlap=s("overlap"), jitter_s=i("jitter_ms") / 1000, owner=s("owner") or None,
             paused=s("paused") == "1", pause_note=s("pause_note") or None, version=i("version"),
-            next_fire=from_ms(s("next_ms") or None), last_occurrence=from_ms(s("last_ms") or None),
+            next_fire=stored_ms(s("next_ms") or None), last_occurrence=stored_ms(s("last_ms") or None),
             skipped_count=i("skipped_count"), missed_count=i("missed_count"),
             materialized_count=i("materialized_count"),
-            created=from_ms(s("created") or None), updated=from_ms(s("updated") or None),
+            created=stored_ms(s("created") or None), updated=stored_ms(s("updated") or None),
             quarantined=s("quarantined") or None,
         )
         if s("next_ms") and info.next_fire is None:
@@ -168,12 +178,13 @@ class ScheduleStore:
                     out[i] = ("unchanged", version)
                     continue
                 # the next occurrence after the newest one that already has a run (or now)
-                nxt = d.trigger.next_after(at_ms(max(now, _int(last))))
+                nxt = d.trigger.next_after(from_ms(max(now, _int(last))))
                 flat: list[Any] = []
                 for k, v in d.fields().items():
                     flat += [k, v]
                 keys, args = tr.schedule_upsert(self.keys, p, d.name, def_hash, version,
-                                                None if nxt is None else ms(nxt), paused, flat)
+                                                None if nxt is None else to_ms(nxt, ceil=True), paused,
+                                                flat)
                 self.scripts.schedule_upsert(keys=keys, args=args, client=pipe)
                 sent.append(i)
             todo = []
@@ -246,16 +257,16 @@ class ScheduleStore:
         self._create(name, [(run_id, now)])
         return run_id
 
-    def backfill(self, name: str, start: datetime, end: datetime,
+    def backfill(self, name: str, start: datetime | str, end: datetime | str,
                  progress: Callable[[int], None] | None = None) -> tuple[int, int]:
-        """Runs for every occurrence in [start, end]; existing ones are not created again.
-        → (occurrences, runs created)."""
-        if start.tzinfo is None or end.tzinfo is None:
-            raise InvalidInput("backfill bounds must be aware datetimes (with a UTC offset)")
+        """Runs for every occurrence in [start, end] (aware datetimes or ISO-8601 strings,
+        1970..9999); existing ones are not created again. → (occurrences, runs created)."""
+        start = parse_instant(start, what="backfill start")
+        end = parse_instant(end, what="backfill end")
         if end < start:
             raise InvalidInput("backfill: --to is before --from")
         trigger = self.get(name).trigger
-        occs = [ms(o) for o in trigger.occurrences(at_ms(ms(start) - 1), end)]
+        occs = [to_ms(o, ceil=True) for o in trigger.occurrences(start - timedelta(microseconds=1), end)]
         created = 0
         for i in range(0, len(occs), BACKFILL_CHUNK):
             chunk = occs[i : i + BACKFILL_CHUNK]

@@ -8,28 +8,30 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from duetime.common.errors import InvalidInput
+from duetime.common.errors import InvalidSchedule
 from duetime.common.names import check_name
-from duetime.common.timespec import Cron, InvalidSchedule, Trigger, trigger_from_dict
+from duetime.common.timefmt import format_duration
+from duetime.common.timeparse import MAX_DURATION, Span, duration_ms, from_ms, to_ms
+from duetime.common.timespec import Cron, Every, Trigger, trigger_from_dict
 
 CATCHUP = ("all", "latest", "skip")
 OVERLAP = ("allow", "skip", "buffer_one", "cancel_other")
-# An occurrence evaluated more than this after its instant counts as missed (downtime or a
-# pause), and the catch-up policy decides its fate; a shorter hiccup is just a late start.
-MISS_TOLERANCE_MS = 10_000
+# An occurrence is missed (downtime, a pause) when its successor is already due, or when it is
+# evaluated more than its schedule's miss tolerance after its instant; missed occurrences
+# follow the catch-up policy. The default tolerance covers a scheduler restart or failover
+# (seconds) so a daily job is not dropped for it, and does not matter for a 1-second schedule,
+# whose successor is due long before a minute passes.
+MISS_TOLERANCE_MS = 60_000
+# Bounds of a schedule's durations (API and CLI alike)
+LATENESS = JITTER = MISS_TOLERANCE = Span(timedelta(0), timedelta(days=365))
+# Runs are identified by (schedule, occurrence ms): occurrences closer than 1 ms would share one
+MIN_INTERVAL = timedelta(milliseconds=1)
+EVERY = Span(MIN_INTERVAL, MAX_DURATION)
 # Bound on the occurrences one evaluation walks; a longer backlog is finished next tick.
 MAX_WALK = 100_000
-
-
-def ms(dt: datetime) -> int:
-    return int(dt.timestamp() * 1000)
-
-
-def at_ms(n: int) -> datetime:
-    return datetime.fromtimestamp(n / 1000, tz=UTC)
 
 
 def run_id_for(name: str, occurrence_ms: int) -> str:
@@ -79,13 +81,8 @@ def seeded(trigger: Trigger, name: str) -> Trigger:
     return trigger
 
 
-def _millis(value: timedelta | float | None, what: str) -> int:
-    if value is None:
-        return 0
-    secs = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if secs < 0:
-        raise InvalidInput(f"{what} must not be negative, got {secs}s")
-    return int(secs * 1000)
+def _millis(value: timedelta | float | str | None, what: str, span: Span) -> int:
+    return 0 if value is None else duration_ms(span.parse(value, what))
 
 
 @dataclass(frozen=True)
@@ -104,6 +101,7 @@ class ScheduleDef:
     jitter_ms: int = 0
     owner: str = ""
     task_options: dict[str, int] = field(default_factory=dict)
+    miss_tolerance_ms: int = MISS_TOLERANCE_MS
 
     def __post_init__(self) -> None:
         check_name("schedule name", self.name)
@@ -113,10 +111,20 @@ class ScheduleDef:
             raise InvalidSchedule(f"overlap must be one of {', '.join(OVERLAP)}; got {self.overlap!r}")
         if self.max_catchup < 1:
             raise InvalidSchedule(f"max_catchup must be >= 1, got {self.max_catchup}")
+        if isinstance(self.trigger, Every) and self.trigger.interval < MIN_INTERVAL:
+            raise InvalidSchedule(
+                f"every interval {format_duration(self.trigger.interval)} is shorter than 1ms: runs are "
+                "identified by their occurrence's millisecond, so two would share one")
 
     @staticmethod
-    def durations(lateness: timedelta | float | None, jitter: timedelta | float | None) -> tuple[int, int]:
-        return _millis(lateness, "lateness"), _millis(jitter, "jitter")
+    def durations(lateness: timedelta | float | str | None, jitter: timedelta | float | str | None,
+                  miss_tolerance: timedelta | float | str | None = None) -> tuple[int, int, int]:
+        """(lateness_ms, jitter_ms, miss_tolerance_ms) from any duration form, bounds checked
+        (None: no deadline, no jitter, the default tolerance)."""
+        tolerance = (MISS_TOLERANCE_MS if miss_tolerance is None
+                     else _millis(miss_tolerance, "miss tolerance", MISS_TOLERANCE))
+        return (_millis(lateness, "lateness", LATENESS), _millis(jitter, "jitter", JITTER),
+                tolerance)
 
     def fields(self) -> dict[str, Any]:
         """The definition as hash fields (plain text, payload msgpack)."""
@@ -125,12 +133,16 @@ class ScheduleDef:
             "queue": self.queue,
             "payload": self.payload, "catchup": self.catchup, "max_catchup": self.max_catchup,
             "lateness_ms": self.lateness_ms, "overlap": self.overlap, "jitter_ms": self.jitter_ms,
-            "owner": self.owner, **self.task_options,
+            "owner": self.owner, **self.task_options, "miss_tolerance_ms": self.miss_tolerance_ms,
         }
         return f
 
     def def_hash(self) -> str:
         f = self.fields()
+        if f["miss_tolerance_ms"] == MISS_TOLERANCE_MS:
+            # added later: hashed only when set away from its default, so upgrading does not
+            # re-version every stored schedule (a record without it means the default)
+            del f["miss_tolerance_ms"]
         h = hashlib.sha256()
         for k in sorted(f):
             v = f[k]
@@ -158,9 +170,14 @@ def plan(trigger: Trigger, cursor_ms: int, now_ms: int, lead_ms: int, *, name: s
          tolerance_ms: int = MISS_TOLERANCE_MS) -> Plan:
     """Which occurrences from `cursor_ms` (itself an occurrence) up to now + lead become runs.
 
-    Occurrences older than now - tolerance were missed (downtime, pause) and follow the
+    An occurrence is missed (downtime, pause) when its successor is already due, whatever
+    the tolerance, or when it is older than now - tolerance. Missed occurrences follow the
     catch-up policy: `all` keeps the newest `max_catchup` (older ones are skipped), `latest`
     makes one run for the newest that stands for all of them, `skip` makes none.
+
+    An occurrence's ms is the first millisecond at or after its instant (a run is never due
+    early), so an interval that is not a whole number of ms (`Every(timedelta(minutes=1)/7)`)
+    still advances the cursor by one occurrence per step.
     """
     horizon = now_ms + lead_ms
     missed: list[int] = []
@@ -168,9 +185,11 @@ def plan(trigger: Trigger, cursor_ms: int, now_ms: int, lead_ms: int, *, name: s
     cur: int | None = cursor_ms
     walked = 0
     while cur is not None and cur <= horizon and walked < MAX_WALK:
-        (missed if cur < now_ms - tolerance_ms else ontime).append(cur)
-        nxt = trigger.next_after(at_ms(cur))
-        cur = ms(nxt) if nxt is not None else None
+        after = trigger.next_after(from_ms(cur))
+        nxt = None if after is None else to_ms(after, ceil=True)
+        successor_due = nxt is not None and nxt <= now_ms
+        (missed if successor_due or cur < now_ms - tolerance_ms else ontime).append(cur)
+        cur = nxt
         walked += 1
 
     def run(o: int, n: int = 1, first: int = 0) -> PlannedRun:

@@ -16,6 +16,10 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.names import check_name
+from duetime.common.timeparse import Span
+
+BACKOFF = Span(timedelta(0), timedelta(days=30))
+TIMEOUT = Span(timedelta(milliseconds=1), timedelta(days=7))
 
 
 @dataclass(frozen=True)
@@ -34,11 +38,20 @@ class TaskSpec:
         check_name("queue", self.queue)
         if self.retries < 0:
             raise InvalidInput(f"task {self.name!r}: retries must be >= 0, got {self.retries}")
-        base, cap = self.backoff
-        if base < 0 or cap < base:
+        # durations in any accepted form (seconds, timedelta, "5m"), bounded, kept as seconds
+        pair = tuple(self.backoff) if isinstance(self.backoff, tuple | list) else ()
+        if len(pair) != 2:
+            raise InvalidInput(f"task {self.name!r}: backoff must be (base, max), got "
+                               f"{self.backoff!r}")
+        base, cap = (BACKOFF.parse(x, f"task {self.name!r}: backoff") for x in pair)
+        if cap < base:
             raise InvalidInput(f"task {self.name!r}: backoff must be (base, max) with 0 <= base <= max")
-        if self.timeout is not None and self.timeout <= 0:
-            raise InvalidInput(f"task {self.name!r}: timeout must be positive")
+        object.__setattr__(self, "backoff", (base.total_seconds(), cap.total_seconds()))
+        if self.timeout is not None:
+            if isinstance(self.timeout, int | float) and self.timeout <= 0:
+                raise InvalidInput(f"task {self.name!r}: timeout must be positive")
+            timeout = TIMEOUT.parse(self.timeout, f"task {self.name!r}: timeout")
+            object.__setattr__(self, "timeout", timeout.total_seconds())
 
     @property
     def is_async(self) -> bool:

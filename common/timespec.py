@@ -8,6 +8,15 @@ and never goes backwards, whatever the time zone does.
 Cron expressions are evaluated on the local wall clock of an IANA zone.  Wall times that do not
 exist (spring-forward gap) or occur twice (fall-back fold) are resolved by explicit policies
 instead of whatever a library happens to do; see :class:`Cron`.
+
+Who does what for cron: duetime parses every field itself, so each error names its field and
+item, ranges never wrap, ``H`` keeps its stable sha256 hashing, and the zone/DST resolution is
+its own. croniter computes the days named by the calendar items (``L``, ``nW``, ``d#n``,
+``Ld``), month by month on the zone-free calendar. croniter is not used for plain fields or
+for zones: croniter 7 reads an equal range ``5-5`` as the whole field and ``5-5/2`` as every
+even minute, reads ``22-2`` as a wrapping range, hashes ``H`` with crc32 (other values than
+the ones stored schedules already fire at), and, given a zone, fires twice in a fall-back hour
+and moves a spring-forward time.
 """
 
 from __future__ import annotations
@@ -24,6 +33,11 @@ from functools import lru_cache
 from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
+from duetime.common.errors import InvalidSchedule
+from duetime.common.timefmt import format_duration as _format_duration
+from duetime.common.timefmt import iso
+from duetime.common.timeparse import MAX_DURATION, parse_duration, parse_instant
+
 __all__ = [
     "At",
     "Cron",
@@ -35,13 +49,12 @@ __all__ = [
 ]
 
 
-class InvalidSchedule(ValueError):
-    """A schedule definition that can never be evaluated; the message names the bad part."""
-
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_FIRST = datetime.min.replace(tzinfo=UTC)
+_LAST = datetime.max.replace(tzinfo=UTC)
 _MINUTE = timedelta(minutes=1)
 _SECOND = timedelta(seconds=1)
+_US = timedelta(microseconds=1)
 _DAY = timedelta(days=1)
 _MIN_PLUS_DAY = datetime.min + _DAY
 _MAX_MINUS_DAY = datetime.max - _DAY
@@ -62,19 +75,16 @@ def _utc(t: datetime, what: str = "t") -> datetime:
 
 
 def _iso(t: datetime) -> str:
-    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    text = iso(t)
+    assert text is not None
+    return text
 
 
 def _parse_instant(value: Any, what: str) -> datetime:
+    """A stored instant (written by ``_iso``); any year datetime can hold is valid here."""
     if not isinstance(value, str):
         raise InvalidSchedule(f"{what} must be an ISO-8601 string, got {value!r}")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidSchedule(f"{what} {value!r} is not an ISO-8601 datetime") from None
-    if parsed.tzinfo is None:
-        raise InvalidSchedule(f"{what} {value!r} has no UTC offset")
-    return parsed
+    return parse_instant(value, what=what, lo=_FIRST, hi=_LAST)
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,9 +155,10 @@ class Every(Trigger):
 
     kind = "every"
 
-    def __init__(self, interval: timedelta, anchor: datetime = _EPOCH) -> None:
+    def __init__(self, interval: timedelta | float | str, anchor: datetime = _EPOCH) -> None:
         if not isinstance(interval, timedelta):
-            raise InvalidSchedule(f"every interval must be a timedelta, got {interval!r}")
+            # seconds or a duration string ("1h30m", "PT1H30M"), read like every other duration
+            interval = parse_duration(interval, what="every interval", lo=_US, hi=MAX_DURATION)
         if interval <= timedelta(0):
             raise InvalidSchedule(f"every interval must be positive, got {interval!r}")
         if not isinstance(anchor, datetime):
@@ -187,7 +198,9 @@ class At(Trigger):
 
     kind = "at"
 
-    def __init__(self, instant: datetime) -> None:
+    def __init__(self, instant: datetime | str) -> None:
+        if isinstance(instant, str):  # ISO-8601 with a UTC offset, read like every instant
+            instant = parse_instant(instant, what="at instant", lo=_FIRST, hi=_LAST)
         if not isinstance(instant, datetime):
             raise InvalidSchedule(f"at instant must be a datetime, got {instant!r}")
         if instant.tzinfo is None or instant.utcoffset() is None:
@@ -205,75 +218,6 @@ class At(Trigger):
 
     def _key(self) -> tuple[Any, ...]:
         return (self.instant,)
-
-
-# --------------------------------------------------------------------------------------------
-# Durations
-# --------------------------------------------------------------------------------------------
-
-_DURATION_UNITS: dict[str, timedelta] = {
-    "d": timedelta(days=1),
-    "h": timedelta(hours=1),
-    "m": timedelta(minutes=1),
-    "s": timedelta(seconds=1),
-    "ms": timedelta(milliseconds=1),
-}
-_DURATION_PART = re.compile(r"([0-9]+)([A-Za-z]*)")
-
-
-def parse_duration(text: str) -> timedelta:
-    """Parse "90s", "15m", "1h30m", "2d", "500ms" or plain seconds "30".
-
-    Units must appear largest first and at most once, so "1m30h" (probably a typo) is rejected
-    rather than silently summed.
-    """
-    if not isinstance(text, str):
-        raise InvalidSchedule(f"duration must be a string, got {text!r}")
-    s = text.strip()
-    if not s:
-        raise InvalidSchedule("empty duration")
-    if re.fullmatch(r"[0-9]+", s):
-        try:
-            return timedelta(seconds=int(s))
-        except OverflowError:
-            raise InvalidSchedule(f"duration {text!r} is too large") from None
-    total = timedelta(0)
-    last: timedelta | None = None
-    pos = 0
-    while pos < len(s):
-        m = _DURATION_PART.match(s, pos)
-        if m is None:
-            raise InvalidSchedule(f"invalid duration {text!r}: expected a number at {s[pos:]!r}")
-        number, unit = m.groups()
-        if unit not in _DURATION_UNITS:
-            what = f"unknown unit {unit!r}" if unit else f"missing unit after {number!r}"
-            raise InvalidSchedule(f"invalid duration {text!r}: {what} (use d, h, m, s, ms)")
-        size = _DURATION_UNITS[unit]
-        if last is not None and size >= last:
-            raise InvalidSchedule(
-                f"invalid duration {text!r}: unit {unit!r} repeated or out of order "
-                "(write largest unit first)"
-            )
-        last = size
-        try:
-            total += int(number) * size
-        except OverflowError:
-            raise InvalidSchedule(f"duration {text!r} is too large") from None
-        pos = m.end()
-    return total
-
-
-def _format_duration(d: timedelta) -> str:
-    us = d // timedelta(microseconds=1)
-    if us % 1000:
-        return f"{us}us"
-    parts = []
-    for unit in ("d", "h", "m", "s", "ms"):
-        size = _DURATION_UNITS[unit] // timedelta(microseconds=1)
-        n, us = divmod(us, size)
-        if n:
-            parts.append(f"{n}{unit}")
-    return "".join(parts) or "0s"
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,7 +261,10 @@ _FIELDS = (
     _Field("day-of-month", 1, 31, None, 31),
     _Field("month", 1, 12, _MONTH_NAMES, 12),
     _Field("day-of-week", 0, 7, _DOW_NAMES, 6),
+    _Field("second", 0, 59, None, 59),  # optional 6th field, last as in croniter
 )
+_W_ITEM = re.compile(r"([0-9]+)W|W([0-9]+)", re.ASCII | re.IGNORECASE)
+_QUARTZ_LAST = re.compile(r"([0-9]+|[A-Za-z]{3})L", re.ASCII | re.IGNORECASE)
 
 
 def _h_hash(seed: str, field: str) -> int:
@@ -386,15 +333,61 @@ class _Parser:
         lo, hi = self.bounds(f, base)
         return set(range(lo, hi + 1, step or 1))
 
-    def field(self, f: _Field, text: str) -> frozenset[int]:
+    def special(self, f: _Field, item: str) -> str | None:
+        """A calendar item (L, nW in day-of-month; d#n, Ld in day-of-week) in croniter's
+        syntax, or None for an ordinary item. croniter computes the days these name."""
+        if f.name == "day-of-month":
+            if item.upper() == "L":
+                return "L"
+            m = _W_ITEM.fullmatch(item)
+            if m is not None:
+                day = int(m.group(1) or m.group(2))
+                if not 1 <= day <= 31:
+                    raise self.fail(f, f"nearest-weekday day {day} out of range 1-31 in {item!r}")
+                return f"{day}W"
+            if item.upper() == "LW":
+                raise self.fail(f, f"has unsupported item {item!r} (for the last weekday of "
+                                "the month write 31W: W never leaves the month)")
+            if "L" in item.upper() or "W" in item.upper():
+                raise self.fail(f, f"has invalid item {item!r} (use L or nW, e.g. 15W)")
+        elif f.name == "day-of-week":
+            if "#" in item:
+                day_txt, _, nth_txt = item.partition("#")
+                if not re.fullmatch(r"[0-9]+|[A-Za-z]{3}", day_txt) or not re.fullmatch(
+                        r"[0-9]", nth_txt):
+                    raise self.fail(f, f"has invalid nth-weekday item {item!r} (use <day>#<n>, "
+                                    "e.g. 5#3 or FRI#3)")
+                day, nth = self.value(f, day_txt) % 7, int(nth_txt)
+                if not 1 <= nth <= 5:
+                    raise self.fail(f, f"nth-weekday {nth} out of range 1-5 in {item!r}")
+                return f"{day}#{nth}"
+            if item[:1] in ("L", "l") and len(item) > 1:
+                try:
+                    return f"L{self.value(f, item[1:]) % 7}"
+                except InvalidSchedule:
+                    raise self.fail(f, f"has invalid last-weekday item {item!r} (use L<day>, "
+                                    "e.g. L5 or LFRI)") from None
+            m = _QUARTZ_LAST.fullmatch(item)
+            if m is not None:
+                raise self.fail(f, f"has unsupported item {item!r} (for the last such weekday "
+                                f"of the month write L{m.group(1)}, as croniter does)")
+        return None
+
+    def field(self, f: _Field, text: str) -> tuple[frozenset[int], frozenset[str]]:
+        """(plain values, calendar items) of one field."""
         values: set[int] = set()
+        specials: set[str] = set()
         for item in text.split(","):
             if not item:
                 raise self.fail(f, f"has an empty list item in {text!r}")
-            values |= self.item(f, item)
+            token = self.special(f, item)
+            if token is not None:
+                specials.add(token)
+            else:
+                values |= self.item(f, item)
         if f.name == "day-of-week" and 7 in values:
             values = (values - {7}) | {0}
-        return frozenset(values)
+        return frozenset(values), frozenset(specials)
 
 
 class _CronSpec:
@@ -416,18 +409,23 @@ class _CronSpec:
                     f"{' '.join(parts[1:])!r} in {expr!r}"
                 )
             parts = _MACROS[parts[0]].split()
-        if len(parts) != 5:
+        if len(parts) not in (5, 6):
             raise InvalidSchedule(
                 f"cron expression {expr!r} has {len(parts)} fields, expected 5 "
-                "(minute hour day-of-month month day-of-week)"
+                "(minute hour day-of-month month day-of-week) or 6 (the same, then second)"
             )
         p = _Parser(expr, seed)
-        sets = [p.field(f, part) for f, part in zip(_FIELDS, parts, strict=True)]
+        fields = [p.field(f, part) for f, part in zip(_FIELDS, parts, strict=False)]
+        sets = [values for values, _ in fields]
         self.minutes = tuple(sorted(sets[0]))
         self.hours = tuple(sorted(sets[1]))
         self.dom = sets[2]
         self.months = tuple(sorted(sets[3]))
         self.dow = sets[4]
+        self.seconds = tuple(sorted(sets[5])) if len(sets) == 6 else (0,)
+        # L / nW and d#n / Ld items: their days come from croniter, month by month
+        self.dom_special = tuple(sorted(fields[2][1]))
+        self.dow_special = tuple(sorted(fields[4][1]))
         # Vixie/cronie: a day field written starting with '*' does not restrict on its own;
         # if both are restricted, either may match.
         self.dom_star = parts[2].startswith("*")
@@ -435,7 +433,7 @@ class _CronSpec:
         self.either_day = not self.dom_star and not self.dow_star
         self.hour_star = parts[1].startswith("*")
         self._days_cache: dict[tuple[int, int], tuple[int, ...]] = {}
-        if not self.either_day and not any(
+        if not self.either_day and not self.dom_special and not any(
             d <= _MAX_DAYS[m - 1] for m in self.months for d in self.dom
         ):
             raise InvalidSchedule(
@@ -451,10 +449,14 @@ class _CronSpec:
             return hit
         first_dow, ndays = calendar.monthrange(year, month)  # Monday == 0
         first_dow = (first_dow + 1) % 7  # cron: Sunday == 0
+        dom, dow = self.dom, self.dow
+        if self.dom_special:
+            dom = dom | {_special_day(t, "dom", year, month) for t in self.dom_special}
+        nth = {_special_day(t, "dow", year, month) for t in self.dow_special}
         out = []
         for d in range(1, ndays + 1):
-            dom_ok = d in self.dom
-            dow_ok = (first_dow + d - 1) % 7 in self.dow
+            dom_ok = d in dom
+            dow_ok = (first_dow + d - 1) % 7 in dow or d in nth
             if (dom_ok or dow_ok) if self.either_day else (dom_ok and dow_ok):
                 out.append(d)
         if len(self._days_cache) > 4096:
@@ -463,40 +465,65 @@ class _CronSpec:
         return result
 
     def next_wall(self, w: datetime, limit_year: int) -> datetime | None:
-        """Smallest matching naive wall minute >= w (w must be minute-aligned)."""
-        y, mo, d, h, mi = w.year, w.month, w.day, w.hour, w.minute
-        months, hours, minutes = self.months, self.hours, self.minutes
+        """Smallest matching naive wall second >= w (w must be second-aligned)."""
+        y, mo, d, h, mi, s = w.year, w.month, w.day, w.hour, w.minute, w.second
+        months, hours, minutes, seconds = self.months, self.hours, self.minutes, self.seconds
         while y <= limit_year:
             i = bisect_left(months, mo)
             if i == len(months):
-                y, mo, d, h, mi = y + 1, months[0], 1, 0, 0
+                y, mo, d, h, mi, s = y + 1, months[0], 1, 0, 0, 0
                 continue
             if months[i] != mo:
-                mo, d, h, mi = months[i], 1, 0, 0
+                mo, d, h, mi, s = months[i], 1, 0, 0, 0
             days = self.days(y, mo)
             j = bisect_left(days, d)
             if j == len(days):
-                mo, d, h, mi = mo + 1, 1, 0, 0
+                mo, d, h, mi, s = mo + 1, 1, 0, 0, 0
                 continue
             if days[j] != d:
-                d, h, mi = days[j], 0, 0
+                d, h, mi, s = days[j], 0, 0, 0
             k = bisect_left(hours, h)
             if k == len(hours):
-                d, h, mi = d + 1, 0, 0
+                d, h, mi, s = d + 1, 0, 0, 0
                 continue
             if hours[k] != h:
-                h, mi = hours[k], 0
+                h, mi, s = hours[k], 0, 0
             m = bisect_left(minutes, mi)
             if m == len(minutes):
-                h, mi = h + 1, 0
+                h, mi, s = h + 1, 0, 0
                 continue
-            return datetime(y, mo, d, h, minutes[m])
+            if minutes[m] != mi:
+                mi, s = minutes[m], 0
+            n = bisect_left(seconds, s)
+            if n == len(seconds):
+                mi, s = mi + 1, 0
+                continue
+            return datetime(y, mo, d, h, mi, seconds[n])
         return None
 
 
 @lru_cache(maxsize=1024)
 def _cron_spec(expr: str, seed: str) -> _CronSpec:
     return _CronSpec(expr, seed)
+
+
+@lru_cache(maxsize=65536)
+def _special_day(token: str, field: str, year: int, month: int) -> int:
+    """The day of (year, month) named by one calendar item (L, nW, d#n, Ld), or 0 if none
+    (a fifth Monday in a month with four).
+
+    croniter computes it, on the naive calendar only: the item alone in its field, everything
+    else '*', iterated from the first of the month. It never sees a zone, so its DST handling
+    (which fires twice in a fall-back hour and moves spring-forward times) never enters; zones
+    stay duetime's. The Gregorian calendar, weekdays included, repeats every 400 years, so
+    any year maps into 2000-2399, which keeps croniter away from the ends of datetime.
+    """
+    from croniter import croniter  # imported here: 75 ms, paid only by expressions with L/W/#
+
+    cycle_year = 2000 + (year - 2000) % 400
+    expr = f"0 0 {token} * *" if field == "dom" else f"0 0 * * {token}"
+    found = croniter(expr, datetime(cycle_year, month, 1) - _MINUTE).get_next(datetime)
+    return found.day if (found.year, found.month) == (cycle_year, month) else 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -584,24 +611,24 @@ def _naive(t: datetime, tz: tzinfo | None = None) -> datetime:
     return datetime(t.year, t.month, t.day, t.hour, t.minute, t.second, t.microsecond, tz)
 
 
-def _floor_minute(t: datetime) -> datetime:
+def _floor_second(t: datetime) -> datetime:
     # The constructor is ~3x faster than datetime.replace(); this sits on the hot path.
-    return datetime(t.year, t.month, t.day, t.hour, t.minute)
+    return datetime(t.year, t.month, t.day, t.hour, t.minute, t.second)
 
 
 def _wall_after(t: datetime, offset: timedelta) -> datetime:
-    """Smallest whole wall minute strictly after instant t read with offset (clamped at year 1)."""
+    """Smallest whole wall second strictly after instant t read with offset (clamped at year 1)."""
     try:
-        return _floor_minute(t + offset) + _MINUTE
+        return _floor_second(t + offset) + _SECOND
     except OverflowError:
         if offset < timedelta(0) and t < datetime(1, 1, 2):
             return datetime.min
         raise
 
 
-def _ceil_minute(t: datetime) -> datetime:
-    f = _floor_minute(t)
-    return f if f == t else f + _MINUTE
+def _ceil_second(t: datetime) -> datetime:
+    f = _floor_second(t)
+    return f if f == t else f + _SECOND
 
 
 # --------------------------------------------------------------------------------------------
@@ -613,7 +640,22 @@ _FOLD_POLICIES = ("auto", "first", "both")
 
 
 class Cron(Trigger):
-    """5-field cron evaluated on the wall clock of an IANA zone.
+    """Cron evaluated on the wall clock of an IANA zone.
+
+    Fields: ``minute hour day-of-month month day-of-week [second]``. The optional seconds field
+    comes last, as in croniter (whose users this syntax serves): the first five fields then
+    mean the same with or without it, where the seconds-first form (Quartz, Spring) would read
+    ``0 */5 * * * *`` differently. A five-field expression fires at second 0.
+
+    Besides numbers, names, ``*``, ranges, steps, lists and ``H`` (see ``seed``), the day
+    fields take croniter's calendar items: ``L`` (last day of the month); ``nW`` or ``Wn``
+    (the weekday, Monday to Friday, nearest day n, never leaving the month: Saturday the 1st
+    gives Monday the 3rd, Sunday the 31st gives Friday the 29th; an n past the month's end
+    counts as its last day, so ``31W`` is the last weekday of every month); ``d#n`` (the n-th
+    weekday d, n 1-5: ``5#3`` or ``FRI#3``, absent in months without one); ``Ld`` (the last
+    weekday d: ``L5``, ``LFRI``). They mix with plain items in lists (``1,15,L``), and the two
+    day fields combine by cron's rule: when both are restricted (neither starts with ``*``)
+    either may match, otherwise both must.
 
     ``dst_gap`` decides what happens to a matching wall time that does not exist:
     ``"shift"`` reads it with the offset in force before the change (02:30 -> 03:30 in New York),
@@ -685,7 +727,7 @@ class Cron(Trigger):
                 wall_lo = _wall_after(t, o)
                 if a is not None:
                     first = a + (p if (p > o and self._fold_first) else o)
-                    wall_lo = max(wall_lo, _ceil_minute(first))
+                    wall_lo = max(wall_lo, _ceil_second(first))
                 w = spec.next_wall(wall_lo, limit_year)
                 if w is not None:
                     x = w - o
@@ -695,7 +737,7 @@ class Cron(Trigger):
                 else:
                     nxt = _next_transition(key, seg_start, horizon)
                 if a is not None and o > p and self._shift:
-                    gap_lo = max(_wall_after(t, p), _ceil_minute(a + p))
+                    gap_lo = max(_wall_after(t, p), _ceil_second(a + p))
                     w2 = spec.next_wall(gap_lo, limit_year)
                     if w2 is not None and w2 < a + o and (cand is None or w2 - p < cand):
                         cand = w2 - p

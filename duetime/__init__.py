@@ -14,6 +14,7 @@ from duetime.common.errors import (
     Fatal,
     InvalidInput,
     InvalidState,
+    InvalidTime,
     PartitionMismatch,
     PayloadTooLarge,
     RedisRefused,
@@ -44,7 +45,7 @@ __all__ = [
     # raised by tasks
     "Retry", "Fatal",
     # raised by duetime
-    "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "UnknownTask",
+    "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
     "EnqueueIncomplete", "PartitionMismatch",
     "ServerBinaryNotFound",

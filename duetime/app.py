@@ -77,8 +77,8 @@ class App:
         name: str | None = None,
         queue: str = "default",
         retries: int = 3,
-        backoff: tuple[float, float] = (1.0, 300.0),
-        timeout: float | None = None,
+        backoff: tuple[float | str | timedelta, float | str | timedelta] = (1.0, 300.0),
+        timeout: float | str | timedelta | None = None,
         idempotent: bool = True,
         owner: str | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
@@ -121,12 +121,15 @@ class App:
         task: TaskRef,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        at: datetime | None = None,
-        delay: timedelta | float | None = None,
+        at: datetime | str | None = None,
+        delay: timedelta | float | str | None = None,
         key: str | None = None,
         queue: str | None = None,
     ) -> str:
-        """Create one run; returns its id. A repeated `key` returns the first run's id."""
+        """Create one run; returns its id. A repeated `key` returns the first run's id.
+
+        `at`: an aware datetime or ISO-8601 string (1970..9999); `delay`: a timedelta, seconds
+        or a string like "1h30m" (at most 100 years). Out of range: InvalidInput."""
         req = EnqueueRequest(self.registry.resolve(task), args, kwargs or {}, at, delay, key, queue)
         run_id = self.store.enqueue(req)
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
@@ -194,20 +197,26 @@ class App:
         queue: str | None = None,
         catchup: str = "latest",
         max_catchup: int = 100,
-        lateness: timedelta | float | None = None,
+        lateness: timedelta | float | str | None = None,
         overlap: str = "allow",
-        jitter: timedelta | float | None = None,
+        jitter: timedelta | float | str | None = None,
         owner: str | None = None,
         paused: bool = False,
+        miss_tolerance: timedelta | float | str | None = None,
     ) -> str:
         """Create or update a schedule; → 'created', 'updated' or 'unchanged'.
 
         Registering the same definition again changes nothing (safe at every deploy); a
         changed one takes effect from the next occurrence that has no run yet. `paused`
         applies only when the schedule is created, so a redeploy never undoes an operator's
-        pause."""
+        pause.
+
+        Durations (`lateness`, `jitter`, `miss_tolerance`) take a timedelta, seconds, or a
+        string like "90s", "1h30m", "PT1H30M". `miss_tolerance` (default 60 s): an occurrence
+        evaluated later than this after its instant counts as missed and follows `catchup`;
+        one whose successor is already due is missed in any case."""
         d = self.schedule_def(name, trigger, task, args, kwargs, queue, catchup, max_catchup,
-                              lateness, overlap, jitter, owner)
+                              lateness, overlap, jitter, owner, miss_tolerance)
         status = self.schedules.upsert(d, paused)[0]
         self._remember_queues({d.queue})
         return status
@@ -226,20 +235,22 @@ class App:
         queue: str | None = None,
         catchup: str = "latest",
         max_catchup: int = 100,
-        lateness: timedelta | float | None = None,
+        lateness: timedelta | float | str | None = None,
         overlap: str = "allow",
-        jitter: timedelta | float | None = None,
+        jitter: timedelta | float | str | None = None,
         owner: str | None = None,
+        miss_tolerance: timedelta | float | str | None = None,
     ) -> ScheduleDef:
         """A validated schedule definition (see `schedule` for the arguments)."""
         spec = self.registry.resolve(task)
-        lateness_ms, jitter_ms = ScheduleDef.durations(lateness, jitter)
+        lateness_ms, jitter_ms, tolerance_ms = ScheduleDef.durations(lateness, jitter,
+                                                                     miss_tolerance)
         return ScheduleDef(
             name=name, trigger=seeded(trigger, name), task=spec.name,
             queue=spec.queue if queue is None else queue,
             payload=pack_payload(args, kwargs or {}, self.max_payload), catchup=catchup,
             max_catchup=max_catchup, lateness_ms=lateness_ms, overlap=overlap,
-            jitter_ms=jitter_ms, owner=owner or spec.owner or "",
+            jitter_ms=jitter_ms, owner=owner or spec.owner or "", miss_tolerance_ms=tolerance_ms,
             task_options={
                 "max_attempts": spec.max_attempts, "backoff_base": int(spec.backoff[0] * 1000),
                 "backoff_max": int(spec.backoff[1] * 1000), "timeout": int((spec.timeout or 0) * 1000),
@@ -266,7 +277,7 @@ class App:
         """Run a schedule now, outside its trigger; → the run id."""
         return self.schedules.trigger(name)
 
-    def backfill(self, name: str, start: datetime, end: datetime) -> tuple[int, int]:
+    def backfill(self, name: str, start: datetime | str, end: datetime | str) -> tuple[int, int]:
         """Runs for every occurrence in [start, end]; → (occurrences, runs created)."""
         return self.schedules.backfill(name, start, end)
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
@@ -17,23 +18,38 @@ from duetime.cli_common import (
     ENV_NS,
     ENV_URL,
     DuetimeGroup,
+    duration_option,
     fail_cleanly,
+    instant_option,
     load_app,
-    parse_instant,
     parse_payload,
-    parse_seconds,
 )
 from duetime.cli_common import (
     app_for as _app_or_plain,
 )
 from duetime.common import logs, metrics
 from duetime.common.connection import DEFAULT_URL, redact
+from duetime.common.schedules import MISS_TOLERANCE
+from duetime.common.timeparse import (
+    CLAIM_AHEAD,
+    DELAY,
+    GAUGES_EVERY,
+    GRACE,
+    LEAD,
+    LEASE,
+    RETENTION,
+    TICK,
+    duration_ms,
+)
+
+PORT = click.IntRange(1, 65535)
 
 
 @click.group(cls=DuetimeGroup)
 @click.option("--redis-url", envvar=ENV_URL, default=None, help=f"Redis URL (env {ENV_URL}).")
 @click.option("--namespace", envvar=ENV_NS, default=None, help=f"Key namespace (env {ENV_NS}).")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", default="INFO", show_default=True,
+              help="DEBUG, INFO, WARNING or ERROR (logs go to stderr).")
 @click.version_option(__version__, "--version", prog_name="duetime", message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx: click.Context, redis_url: str | None, namespace: str | None, log_level: str) -> None:
@@ -58,19 +74,23 @@ def announce(ctx: click.Context, app: App, role: str) -> None:
 @click.option("--app", "app_ref", required=True, help="module:attribute of your App.")
 @click.option("--queues", default=None, help="Comma-separated, highest priority first "
               "(default: the queues of the app's tasks).")
-@click.option("--concurrency", default=16, show_default=True, type=click.IntRange(1, 10_000))
-@click.option("--processes", default=1, show_default=True, type=click.IntRange(1, 256))
-@click.option("--lease", default="10s", show_default=True, help="Lease length; heartbeats "
-              "renew it every third of it.")
-@click.option("--grace", default="30s", show_default=True, help="SIGTERM: time in-flight runs "
-              "get to finish before they are released.")
-@click.option("--claim-ahead", default="10ms", show_default=True, help="Claim runs due this "
-              "soon and start each exactly at its due time (0 = claim only when due).")
-@click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics here.")
+@click.option("--concurrency", default=16, show_default=True, type=click.IntRange(1, 10_000),
+              help="Runs executed at once by each process.")
+@click.option("--processes", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="Worker processes, each with these options (signals are forwarded).")
+@duration_option("--lease", span=LEASE, default="10s", show_default=True,
+                 help="Lease length; heartbeats renew it every third of it.")
+@duration_option("--grace", span=GRACE, default="30s", show_default=True,
+                 help="SIGTERM: time in-flight runs get to finish before they are released.")
+@duration_option("--claim-ahead", span=CLAIM_AHEAD, default="10ms", show_default=True,
+                 help="Claim runs due this soon and start each exactly at its due time "
+                 "(0 = claim only when due).")
+@click.option("--metrics-port", default=None, type=PORT,
+              help="Serve Prometheus metrics here (process i of --processes: port + i).")
 @click.pass_context
 @fail_cleanly
 def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
-           processes: int, lease: str, grace: str, claim_ahead: str,
+           processes: int, lease: timedelta, grace: timedelta, claim_ahead: timedelta,
            metrics_port: int | None) -> None:
     """Execute runs: claim, run, heartbeat, report."""
     if processes > 1:
@@ -88,9 +108,8 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     app.store.ready().sadd(app.keys.queues, *qs)  # clear error now if Redis is down
     announce(ctx, app, "worker")
     metrics.serve(metrics_port)
-    cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=int(parse_seconds(lease) * 1000),
-                       grace_s=parse_seconds(grace),
-                       claim_ahead_ms=int(parse_seconds(claim_ahead) * 1000))
+    cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
+                       grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead))
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
     asyncio.run(w.run())
     # threads of sync tasks that outlived the grace period were released; do not wait for them
@@ -134,7 +153,7 @@ def _supervise(n: int, metrics_port: int | None) -> None:
 RETENTION_HELP = "How long finished runs (succeeded, missed, skipped, cancelled) are kept."
 
 
-def _run_reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: str,
+def _run_reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retention: timedelta,
                 metrics_port: int | None) -> None:
     from duetime.scheduler.reaper import Reaper
 
@@ -143,8 +162,8 @@ def _run_reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: s
     app.store.ready()
     announce(ctx, app, "reaper")
     metrics.serve(metrics_port)
-    reaper = Reaper(app.redis_url, app.keys, tick_s=parse_seconds(tick),
-                    retention_ms=int(parse_seconds(retention) * 1000))
+    reaper = Reaper(app.redis_url, app.keys, tick_s=tick.total_seconds(),
+                    retention_ms=duration_ms(retention))
     signal.signal(signal.SIGTERM, lambda *_: reaper.stop())
     signal.signal(signal.SIGINT, lambda *_: reaper.stop())
     reaper.run()
@@ -152,12 +171,14 @@ def _run_reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: s
 
 @main.command()
 @click.option("--app", "app_ref", default=None, help="module:attribute (optional for the reaper).")
-@click.option("--tick", default="500ms", show_default=True)
-@click.option("--retention", default="24h", show_default=True, help=RETENTION_HELP)
-@click.option("--metrics-port", default=None, type=int)
+@duration_option("--tick", span=TICK, default="500ms", show_default=True,
+                 help="How often expired leases are looked for.")
+@duration_option("--retention", span=RETENTION, default="24h", show_default=True,
+                 help=RETENTION_HELP)
+@click.option("--metrics-port", default=None, type=PORT, help="Serve Prometheus metrics here.")
 @click.pass_context
 @fail_cleanly
-def reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: str,
+def reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retention: timedelta,
            metrics_port: int | None) -> None:
     """Recover runs whose lease expired (retry, uncertain or dead)."""
     _run_reaper(ctx, app_ref, tick, retention, metrics_port)
@@ -165,22 +186,25 @@ def reaper(ctx: click.Context, app_ref: str | None, tick: str, retention: str,
 
 @main.command()
 @click.option("--app", "app_ref", default=None, help="module:attribute (optional).")
-@click.option("--lead", default="2s", show_default=True,
-              help="Create runs this long before they are due.")
-@click.option("--tick", default="250ms", show_default=True)
-@click.option("--reap-tick", default="500ms", show_default=True)
-@click.option("--retention", default="24h", show_default=True, help=RETENTION_HELP)
-@click.option("--miss-tolerance", default="10s", show_default=True,
-              help="An occurrence evaluated later than this after its instant was missed and "
-              "follows the schedule's catch-up policy.")
-@click.option("--gauges-every", default="5s", show_default=True,
-              help="How often the queue gauges (backlog, oldest due, ...) are recomputed.")
-@click.option("--metrics-port", default=None, type=int)
+@duration_option("--lead", span=LEAD, default="2s", show_default=True,
+                 help="Create runs this long before they are due.")
+@duration_option("--tick", span=TICK, default="250ms", show_default=True,
+                 help="How often due schedules are evaluated.")
+@duration_option("--reap-tick", span=TICK, default="500ms", show_default=True,
+                 help="How often expired leases are looked for.")
+@duration_option("--retention", span=RETENTION, default="24h", show_default=True,
+                 help=RETENTION_HELP)
+@duration_option("--miss-tolerance", span=MISS_TOLERANCE, default=None,
+                 help="Override every schedule's own miss tolerance (default: each schedule's, "
+                 "set with `schedule add --miss-tolerance`, 1m unless given).")
+@duration_option("--gauges-every", span=GAUGES_EVERY, default="5s", show_default=True,
+                 help="How often the queue gauges (backlog, oldest due, ...) are recomputed.")
+@click.option("--metrics-port", default=None, type=PORT, help="Serve Prometheus metrics here.")
 @click.pass_context
 @fail_cleanly
-def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, reap_tick: str,
-              retention: str, miss_tolerance: str, gauges_every: str,
-              metrics_port: int | None) -> None:
+def scheduler(ctx: click.Context, app_ref: str | None, lead: timedelta, tick: timedelta,
+              reap_tick: timedelta, retention: timedelta, miss_tolerance: timedelta | None,
+              gauges_every: timedelta, metrics_port: int | None) -> None:
     """Evaluate schedules into runs, and recover expired leases (run two or more)."""
     from duetime.scheduler.service import run_scheduler
 
@@ -188,11 +212,11 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, rea
     app.store.ready()
     announce(ctx, app, "scheduler")
     metrics.serve(metrics_port)
-    run_scheduler(app.redis_url, app.keys, lead_ms=int(parse_seconds(lead) * 1000),
-                  tick_s=parse_seconds(tick), reap_tick_s=parse_seconds(reap_tick),
-                  miss_tolerance_ms=int(parse_seconds(miss_tolerance) * 1000),
-                  retention_ms=int(parse_seconds(retention) * 1000),
-                  gauge_interval_s=parse_seconds(gauges_every))
+    run_scheduler(app.redis_url, app.keys, lead_ms=duration_ms(lead),
+                  tick_s=tick.total_seconds(), reap_tick_s=reap_tick.total_seconds(),
+                  miss_tolerance_ms=None if miss_tolerance is None else duration_ms(miss_tolerance),
+                  retention_ms=duration_ms(retention),
+                  gauge_interval_s=gauges_every.total_seconds())
 
 
 # -- client commands --------------------------------------------------------------------
@@ -200,32 +224,31 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: str, tick: str, rea
 
 @main.command()
 @click.argument("task")
-@click.option("--app", "app_ref", required=True)
+@click.option("--app", "app_ref", required=True, help="module:attribute of your App.")
 @click.option("--args", "args_json", default="[]", help="JSON list of positional arguments.")
 @click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
-@click.option("--at", default=None, help="ISO-8601 instant with offset.")
-@click.option("--delay", default=None, help="e.g. 30s, 5m.")
-@click.option("--key", default=None, help="Idempotency key.")
-@click.option("--queue", default=None)
+@instant_option("--at", default=None, help="Due at this instant.")
+@duration_option("--delay", span=DELAY, default=None, help="Due this long from now.")
+@click.option("--key", default=None, help="Idempotency key: the same key gives the same run.")
+@click.option("--queue", default=None, help="Default: the task's queue.")
 @click.pass_context
 @fail_cleanly
 def enqueue(ctx: click.Context, task: str, app_ref: str, args_json: str, kwargs_json: str,
-            at: str | None, delay: str | None, key: str | None, queue: str | None) -> None:
+            at: datetime | None, delay: timedelta | None, key: str | None,
+            queue: str | None) -> None:
     """Create one run of TASK and print its id."""
     args, kwargs = parse_payload(args_json, kwargs_json)
-    if at and delay:
+    if at and delay is not None:
         raise click.UsageError("give either --at or --delay, not both")
-    when = parse_instant(at, "--at") if at else None
     app = _app_or_plain(ctx, app_ref)
-    run_id = app.enqueue(task, args=args, kwargs=kwargs, at=when,
-                         delay=parse_seconds(delay) if delay else None, key=key, queue=queue)
+    run_id = app.enqueue(task, args=args, kwargs=kwargs, at=at, delay=delay, key=key, queue=queue)
     click.echo(run_id)
 
 
 # -- demo -------------------------------------------------------------------------------
 @main.command()
-@click.option("--runs", "count", default=300, show_default=True)
-@click.option("--workers", default=2, show_default=True)
+@click.option("--runs", "count", default=300, show_default=True, help="Runs to enqueue.")
+@click.option("--workers", default=2, show_default=True, help="Worker processes to start.")
 @click.pass_context
 @fail_cleanly
 def demo(ctx: click.Context, count: int, workers: int) -> None:

@@ -10,18 +10,21 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 import click
 import redis
 
 from duetime.app import App
 from duetime.common.admin import RunAdmin
-from duetime.common.connection import translated
-from duetime.common.errors import DuetimeError, InvalidInput
+from duetime.common.connection import server_time_ms, translated
+from duetime.common.errors import DuetimeError, InvalidInput, InvalidSchedule, InvalidTime
 from duetime.common.inspect import Inspector
-from duetime.common.timespec import InvalidSchedule
+from duetime.common.timefmt import human_duration, iso, relative
+from duetime.common.timeparse import Span, from_ms, parse_instant
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 ENV_URL, ENV_NS = "DUETIME_REDIS_URL", "DUETIME_NAMESPACE"
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -122,27 +125,48 @@ def admin(app: App) -> RunAdmin:
 
 
 # -- parsing ----------------------------------------------------------------------------
-def parse_seconds(text: str) -> float:
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-    for suffix in ("ms", "s", "m", "h"):
-        if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).isdigit():
-            return float(text[: -len(suffix)]) * units[suffix]
-    try:
-        return float(text)
-    except ValueError:
-        raise click.BadParameter(f"not a duration: {text!r} (e.g. 500ms, 10s, 2m)") from None
+class DurationParam(click.ParamType):
+    """A duration option read by the one duration parser and checked against its bounds; a
+    bad one is a usage error (one `error:` line naming the option, exit 2)."""
+
+    name = "duration"
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return self.span.parse(value)
+        except InvalidTime as exc:
+            self.fail(str(exc), param, ctx)
 
 
-def parse_instant(text: str, option: str) -> datetime:
-    """An ISO-8601 instant with a UTC offset (`Z` accepted); a naive one is ambiguous."""
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(f"not an ISO-8601 instant: {text!r}", param_hint=option) from None
-    if when.tzinfo is None:
-        raise click.BadParameter(f"{text!r} has no UTC offset; add one (e.g. +00:00 or Z)",
-                                 param_hint=option)
-    return when
+class InstantParam(click.ParamType):
+    """An ISO-8601 instant with a UTC offset, 1970..9999, as an aware UTC datetime."""
+
+    name = "instant"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            return parse_instant(value)
+        except InvalidTime as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def duration_option(*decls: str, span: Span, help: str, **kw: Any) -> Callable[[F], F]:
+    """A click option taking a duration; its help states the accepted range."""
+    return click.option(*decls, type=DurationParam(span), metavar="DURATION",
+                        help=f"{help} Range {span}; e.g. 500ms, 1.5s, 1h30m, PT1H30M.", **kw)
+
+
+def instant_option(*decls: str, help: str, **kw: Any) -> Callable[[F], F]:
+    return click.option(*decls, type=InstantParam(), metavar="INSTANT",
+                        help=f"{help} ISO-8601 with a UTC offset, e.g. 2026-03-08T02:30:00Z.",
+                        **kw)
 
 
 def parse_payload(args_json: str, kwargs_json: str) -> tuple[list[Any], dict[str, Any]]:
@@ -162,29 +186,19 @@ def parse_payload(args_json: str, kwargs_json: str) -> tuple[list[Any], dict[str
 
 
 # -- output -----------------------------------------------------------------------------
-def iso(dt: datetime | None) -> str | None:
-    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z") if dt else None
+human_s = human_duration  # the table form of a measured duration (one formatter, in timefmt)
 
 
-def short_time(dt: datetime | None) -> str:
-    return dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if dt else "-"
+def when(dt: datetime | None, now: datetime) -> str:
+    """An instant for a table: ISO UTC to the second and how far from now, e.g.
+    `2026-03-08T07:30:00Z (in 3 minutes)`; '-' for none."""
+    return f"{iso(dt, compact=True)} ({relative(dt, now)})" if dt else "-"
 
 
-def human_s(seconds: float | None) -> str:
-    """12ms, 3.4s, 5m10s, 2h3m, 4d: short and unambiguous in a table."""
-    if seconds is None:
-        return "-"
-    s = abs(seconds)
-    sign = "-" if seconds < 0 else ""
-    if s < 1:
-        return f"{sign}{s * 1000:.0f}ms"
-    if s < 60:
-        return f"{sign}{s:.1f}s"
-    if s < 3600:
-        return f"{sign}{int(s // 60)}m{int(s % 60):02d}s"
-    if s < 86400:
-        return f"{sign}{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-    return f"{sign}{s / 86400:.1f}d"
+def server_now(app: App) -> datetime:
+    """The server's clock: it decides when runs are due, so relative times are measured on it."""
+    with translated(app.redis_url):
+        return from_ms(server_time_ms(app.store.client))
 
 
 def echo_json(obj: Any) -> None:

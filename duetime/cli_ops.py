@@ -5,18 +5,17 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import asdict
+from datetime import timedelta
 from typing import Any
 
 import click
 
 from duetime.cli_common import (
     app_for,
+    duration_option,
     echo_json,
     fail_cleanly,
-    human_s,
     inspector,
-    iso,
-    parse_seconds,
     plain_app,
     table,
 )
@@ -24,12 +23,13 @@ from duetime.common.connection import redact
 from duetime.common.doctor import run_checks
 from duetime.common.inspect import Overview
 from duetime.common.keyguide import KeyGuide
-from duetime.common.models import from_ms
+from duetime.common.timefmt import ago, format_duration, human_duration, iso
+from duetime.common.timeparse import REFRESH, WAIT, WINDOW, from_ms
 from duetime.render import lease_to_dict, scheduler_to_dict, worker_to_dict
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list (absolute ISO times).")
 @click.pass_context
 @fail_cleanly
 def leases(ctx: click.Context, as_json: bool) -> None:
@@ -39,8 +39,8 @@ def leases(ctx: click.Context, as_json: bool) -> None:
         echo_json([lease_to_dict(lease) for lease in held])
         return
     rows = [(lease.run_id, lease.task, lease.queue, lease.worker or "(expired: reaper recovers it)",
-             lease.fence, human_s(lease.lease_left_s), human_s(lease.heartbeat_age_s) + " ago"
-             if lease.heartbeat_age_s is not None else "-", human_s(lease.running_s),
+             lease.fence, human_duration(lease.lease_left_s), ago(lease.heartbeat_age_s),
+             human_duration(lease.running_s),
              "cancel requested" if lease.cancel_requested else "")
             for lease in held]
     click.echo(table(("RUN", "TASK", "QUEUE", "WORKER", "FENCE", "LEASE LEFT", "HEARTBEAT",
@@ -51,18 +51,20 @@ def leases(ctx: click.Context, as_json: bool) -> None:
 @click.option("--all", "include_gone", is_flag=True, help="Also workers that stopped heartbeating.")
 @click.option("--wait-for", default=0, type=click.IntRange(0), metavar="N",
               help="First wait (up to --timeout) until N workers are live; exit 1 if not.")
-@click.option("--timeout", default="30s", show_default=True)
+@duration_option("--timeout", span=WAIT, default="30s", show_default=True,
+                 help="How long --wait-for waits.")
 @click.option("--json", "as_json", is_flag=True, help='{"workers": [...], "schedulers": [...]}')
 @click.pass_context
 @fail_cleanly
-def workers(ctx: click.Context, include_gone: bool, wait_for: int, timeout: str,
+def workers(ctx: click.Context, include_gone: bool, wait_for: int, timeout: timedelta,
             as_json: bool) -> None:
     """Live workers (queues, concurrency, in-flight, last seen) and schedulers."""
     insp = inspector(plain_app(ctx))
-    deadline = time.monotonic() + parse_seconds(timeout)
+    deadline = time.monotonic() + timeout.total_seconds()
     while wait_for and len([w for w in insp.workers() if w.live]) < wait_for:
         if time.monotonic() > deadline:
-            click.echo(f"error: fewer than {wait_for} live workers after {timeout}", err=True)
+            click.echo(f"error: fewer than {wait_for} live workers after "
+                       f"{format_duration(timeout)}", err=True)
             ctx.exit(1)
         time.sleep(0.1)
     ws, ss = insp.workers(include_gone), insp.schedulers()
@@ -72,11 +74,11 @@ def workers(ctx: click.Context, include_gone: bool, wait_for: int, timeout: str,
         return
     click.echo(table(("WORKER", "QUEUES", "CONCURRENCY", "IN-FLIGHT", "PROCESSED", "LAST SEEN", "STATUS"),
                      [(w.id, ",".join(w.queues), w.concurrency, w.inflight, w.processed,
-                       human_s(w.last_seen_age_s) + " ago", "live" if w.live else "gone")
+                       ago(w.last_seen_age_s), "live" if w.live else "gone")
                       for w in ws]))
     click.echo()
     click.echo(table(("SCHEDULER", "PARTITIONS", "LAST SEEN"),
-                     [(s.id, len(s.partitions), human_s(s.last_seen_age_s) + " ago") for s in ss]))
+                     [(s.id, len(s.partitions), ago(s.last_seen_age_s)) for s in ss]))
 
 
 # -- top ------------------------------------------------------------------------------------
@@ -93,14 +95,14 @@ def overview_to_dict(ov: Overview) -> dict[str, Any]:
 def render_frame(ov: Overview, title: str) -> str:
     owned = ov.partitions - len(ov.unowned_partitions)
     head = [
-        f"{title}   {iso(from_ms(ov.now_ms))}",
+        f"{title}   {iso(from_ms(ov.now_ms), compact=True)}",
         f"workers {ov.workers} live · schedulers {ov.schedulers} ({owned}/{ov.partitions} "
         f"partitions owned) · running {ov.leases} · uncertain {ov.uncertain} · dead {ov.dead}",
         "",
     ]
-    rows = [(q.queue, q.backlog, human_s(q.oldest_due_age_s) if q.backlog else "-",
+    rows = [(q.queue, q.backlog, ago(q.oldest_due_age_s) if q.backlog else "-",
              q.scheduled_later, q.running, q.retrying, f"{q.finished_per_s:.1f}",
-             human_s(q.lateness_p50_s), human_s(q.lateness_p99_s), q.dead)
+             human_duration(q.lateness_p50_s), human_duration(q.lateness_p99_s), q.dead)
             for q in sorted(ov.queues.values(), key=lambda q: q.queue)]
     body = table(("QUEUE", "BACKLOG", "OLDEST DUE", "LATER", "RUNNING", "RETRYING",
                   f"DONE/s({ov.window_s:g}s)", "LATE p50", "LATE p99", "DEAD"), rows)
@@ -110,17 +112,20 @@ def render_frame(ov: Overview, title: str) -> str:
 
 
 @click.command()
-@click.option("--interval", default="2s", show_default=True, help="Refresh period.")
-@click.option("--window", default="60s", show_default=True, help="Rate and lateness window.")
+@duration_option("--interval", span=REFRESH, default="2s", show_default=True,
+                 help="Refresh period.")
+@duration_option("--window", span=WINDOW, default="60s", show_default=True,
+                 help="Rate and lateness window.")
 @click.option("--once", is_flag=True, help="Print one frame and exit (no screen control).")
 @click.option("--json", "as_json", is_flag=True, help="With --once: the frame's numbers as JSON.")
 @click.pass_context
 @fail_cleanly
-def top(ctx: click.Context, interval: str, window: str, once: bool, as_json: bool) -> None:
+def top(ctx: click.Context, interval: timedelta, window: timedelta, once: bool,
+        as_json: bool) -> None:
     """Live view per queue: backlog, running, finish rate, start lateness p50/p99, retries, dead."""
     app = plain_app(ctx)
     insp = inspector(app)
-    period, window_s = parse_seconds(interval), parse_seconds(window)
+    period, window_s = interval.total_seconds(), window.total_seconds()
     title = f"duetime top — namespace {app.keys.namespace!r} on {redact(app.redis_url)}"
     if once or as_json:
         ov = insp.overview(activity=True, window_s=window_s)
@@ -134,7 +139,7 @@ def top(ctx: click.Context, interval: str, window: str, once: bool, as_json: boo
     try:
         while True:
             frame = render_frame(insp.overview(activity=True, window_s=window_s),
-                                 title + f"   (every {interval}; Ctrl-C quits)")
+                                 title + f"   (every {format_duration(interval)}; Ctrl-C quits)")
             out.write("\x1b[H" + frame.replace("\n", "\x1b[K\n") + "\x1b[K\n\x1b[J")
             out.flush()
             time.sleep(period)
@@ -151,7 +156,7 @@ MARK = {"ok": "ok   ", "info": "info ", "warn": "WARN ", "fatal": "FATAL"}
 
 @click.command()
 @click.option("--app", "app_ref", default=None, help="module:attribute: also check its partition count.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="The findings as JSON.")
 @click.pass_context
 @fail_cleanly
 def doctor(ctx: click.Context, app_ref: str | None, as_json: bool) -> None:
@@ -179,7 +184,7 @@ def doctor(ctx: click.Context, app_ref: str | None, as_json: bool) -> None:
 @click.command()
 @click.option("--run", "run_id", default=None, help="Print the key of this run's record "
               "(--json: all its keys).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="The layout as JSON.")
 @click.pass_context
 @fail_cleanly
 def keys(ctx: click.Context, run_id: str | None, as_json: bool) -> None:

@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta
 
 import click
 
 from duetime.cli_common import (
     admin,
+    duration_option,
     echo_json,
     fail_cleanly,
     inspector,
+    instant_option,
     interrupted,
-    parse_instant,
-    parse_seconds,
     plain_app,
     progress,
-    short_time,
+    server_now,
     table,
+    when,
 )
 from duetime.common.errors import InvalidState
 from duetime.common.inspect import RunSummary
 from duetime.common.models import STATES, TERMINAL
+from duetime.common.timefmt import format_duration
+from duetime.common.timeparse import WAIT, to_ms
 from duetime.render import run_to_dict, run_to_text, summary_to_dict
 
 UNLIMITED = 10**9
@@ -36,22 +40,22 @@ def _info(s: RunSummary) -> str:
     return text[:80]
 
 
-def _when(s: RunSummary) -> str:
+def _when(s: RunSummary, now: datetime) -> str:
     if s.state == "running":
-        return f"started {short_time(s.started)}"
+        return f"started {when(s.started, now)}"
     if s.state == "retrying":
-        return f"retry {short_time(s.retry_at)}"
+        return f"retry {when(s.retry_at, now)}"
     if s.state == "scheduled":
-        return f"due {short_time(s.due)}"
-    return f"ended {short_time(s.finished)}"
+        return f"due {when(s.due, now)}"
+    return f"ended {when(s.finished, now)}"
 
 
-def _print_runs(runs: list[RunSummary], as_json: bool, truncated: bool) -> None:
+def _print_runs(runs: list[RunSummary], as_json: bool, truncated: bool, now: datetime) -> None:
     if as_json:
         echo_json([summary_to_dict(s) for s in runs])
         return
-    rows = [(s.id, s.state, s.task, s.queue, s.schedule, _when(s), f"{s.attempt}/{s.max_attempts}",
-             _info(s)) for s in runs]
+    rows = [(s.id, s.state, s.task, s.queue, s.schedule, _when(s, now),
+             f"{s.attempt}/{s.max_attempts}", _info(s)) for s in runs]
     click.echo(table(("ID", "STATE", "TASK", "QUEUE", "SCHEDULE", "WHEN", "ATTEMPT", "INFO"), rows))
     if truncated:
         click.echo("(stopped early: too many finished runs to examine; narrow with --state, "
@@ -65,38 +69,43 @@ def runs() -> None:
 
 
 @runs.command("list")
-@click.option("--state", type=click.Choice(STATES), default=None)
+@click.option("--state", type=click.Choice(STATES), default=None, help="Only runs in this state.")
 @click.option("--schedule", default=None, help="Only runs of this schedule.")
-@click.option("--queue", default=None)
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
-@click.option("--json", "as_json", is_flag=True, help="A JSON list (fields: see README).")
+@click.option("--queue", default=None, help="Only runs of this queue.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000),
+              help="At most this many runs.")
+@click.option("--json", "as_json", is_flag=True,
+              help="A JSON list (fields: see README); times are absolute ISO-8601 UTC.")
 @click.pass_context
 @fail_cleanly
 def runs_list(ctx: click.Context, state: str | None, schedule: str | None, queue: str | None,
               limit: int, as_json: bool) -> None:
     """Runs: running, retrying and scheduled first (soonest first), then uncertain, dead and
     finished (newest first)."""
-    listing = inspector(plain_app(ctx)).list_runs(state, schedule, queue, limit)
-    _print_runs(listing.runs, as_json, listing.truncated)
+    app = plain_app(ctx)
+    listing = inspector(app).list_runs(state, schedule, queue, limit)
+    _print_runs(listing.runs, as_json, listing.truncated, server_now(app))
 
 
 @runs.command("show")
 @click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="The record as JSON (absolute ISO times).")
 @click.pass_context
 @fail_cleanly
 def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """A run's record and every attempt: worker, start, end, outcome, error; lateness."""
-    run = inspector(plain_app(ctx)).get_run(run_id)
+    app = plain_app(ctx)
+    run = inspector(app).get_run(run_id)
     if as_json:
         echo_json(run_to_dict(run))
     else:
-        click.echo(run_to_text(run))
+        click.echo(run_to_text(run, server_now(app)))
 
 
 @runs.command("cancel")
 @click.argument("run_id")
-@click.option("--reason", default="cancelled by an operator", show_default=True)
+@click.option("--reason", default="cancelled by an operator", show_default=True,
+              help="Recorded on the run.")
 @click.pass_context
 @fail_cleanly
 def runs_cancel(ctx: click.Context, run_id: str, reason: str) -> None:
@@ -127,20 +136,22 @@ def runs_replay(ctx: click.Context, run_id: str, force: bool, note: str) -> None
 
 @runs.command("wait")
 @click.argument("run_id")
-@click.option("--timeout", default="60s", show_default=True)
+@duration_option("--timeout", span=WAIT, default="60s", show_default=True,
+                 help="Give up (exit 1) after this long.")
 @click.pass_context
 @fail_cleanly
-def runs_wait(ctx: click.Context, run_id: str, timeout: str) -> None:
+def runs_wait(ctx: click.Context, run_id: str, timeout: timedelta) -> None:
     """Wait until a run finishes; prints its state. Exit 0 if it succeeded, 1 otherwise."""
     insp = inspector(plain_app(ctx))
-    deadline = time.monotonic() + parse_seconds(timeout)
+    deadline = time.monotonic() + timeout.total_seconds()
     while True:
         state = insp.get_run(run_id).state
         if state in TERMINAL or state == "uncertain":
             click.echo(state)
             ctx.exit(0 if state == "succeeded" else 1)
         if time.monotonic() > deadline:
-            click.echo(f"error: run {run_id} still {state} after {timeout}", err=True)
+            click.echo(f"error: run {run_id} still {state} after {format_duration(timeout)}",
+                       err=True)
             ctx.exit(1)
         time.sleep(0.1)
 
@@ -151,41 +162,44 @@ def dead() -> None:
     """Dead-lettered runs: failed for good (fatal error or attempts exhausted)."""
 
 
-def _dead_rows(runs: list[RunSummary]) -> list[tuple]:
-    return [(s.id, s.task, s.queue, s.owner, short_time(s.finished), s.attempt,
+def _dead_rows(runs: list[RunSummary], now: datetime) -> list[tuple]:
+    return [(s.id, s.task, s.queue, s.owner, when(s.finished, now), s.attempt,
              (s.error or s.reason or "")[:80]) for s in runs]
 
 
 @dead.command("list")
-@click.option("--queue", default=None)
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--queue", default=None, help="Only dead runs of this queue.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000),
+              help="At most this many runs.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list (absolute ISO times).")
 @click.pass_context
 @fail_cleanly
 def dead_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead letters not yet replayed or purged, newest first."""
-    listing = inspector(plain_app(ctx)).list_runs("dead", None, queue, limit)
+    app = plain_app(ctx)
+    listing = inspector(app).list_runs("dead", None, queue, limit)
     if as_json:
         echo_json([summary_to_dict(s) for s in listing.runs])
     else:
         click.echo(table(("ID", "TASK", "QUEUE", "OWNER", "DIED", "ATTEMPTS", "ERROR"),
-                         _dead_rows(listing.runs)))
+                         _dead_rows(listing.runs, server_now(app))))
 
 
 @dead.command("show")
 @click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="The record as JSON (absolute ISO times).")
 @click.pass_context
 @fail_cleanly
 def dead_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """A dead run's record, its error and every attempt."""
-    run = inspector(plain_app(ctx)).get_run(run_id)
+    app = plain_app(ctx)
+    run = inspector(app).get_run(run_id)
     if run.state != "dead":
         raise InvalidState(f"run {run_id} is not dead (state {run.state}); see `duetime runs show`")
     if as_json:
         echo_json(run_to_dict(run))
     else:
-        click.echo(run_to_text(run))
+        click.echo(run_to_text(run, server_now(app)))
         if run.error:
             click.echo("  full error:\n    " + run.error.replace("\n", "\n    "))
 
@@ -232,13 +246,13 @@ def dead_replay(ctx: click.Context, run_id: str | None, replay_all: bool, queue:
 
 
 @dead.command("purge")
-@click.option("--before", default=None, help="Only runs dead-lettered before this ISO instant.")
+@instant_option("--before", default=None, help="Only runs dead-lettered before this instant.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 @fail_cleanly
-def dead_purge(ctx: click.Context, before: str | None, yes: bool) -> None:
+def dead_purge(ctx: click.Context, before: datetime | None, yes: bool) -> None:
     """Delete dead runs for good (records and attempt histories)."""
-    before_ms = int(parse_instant(before, "--before").timestamp() * 1000) if before else None
+    before_ms = to_ms(before) if before else None
     adm = admin(plain_app(ctx))
     total = adm.count_dead(before_ms)
     if total == 0:
@@ -268,19 +282,22 @@ def uncertain() -> None:
 
 
 @uncertain.command("list")
-@click.option("--queue", default=None)
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--queue", default=None, help="Only uncertain runs of this queue.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000),
+              help="At most this many runs.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list (absolute ISO times).")
 @click.pass_context
 @fail_cleanly
 def uncertain_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
     """Uncertain runs, newest first."""
-    listing = inspector(plain_app(ctx)).list_runs("uncertain", None, queue, limit)
+    app = plain_app(ctx)
+    listing = inspector(app).list_runs("uncertain", None, queue, limit)
     if as_json:
         echo_json([summary_to_dict(s) for s in listing.runs])
         return
-    rows = [(s.id, s.task, s.queue, s.owner, short_time(s.finished), s.worker, (s.reason or "")[:80])
-            for s in listing.runs]
+    now = server_now(app)
+    rows = [(s.id, s.task, s.queue, s.owner, when(s.finished, now), s.worker,
+             (s.reason or "")[:80]) for s in listing.runs]
     click.echo(table(("ID", "TASK", "QUEUE", "OWNER", "SINCE", "LAST WORKER", "REASON"), rows))
 
 

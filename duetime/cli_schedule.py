@@ -6,57 +6,52 @@ from datetime import datetime, timedelta
 
 import click
 
-from duetime.app import App
 from duetime.cli_common import (
+    duration_option,
     echo_json,
     fail_cleanly,
+    instant_option,
     interrupted,
     load_app,
-    parse_instant,
     parse_payload,
     plain_app,
     progress,
-    short_time,
+    server_now,
     table,
+    when,
 )
-from duetime.common.connection import server_time_ms, translated
-from duetime.common.schedules import CATCHUP, OVERLAP, at_ms
-from duetime.common.timespec import At, Cron, Every, InvalidSchedule, Trigger, parse_duration
+from duetime.common.errors import InvalidSchedule
+from duetime.common.schedules import (
+    CATCHUP,
+    EVERY,
+    JITTER,
+    LATENESS,
+    MISS_TOLERANCE,
+    MISS_TOLERANCE_MS,
+    OVERLAP,
+)
+from duetime.common.timefmt import format_duration
+from duetime.common.timespec import At, Cron, Every, Trigger
 from duetime.render import next_fires, schedule_to_dict, schedule_to_text
 
-
-def _duration(text: str | None, option: str) -> timedelta | None:
-    if text is None:
-        return None
-    try:
-        return parse_duration(text)
-    except InvalidSchedule as exc:
-        raise click.BadParameter(str(exc), param_hint=option) from None
+CRON_HELP = ("Cron expression: 5 fields (minute hour day-of-month month day-of-week) or 6 with "
+             "seconds last; L, nW, d#n, Ld and H as in croniter; e.g. '30 2 * * *'.")
 
 
-def _trigger(cron: str | None, tz: str, every: str | None, at: str | None, dst_gap: str,
-             dst_fold: str) -> Trigger:
+def _trigger(cron: str | None, tz: str, every: timedelta | None, at: datetime | None,
+             dst_gap: str, dst_fold: str) -> Trigger:
     given = [o for o, v in (("--cron", cron), ("--every", every), ("--at", at)) if v is not None]
     if len(given) != 1:
         raise click.UsageError("give exactly one of --cron, --every or --at")
+    if every is not None:
+        return Every(every)
+    if at is not None:
+        return At(at)
     try:
-        if cron is not None:
-            return Cron(cron, tz=tz, dst_gap=dst_gap, dst_fold=dst_fold)
-        if every is not None:
-            interval = _duration(every, "--every")
-            assert interval is not None
-            return Every(interval)
+        return Cron(cron or "", tz=tz, dst_gap=dst_gap, dst_fold=dst_fold)
     except InvalidSchedule as exc:
-        hint = "--tz" if "time zone" in str(exc) else given[0]
+        hint = "--tz" if "time zone" in str(exc) else "--cron"
         raise click.BadParameter(str(exc), param_hint=hint) from None
-    assert at is not None
-    return At(parse_instant(at, "--at"))
-
-
-def _now(app: App) -> datetime:
-    """Fire times are listed from the server's clock, the one that decides them."""
-    with translated(app.redis_url):
-        return at_ms(server_time_ms(app.store.client))
 
 
 @click.group()
@@ -66,75 +61,96 @@ def schedule() -> None:
 
 @schedule.command("add")
 @click.argument("name")
-@click.option("--cron", default=None, help="5-field cron expression, e.g. '30 2 * * *'.")
+@click.option("--cron", default=None, help=CRON_HELP)
 @click.option("--tz", default="UTC", show_default=True, help="IANA zone of --cron.")
-@click.option("--every", default=None, help="Fixed interval, e.g. 15m, 1h30m.")
-@click.option("--at", default=None, help="One run at this ISO-8601 instant (with offset).")
+@duration_option("--every", span=EVERY, default=None, help="Fixed interval (zone-free).")
+@instant_option("--at", default=None, help="One run at this instant.")
 @click.option("--task", required=True, help="Registered task name.")
 @click.option("--app", "app_ref", required=True, help="module:attribute of your App.")
 @click.option("--args", "args_json", default="[]", help="JSON list of positional arguments.")
 @click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
 @click.option("--queue", default=None, help="Default: the task's queue.")
-@click.option("--catchup", type=click.Choice(CATCHUP), default="latest", show_default=True)
-@click.option("--max-catchup", default=100, show_default=True, type=click.IntRange(1, 100_000))
-@click.option("--lateness", default=None, help="Starting deadline, e.g. 5m (later: missed).")
-@click.option("--overlap", type=click.Choice(OVERLAP), default="allow", show_default=True)
-@click.option("--jitter", default=None, help="Random delay up to this, e.g. 30s.")
+@click.option("--catchup", type=click.Choice(CATCHUP), default="latest", show_default=True,
+              help="Missed occurrences: all (up to --max-catchup), latest (one run for all), "
+              "skip (none).")
+@click.option("--max-catchup", default=100, show_default=True, type=click.IntRange(1, 100_000),
+              help="With --catchup all: at most this many missed occurrences run.")
+@duration_option("--miss-tolerance", span=MISS_TOLERANCE, default=None,
+                 help="An occurrence evaluated later than this after its instant is missed "
+                 "(one whose successor is already due is missed anyway). Default "
+                 f"{format_duration(timedelta(milliseconds=MISS_TOLERANCE_MS))}.")
+@duration_option("--lateness", span=LATENESS, default=None,
+                 help="Starting deadline: a run not started this long after its due time is "
+                 "recorded as missed.")
+@click.option("--overlap", type=click.Choice(OVERLAP), default="allow", show_default=True,
+              help="When the previous run is still going: allow, skip, buffer_one, "
+              "cancel_other.")
+@duration_option("--jitter", span=JITTER, default=None,
+                 help="Stable per-occurrence delay up to this, to spread a herd.")
 @click.option("--owner", default=None, help="Team told about its dead letters.")
-@click.option("--dst-gap", type=click.Choice(("shift", "skip")), default="shift", show_default=True)
+@click.option("--dst-gap", type=click.Choice(("shift", "skip")), default="shift", show_default=True,
+              help="A local time that does not exist (spring forward): shift it by the gap "
+              "(02:30 becomes 03:30 in New York), or skip it.")
 @click.option("--dst-fold", type=click.Choice(("auto", "first", "both")), default="auto",
-              show_default=True)
+              show_default=True, help="A local time that occurs twice (fall back): first, both, "
+              "or auto (both when the hour field starts with *, else first).")
 @click.option("--paused", is_flag=True, help="Create it paused.")
 @click.pass_context
 @fail_cleanly
-def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str, every: str | None,
-                 at: str | None, task: str, app_ref: str, args_json: str, kwargs_json: str,
-                 queue: str | None, catchup: str, max_catchup: int, lateness: str | None,
-                 overlap: str, jitter: str | None, owner: str | None, dst_gap: str, dst_fold: str,
-                 paused: bool) -> None:
+def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str, every: timedelta | None,
+                 at: datetime | None, task: str, app_ref: str, args_json: str, kwargs_json: str,
+                 queue: str | None, catchup: str, max_catchup: int, miss_tolerance: timedelta | None,
+                 lateness: timedelta | None, overlap: str, jitter: timedelta | None,
+                 owner: str | None, dst_gap: str, dst_fold: str, paused: bool) -> None:
     """Create or update schedule NAME (the same definition again changes nothing)."""
     trigger = _trigger(cron, tz, every, at, dst_gap, dst_fold)
     args, kwargs = parse_payload(args_json, kwargs_json)
-    late, jit = _duration(lateness, "--lateness"), _duration(jitter, "--jitter")
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
     status = app.schedule(name, trigger, task, args=args, kwargs=kwargs, queue=queue,
-                          catchup=catchup, max_catchup=max_catchup, lateness=late, overlap=overlap,
-                          jitter=jit, owner=owner, paused=paused)
+                          catchup=catchup, max_catchup=max_catchup, lateness=lateness,
+                          overlap=overlap, jitter=jitter, owner=owner, paused=paused,
+                          miss_tolerance=miss_tolerance)
     info = app.get_schedule(name)
-    nxt = f"next fire {info.next_fire.isoformat()}" if info.next_fire else "no further fire time"
+    nxt = (f"next fire {when(info.next_fire, server_now(app))}" if info.next_fire
+           else "no further fire time")
     click.echo(f"{status} {name}: {info.trigger.describe()}; {nxt}")
 
 
 @schedule.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list (absolute ISO times).")
 @click.pass_context
 @fail_cleanly
 def schedule_list(ctx: click.Context, as_json: bool) -> None:
-    """Every schedule of the namespace."""
-    infos = plain_app(ctx).list_schedules()
+    """Every schedule of the namespace; NEXT and LAST in UTC and relative to now."""
+    app = plain_app(ctx)
+    infos = app.list_schedules()
     if as_json:
         echo_json([schedule_to_dict(i) for i in infos])
         return
+    now = server_now(app)
     rows = [(i.name, i.trigger.describe(), i.task, i.queue, "paused" if i.paused else "active",
-             short_time(i.next_fire), short_time(i.last_occurrence), i.materialized_count)
+             when(i.next_fire, now), when(i.last_occurrence, now), i.materialized_count)
             for i in infos]
     click.echo(table(("NAME", "TRIGGER", "TASK", "QUEUE", "STATUS", "NEXT", "LAST", "RUNS"), rows))
 
 
 @schedule.command("show")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Definition, state and next_fires as JSON (absolute ISO times).")
 @click.pass_context
 @fail_cleanly
 def schedule_show(ctx: click.Context, name: str, as_json: bool) -> None:
-    """A schedule's definition, state and next 5 fire times (its zone and UTC)."""
+    """A schedule's definition, state and next 5 fire times (its zone and UTC); the first is
+    its next_fire, whether or not a scheduler has run yet."""
     app = plain_app(ctx)
     info = app.get_schedule(name)
-    fires = next_fires(info, _now(app))
+    now = server_now(app)
+    fires = next_fires(info, now)
     if as_json:
         echo_json({**schedule_to_dict(info), "next_fires": fires})
     else:
-        click.echo(schedule_to_text(info, fires))
+        click.echo(schedule_to_text(info, fires, now))
 
 
 @schedule.command("pause")
@@ -153,6 +169,7 @@ def schedule_pause(ctx: click.Context, name: str, note: str) -> None:
 @click.pass_context
 @fail_cleanly
 def schedule_resume(ctx: click.Context, name: str) -> None:
+    """Create runs again; occurrences missed while paused follow the catch-up policy."""
     plain_app(ctx).resume(name)
     click.echo(f"resumed {name}")
 
@@ -168,19 +185,18 @@ def schedule_trigger(ctx: click.Context, name: str) -> None:
 
 @schedule.command("backfill")
 @click.argument("name")
-@click.option("--from", "start", required=True, help="ISO-8601 instant (with offset).")
-@click.option("--to", "end", required=True, help="ISO-8601 instant (with offset), inclusive.")
+@instant_option("--from", "start", required=True, help="First instant (inclusive).")
+@instant_option("--to", "end", required=True, help="Last instant (inclusive).")
 @click.pass_context
 @fail_cleanly
-def schedule_backfill(ctx: click.Context, name: str, start: str, end: str) -> None:
+def schedule_backfill(ctx: click.Context, name: str, start: datetime, end: datetime) -> None:
     """One run per occurrence in [--from, --to]; occurrences that have a run are left alone,
     so an interrupted backfill can simply be run again."""
-    t0, t1 = parse_instant(start, "--from"), parse_instant(end, "--to")
-    if t1 < t0:
+    if end < start:
         raise click.BadParameter("is before --from", param_hint="--to")
     app = plain_app(ctx)
     trigger = app.get_schedule(name).trigger
-    total = sum(1 for _ in trigger.occurrences(t0 - timedelta(milliseconds=1), t1))
+    total = sum(1 for _ in trigger.occurrences(start - timedelta(microseconds=1), end))
     done = 0
 
     def step(n: int) -> None:
@@ -190,7 +206,7 @@ def schedule_backfill(ctx: click.Context, name: str, start: str, end: str) -> No
 
     try:
         with progress(total, "backfilling") as advance:
-            occurrences, created = app.schedules.backfill(name, t0, t1, progress=step)
+            occurrences, created = app.schedules.backfill(name, start, end, progress=step)
     except KeyboardInterrupt:
         interrupted(done, total, "occurrences", f"duetime schedule backfill {name} ...")
     click.echo(f"{occurrences} occurrence(s), {created} run(s) created "

@@ -3,18 +3,18 @@ readable text. Field names and meanings here only ever gain new keys."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from duetime.common.inspect import LeaseInfo, RunSummary, SchedulerInfo, WorkerInfo
 from duetime.common.models import Run
 from duetime.common.schedule_store import ScheduleInfo
+from duetime.common.timefmt import iso as _iso
+from duetime.common.timefmt import iso_local, relative
 from duetime.common.timespec import Cron
 
-
-def _iso(dt: datetime | None) -> str | None:
-    return dt.isoformat().replace("+00:00", "Z") if dt else None
+_TIMES = ("due", "started", "finished", "retry_at", "cancel_requested", "heartbeat")
 
 
 def _secs(a: datetime | None, b: datetime | None) -> float | None:
@@ -45,14 +45,18 @@ def run_to_dict(run: Run) -> dict[str, Any]:
     }
 
 
-def run_to_text(run: Run) -> str:
+def run_to_text(run: Run, now: datetime | None = None) -> str:
+    """The record for a person: times in ISO UTC, and relative to `now` (server time) if given."""
     d = run_to_dict(run)
     lines = [f"run {run.id}  {run.state}  task={run.task} queue={run.queue}"]
     for k in ("due", "started", "finished", "start_lateness_s", "attempt", "max_attempts",
               "owner", "schedule", "reason", "retry_at", "replay_of", "replayed_by",
               "cancel_requested", "resolved_as", "heartbeat"):
         if d[k] not in (None, ""):
-            lines.append(f"  {k:<17} {str(d[k]).splitlines()[0]}")
+            text = str(d[k]).splitlines()[0]
+            if k in _TIMES and now is not None:
+                text += f"  ({relative(getattr(run, k), now)})"
+            lines.append(f"  {k:<17} {text}")
     if run.error:
         lines.append(f"  error             {run.error.splitlines()[0]}")
     lines.append("  attempts:")
@@ -103,17 +107,18 @@ def schedule_zone(info: ScheduleInfo) -> str:
     return info.trigger.tz if isinstance(info.trigger, Cron) else "UTC"
 
 
-def next_fires(info: ScheduleInfo, now: datetime, n: int = 5) -> list[dict[str, str | None]]:
-    """The next `n` fire instants after `now`, in the schedule's zone and in UTC."""
+def next_fires(info: ScheduleInfo, now: datetime, n: int = 5) -> list[dict[str, Any]]:
+    """The next `n` fire instants, in UTC and on the schedule's zone's wall clock.
+
+    The first is the schedule's own cursor (`next_fire`), so the list and `next_fire` agree
+    even before any scheduler ran; if it has passed unevaluated (no scheduler, or paused) it
+    is marked `overdue` and the rest follow from now. No cursor: the trigger has ended."""
     zone = ZoneInfo(schedule_zone(info))
-    out: list[dict[str, str | None]] = []
-    t = now
-    while len(out) < n:
-        nxt = info.trigger.next_after(t)
-        if nxt is None:
-            break
-        out.append({"utc": _iso(nxt), "local": nxt.astimezone(zone).isoformat()})
-        t = nxt
+    out: list[dict[str, Any]] = []
+    nxt = info.next_fire
+    while nxt is not None and len(out) < n:
+        out.append({"utc": _iso(nxt), "local": iso_local(nxt, zone), "overdue": nxt < now})
+        nxt = info.trigger.next_after(max(nxt, now))
     return out
 
 
@@ -122,7 +127,8 @@ def schedule_to_dict(info: ScheduleInfo) -> dict[str, Any]:
         "name": info.name, "trigger": info.trigger.to_dict(), "describe": info.trigger.describe(),
         "zone": schedule_zone(info), "task": info.task, "queue": info.queue, "args": info.args,
         "kwargs": info.kwargs, "catchup": info.catchup, "max_catchup": info.max_catchup,
-        "lateness_s": info.lateness_s, "overlap": info.overlap, "jitter_s": info.jitter_s,
+        "miss_tolerance_s": info.miss_tolerance_s, "lateness_s": info.lateness_s,
+        "overlap": info.overlap, "jitter_s": info.jitter_s,
         "owner": info.owner, "paused": info.paused, "pause_note": info.pause_note,
         "version": info.version, "next_fire": _iso(info.next_fire),
         "last_occurrence": _iso(info.last_occurrence), "skipped_count": info.skipped_count,
@@ -131,15 +137,50 @@ def schedule_to_dict(info: ScheduleInfo) -> dict[str, Any]:
     }
 
 
-def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, str | None]]) -> str:
+def zone_header(info: ScheduleInfo, now: datetime) -> str:
+    """`Europe/Paris (now UTC+01:00, CET)`; interval and one-time triggers have no zone."""
+    zone = schedule_zone(info)
+    if not isinstance(info.trigger, Cron):
+        return "UTC (an interval or a one-time instant does not follow a zone's clock)"
+    local = now.astimezone(ZoneInfo(zone))
+    minutes = int((local.utcoffset() or timedelta(0)).total_seconds() // 60)
+    sign = "-" if minutes < 0 else "+"
+    offset = f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+    return f"{zone} (now UTC{offset}, {local.tzname()})"
+
+
+def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
+                     now: datetime | None = None) -> str:
+    """Every instant once in one format (ISO-8601, UTC with Z; fire times also on the zone's
+    clock), with how far from `now` (server time) each is."""
+    now = now or datetime.now(UTC)
     d = schedule_to_dict(info)
-    lines = [f"schedule {info.name}  {'PAUSED' if info.paused else 'active'}  {d['describe']}"]
-    for k in ("task", "queue", "args", "kwargs", "catchup", "max_catchup", "lateness_s", "overlap",
-              "jitter_s", "owner", "pause_note", "version", "next_fire", "last_occurrence",
-              "materialized_count", "skipped_count", "missed_count", "created", "updated"):
-        if d[k] not in (None, "", [], {}):
-            lines.append(f"  {k:<19} {d[k]}")
+    zone = ZoneInfo(schedule_zone(info))
+    lines = [f"schedule {info.name}  {'PAUSED' if info.paused else 'active'}  {d['describe']}",
+             f"  {'zone':<19} {zone_header(info, now)}"]
+    instants = {"next_fire": info.next_fire, "last_occurrence": info.last_occurrence,
+                "created": info.created, "updated": info.updated}
+    for k in ("task", "queue", "args", "kwargs", "catchup", "max_catchup", "miss_tolerance_s",
+              "lateness_s", "overlap", "jitter_s", "owner", "pause_note", "version", "next_fire",
+              "last_occurrence", "materialized_count", "skipped_count", "missed_count", "created",
+              "updated"):
+        if d[k] in (None, "", [], {}):
+            continue
+        text = str(d[k])
+        when = instants.get(k)
+        if when is not None:
+            text = f"{_iso(when, compact=True)}  ({relative(when, now)})"
+        lines.append(f"  {k:<19} {text}")
+    if info.next_fire is None:
+        lines.append("  next_fire           - (the trigger has no further occurrence)")
     lines.append(f"  next {len(fires)} fire times ({d['zone']} / UTC):")
+    rows = []
     for f in fires:
-        lines.append(f"    {f['local']}   {f['utc']}")
+        utc = datetime.fromisoformat(f["utc"])
+        note = "  overdue: not yet evaluated" if f["overdue"] else ""
+        rows.append([iso_local(utc, zone, compact=True), _iso(utc, compact=True) or "",
+                     relative(utc, now) + note])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))] if rows else []
+    for r in rows:
+        lines.append("    " + "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return "\n".join(lines)

@@ -29,7 +29,7 @@ from duetime.common.timespec import Trigger
 log = get_logger("duetime.scheduler")
 
 SCHED_FIELDS = ("version", "next_ms", "queue", "catchup", "max_catchup", "jitter_ms", "paused",
-                *TRIGGER_FIELDS)
+                "miss_tolerance_ms", *TRIGGER_FIELDS)
 BATCH = 200
 
 
@@ -101,8 +101,9 @@ class Ownership:
 
 class Evaluator:
     def __init__(self, url: str, keys: Keyspace, lead_ms: int = 2000, tick_s: float = 0.25,
-                 lease_ms: int = 3000, miss_tolerance_ms: int = MISS_TOLERANCE_MS) -> None:
+                 lease_ms: int = 3000, miss_tolerance_ms: int | None = None) -> None:
         self.url, self.keys, self.lead_ms, self.tick_s = url, keys, lead_ms, tick_s
+        # None: each schedule's own tolerance; a number overrides them all (`--miss-tolerance`)
         self.miss_tolerance_ms = miss_tolerance_ms
         self.client = sync_client(url)
         self.scripts = Scripts(self.client)
@@ -152,14 +153,17 @@ class Evaluator:
         pipe = self.client.pipeline(transaction=False)
         calls: list[tuple[int, str, bytes]] = []
         for (p, name), f in zip(due, records, strict=True):
-            version, next_ms, queue, catchup, max_catchup, jitter_ms, paused = f[:7]
+            version, next_ms, queue, catchup, max_catchup, jitter_ms, paused, tolerance = f[:8]
             if version is None or next_ms is None or paused == b"1":
                 continue  # deleted, finished or paused meanwhile: upsert/pause fix the index
             try:
                 q = queue.decode()
-                pl = plan(self._trigger(name, version, f[7:]), int(next_ms), now, self.lead_ms,
+                if self.miss_tolerance_ms is not None:
+                    tolerance = self.miss_tolerance_ms
+                pl = plan(self._trigger(name, version, f[8:]), int(next_ms), now, self.lead_ms,
                           name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
-                          jitter_ms=int(jitter_ms or 0), tolerance_ms=self.miss_tolerance_ms)
+                          jitter_ms=int(jitter_ms or 0),
+                          tolerance_ms=MISS_TOLERANCE_MS if tolerance is None else int(tolerance))
             except Exception as exc:  # noqa: BLE001 - one damaged record must not stop the rest
                 self._quarantine(p, name, version, f"{type(exc).__name__}: {exc}")
                 continue

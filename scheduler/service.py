@@ -33,7 +33,7 @@ class _Part(threading.Thread):
 
 
 def run_scheduler(url: str, keys: Keyspace, lead_ms: int = 2000, tick_s: float = 0.25,
-                  reap_tick_s: float = 0.5, miss_tolerance_ms: int = 10_000,
+                  reap_tick_s: float = 0.5, miss_tolerance_ms: int | None = None,
                   retention_ms: int = 24 * 3600 * 1000, gauge_interval_s: float = 5.0) -> None:
     evaluator = Evaluator(url, keys, lead_ms=lead_ms, tick_s=tick_s,
                           miss_tolerance_ms=miss_tolerance_ms)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from duetime.common.connection import server_time_ms
-from duetime.common.schedules import at_ms
+from duetime.common.timeparse import from_ms as at_ms
 from duetime.scheduler.evaluator import Evaluator
 
 import duetime

@@ -14,7 +14,7 @@ EXTERNAL = [
     re.compile(r"\bDESIGN(\.md\b|\s*§)"),
     re.compile(r"§\s*\d"),
     re.compile(r"(?i)\b(issues?|tickets?|bugs?|pr|pull request)\s*#?\d+\b"),
-    re.compile(r"(?<![\w&#/])#\d+\b"),
+    re.compile(r"(?<![\w&#/}])#\d+\b"),  # not cron's `{dow}#5` (nth weekday)
     re.compile(r"(?i)\b(github|gitlab|bitbucket)\.(com|org)/[^\s/]+/[^\s/]+/(issues|pulls?|merge_requests)\b"),
     re.compile(r"(?i)\bjira\b"),
 ]

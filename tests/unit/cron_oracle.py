@@ -1,13 +1,21 @@
 """Brute-force reference for cron-in-a-time-zone semantics.
 
-Deliberately shares no code with ``common.timespec``: it walks every UTC minute, converts it to
-the local wall clock with zoneinfo and applies its own tiny matcher (no ``H`` support) and its own
-reading of the DST rules.  Slow but obviously correct, which is the point.
+Deliberately shares no code with ``common.timespec`` (nor croniter): it walks every UTC minute,
+converts it to the local wall clock with zoneinfo and applies its own tiny matcher (no ``H``
+support) and its own reading of the DST rules.  Slow but obviously correct, which is the point.
+
+Beyond plain fields it reads the optional sixth (second) field and the calendar items, each
+by brute force over the days of the month: ``L`` (last day), ``nW``/``Wn`` (the weekday,
+Monday-Friday, of the month nearest day n, n clamped to the month's last day), ``d#n`` (n-th
+weekday d) and ``Ld`` (last weekday d); the day fields still combine by the Vixie rule.
 """
 
 from __future__ import annotations
 
+import calendar
+import re
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from zoneinfo import ZoneInfo
 
 ONE_MINUTE = timedelta(minutes=1)
@@ -54,25 +62,76 @@ def _expand(text: str, low: int, high: int, names: list[str], offset: int) -> se
     return result
 
 
+def _month_days(year: int, month: int) -> list[datetime]:
+    return [datetime(year, month, d) for d in range(1, calendar.monthrange(year, month)[1] + 1)]
+
+
+def _weekday(day: datetime) -> int:
+    return day.isoweekday() % 7  # cron: Sunday == 0
+
+
+@cache
+def _special_dom(item: str, year: int, month: int) -> int | None:
+    days = _month_days(year, month)
+    if item.upper() == "L":
+        return days[-1].day
+    n = int(item.upper().strip("W"))
+    target = min(n, days[-1].day)
+    weekdays = [d.day for d in days if 1 <= _weekday(d) <= 5]
+    return min(weekdays, key=lambda d: (abs(d - target), d))
+
+
+@cache
+def _special_dow(item: str, year: int, month: int) -> int | None:
+    up = item.upper()
+    if "#" in up:
+        name, nth = up.split("#")
+        wanted = _number(name, DAYS, 0) % 7
+        matching = [d.day for d in _month_days(year, month) if _weekday(d) == wanted]
+        return matching[int(nth) - 1] if len(matching) >= int(nth) else None
+    wanted = _number(up[1:], DAYS, 0) % 7  # 'L<day>'
+    return [d.day for d in _month_days(year, month) if _weekday(d) == wanted][-1]
+
+
+def _is_special(field: str, item: str) -> bool:
+    if field == "dom":
+        return item.upper() == "L" or re.fullmatch(r"[0-9]+W|W[0-9]+", item.upper()) is not None
+    return "#" in item or (item[:1].upper() == "L" and len(item) > 1)
+
+
+def _split(text: str, field: str) -> tuple[str, list[str]]:
+    """(plain items joined, calendar items) of one day field; plain part '' if none."""
+    items = text.split(",")
+    special = [i for i in items if _is_special(field, i)]
+    plain = [i for i in items if not _is_special(field, i)]
+    return ",".join(plain), special
+
+
 class OracleCron:
-    """Plain 5-field cron (no H) matched against naive local wall times."""
+    """5-field cron, or 6 with seconds last (no H), matched against naive local wall times."""
 
     def __init__(self, expression: str) -> None:
         expression = SHORTCUTS.get(expression.strip(), expression)
         fields = expression.split()
-        assert len(fields) == 5, expression
+        assert len(fields) in (5, 6), expression
         self.minutes = _expand(fields[0], 0, 59, [], 0)
         self.hours = _expand(fields[1], 0, 23, [], 0)
-        self.doms = _expand(fields[2], 1, 31, [], 0)
+        dom_plain, self.dom_special = _split(fields[2], "dom")
+        dow_plain, self.dow_special = _split(fields[4], "dow")
+        self.doms = _expand(dom_plain, 1, 31, [], 0) if dom_plain else set()
         self.months = _expand(fields[3], 1, 12, MONTHS, 1)
-        self.dows = {d % 7 for d in _expand(fields[4], 0, 7, DAYS, 0)}
+        self.dows = {d % 7 for d in _expand(dow_plain, 0, 7, DAYS, 0)} if dow_plain else set()
+        self.seconds = sorted(_expand(fields[5], 0, 59, [], 0)) if len(fields) == 6 else [0]
         self.dom_wild = fields[2][0] == "*"
         self.dow_wild = fields[4][0] == "*"
         self.hour_wild = fields[1][0] == "*"
 
     def day_ok(self, wall: datetime) -> bool:
-        in_dom = wall.day in self.doms
-        in_dow = (wall.isoweekday() % 7) in self.dows
+        y, m = wall.year, wall.month
+        in_dom = wall.day in self.doms or any(
+            _special_dom(i, y, m) == wall.day for i in self.dom_special)
+        in_dow = (wall.isoweekday() % 7) in self.dows or any(
+            _special_dow(i, y, m) == wall.day for i in self.dow_special)
         if self.dom_wild or self.dow_wild:
             return in_dom and in_dow
         return in_dom or in_dow
@@ -122,10 +181,12 @@ def fire_sets(
             missing = last_wall + ONE_MINUTE
             while missing < wall:
                 if cron.matches(missing):
-                    shifted.append((missing - last_offset).replace(tzinfo=UTC))
+                    shifted += [(missing - last_offset).replace(tzinfo=UTC) + timedelta(seconds=s)
+                                for s in cron.seconds]
                 missing += ONE_MINUTE
         if cron.matches(wall):
-            (repeats if wall in seen else first_seen).append(u)
+            (repeats if wall in seen else first_seen).extend(
+                u + timedelta(seconds=s) for s in cron.seconds)
         seen.add(wall)
         last_wall, last_offset = wall, local.utcoffset()
         u += ONE_MINUTE
