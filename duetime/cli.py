@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import click
+import redis
 
 from duetime import __version__
 from duetime.app import App
@@ -105,7 +106,14 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
         from duetime.common.names import check_name
 
         check_name("queue", q)
-    app.store.ready().sadd(app.keys.queues, *qs)  # clear error now if Redis is down
+    client = app.store.ready()  # clear error now if Redis is down
+    try:
+        client.sadd(app.keys.queues, *qs)  # the queue list `top` and the gauges read
+    except redis.exceptions.OutOfMemoryError:
+        # at maxmemory the worker still starts (heartbeats go on, claims wait); enqueues and
+        # the next worker start record the names
+        logs.get("duetime.cli").warning("redis is at maxmemory: queue names not recorded yet",
+                                        queues=qs)
     announce(ctx, app, "worker")
     metrics.serve(metrics_port)
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
