@@ -92,6 +92,7 @@ class Checker:
         self.by_run: dict[str, list[Execution]] = defaultdict(list)
         for x in executions:
             self.by_run[x.run].append(x)
+        self._by_schedule: dict[str, list[Record]] | None = None
         self.deaths: dict[int, float] = {}
         for f in faults.faults:
             if f.kind in ("sigkill", "exited") and "pid" in f.detail:
@@ -354,8 +355,13 @@ class Checker:
         t = r.ms("finished")
         if t is None:
             return False
-        for o in self.snap.runs.values():
-            if o.schedule != r.schedule or o.id == r.id:
+        if self._by_schedule is None:
+            self._by_schedule = defaultdict(list)
+            for run in self.snap.runs.values():
+                if run.schedule:
+                    self._by_schedule[run.schedule].append(run)
+        for o in self._by_schedule.get(r.schedule, []):
+            if o.id == r.id:
                 continue
             for e in o.attempts:
                 if e.start is not None and e.start - TOL <= t <= (e.end or self.snap.now) + TOL:
