@@ -85,34 +85,59 @@ class Chaos:
                  log: Callable[[str], None]) -> None:
         self.cfg, self.fleet, self.control, self.log = cfg, fleet, control, log
         self.load = load
+        self.keys = load.app.keys
+        self.client = sync_client(control.server.url, socket_timeout=5)
         self.rnd = random.Random(cfg.seed)
 
     def pick(self, role: str | None = None) -> Member:
         pool = [m for m in self.fleet.members if role is None or m.role == role]
         return self.rnd.choice(pool)
 
+    def busy_worker(self) -> Member:
+        """The worker holding the most leases right now (a fault on an idle one proves
+        little); a random one when none holds any."""
+        held: dict[int, int] = {}
+        try:
+            k = self.keys
+            pipe = self.client.pipeline(transaction=False)
+            for p in range(k.partitions):
+                pipe.zrange(k.leases(p), 0, -1)
+            ids = [(p, rid.decode()) for p, found in enumerate(pipe.execute()) for rid in found]
+            pipe = self.client.pipeline(transaction=False)
+            for p, rid in ids:
+                pipe.hget(k.run(p, rid), "worker")
+            for w in pipe.execute():
+                pid = _pid(w.decode() if w else "")
+                if pid is not None:
+                    held[pid] = held.get(pid, 0) + 1
+        except redis.RedisError:
+            pass
+        workers = self.fleet.of("worker")
+        best = max(workers, key=lambda m: (held.get(m.pid or 0, 0), self.rnd.random()))
+        return best if held.get(best.pid or 0) else self.rnd.choice(workers)
+
     def episode(self, kind: str) -> None:
         r, lease, f = self.rnd, self.cfg.lease_s, self.fleet
         self.log(f"episode {kind}")
         if kind == "worker_kill":
-            m = self.pick("worker")
+            m = self.busy_worker()
             f.kill(m)
             time.sleep(r.uniform(0.2, 1.0))
             f.start(m)
         elif kind == "worker_kill_backlog":  # its runs must restart ahead of a fresh backlog
-            m = self.pick("worker")
             created = self.load.burst(self.cfg.backlog)
             time.sleep(0.3)
+            m = self.busy_worker()
             f.kill(m, backlog=created)
             time.sleep(r.uniform(0.2, 1.0))
             f.start(m)
         elif kind == "worker_stop":  # frozen past its lease: its runs are reaped and rerun
-            m = self.pick("worker")
+            m = self.busy_worker()
             f.stop(m)
             time.sleep(lease * r.uniform(1.3, 2.0))
             f.cont(m)
         elif kind == "worker_term":  # graceful: in-flight runs get --grace, then are released
-            m = self.pick("worker")
+            m = self.busy_worker()
             f.terminate(m)
             f.start(m)
         elif kind == "scheduler_kill":
@@ -126,7 +151,7 @@ class Chaos:
             time.sleep(r.uniform(2.0, 4.0))
             f.cont(m)
         elif kind in ("link_cut", "link_stall", "link_slow"):
-            m = self.pick()
+            m = self.busy_worker() if self.rnd.random() < 0.6 else self.pick()
             mode = kind.split("_")[1]
             secs = {"cut": r.uniform(0.5, 2.5), "stall": lease * r.uniform(0.5, 1.8),
                     "slow": r.uniform(2.0, 4.0)}[mode]
@@ -152,12 +177,23 @@ class Chaos:
         order = list(self.cfg.episodes)
         self.rnd.shuffle(order)
         end = time.monotonic() + seconds
-        while order or time.monotonic() < end:
-            kind = order.pop() if order else self.rnd.choice(self.cfg.episodes)
-            self.episode(kind)
-            done.append(kind)
-            time.sleep(self.rnd.uniform(*self.cfg.calm_s))
+        try:
+            while order or time.monotonic() < end:
+                kind = order.pop() if order else self.rnd.choice(self.cfg.episodes)
+                self.episode(kind)
+                done.append(kind)
+                time.sleep(self.rnd.uniform(*self.cfg.calm_s))
+        finally:
+            self.client.close()
         return done
+
+
+def _pid(worker_id: str) -> int | None:
+    """Worker ids are `host:pid:random`."""
+    try:
+        return int(worker_id.split(":")[-2])
+    except (IndexError, ValueError):
+        return None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -171,6 +207,7 @@ def cpu_seconds(pid: int) -> float:
 def idle_cpu(fleet: Fleet, control: ServerControl, seconds: float) -> dict[str, float]:
     """CPU % each (idle) worker uses while the server is down for `seconds`."""
     workers = [m for m in fleet.of("worker") if m.alive()]
+    control.set_fsync("always")  # nothing acknowledged is lost to this kill: it is no fault
     control.server.kill()
     fleet.faults.begin("server_down_idle", "server")
     time.sleep(1.0)  # the first reconnect attempts are not the steady state
@@ -279,7 +316,10 @@ def run_chaos(cfg: ChaosConfig, log: Callable[[str], None] = lambda s: None) -> 
         time.sleep(0.5)
         if cfg.idle_cpu_s > 0:
             idle = idle_cpu(fleet, control, cfg.idle_cpu_s)
+            deadline = time.monotonic() + cfg.quiesce_s
             time.sleep(1.0)
+            while time.monotonic() < deadline and not settled(client, keys):
+                time.sleep(0.5)
         snap = snapshot.take(client, keys, ["default", NOWHERE])
         client.close()
         for m in fleet.members:  # graceful stops, so nothing is left running

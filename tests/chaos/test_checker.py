@@ -195,3 +195,32 @@ def test_losses_inside_an_everysec_kill_window_are_allowed_and_reported_apart() 
     always.faults.append(Fault("server_sigkill", "server", T0 + 0.5, T0 + 1, {"fsync": "always"}))
     rep = check([r], [x], always, submitted=["r1", "gone"])
     assert any("gone" in v for v in rep.violations)
+
+
+def test_a_server_restart_explains_the_expiries_it_caused_but_not_later_ones() -> None:
+    a1 = entry(1, W1, T0 + 1, T0 + 4, "unknown", "lease expired")
+    a2 = entry(2, W2, T0 + 4.1, T0 + 4.5, "succeeded")
+    xs = [execution("r1", 1, 101, T0 + 1.01, T0 + 1.5), execution("r1", 2, 202, T0 + 4.2, T0 + 4.3)]
+    rec = record("r1", "succeeded", [a1, a2])
+    restart = FaultLog()
+    restart.faults.append(Fault("server_shutdown", "server", T0 + 2, T0 + 3, {"fsync": "always"}))
+    assert check([rec], xs, restart).ok
+    long_ago = FaultLog()  # the server came back 10 s before the lease expired
+    long_ago.faults.append(Fault("server_shutdown", "server", T0 - 12, T0 - 11, {"fsync": "always"}))
+    assert any("no fault hit its holder" in v for v in check([rec], xs, long_ago).violations)
+    oom = FaultLog()  # at maxmemory heartbeats go on: memory pressure explains no expiry
+    oom.faults.append(Fault("oom", "server", T0 + 2, T0 + 3))
+    assert any("no fault hit its holder" in v for v in check([rec], xs, oom).violations)
+
+
+def test_a_skip_needs_another_run_of_its_schedule_running_at_that_moment() -> None:
+    runner = record("chaos-skip@1000", "succeeded", [entry(1, W1, T0 + 1, T0 + 3.5, "succeeded")],
+                    schedule="chaos-skip", occurrence="1000")
+    skipped = record("chaos-skip@2000", "skipped", [], schedule="chaos-skip", occurrence="2000",
+                     finished=str(int((T0 + 2) * 1000)))
+    late = record("chaos-skip@3000", "skipped", [], schedule="chaos-skip", occurrence="3000",
+                  finished=str(int((T0 + 5) * 1000)))
+    x = execution("chaos-skip@1000", 1, 101, T0 + 1.01, T0 + 3.4, task="chaos.long_tick")
+    rep = check([runner, skipped, late], [x], submitted=[])
+    assert not any("chaos-skip@2000: skipped" in v for v in rep.violations)
+    assert any("chaos-skip@3000: skipped" in v for v in rep.violations)
