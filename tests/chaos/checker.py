@@ -222,6 +222,10 @@ class Checker:
                 self.bad(f"{r.id}: succeeded, but no attempt entry says so", r.ms("finished"))
             for e in r.attempts:
                 x = xs.get(e.fence)
+                if e.outcome == "succeeded" and x is None and self._adopted(r, e):
+                    self.report.counts["successes adopted from an older attempt's body"] = \
+                        self.report.counts.get("successes adopted from an older attempt's body", 0) + 1
+                    continue
                 if e.outcome == "succeeded" and (x is None or x.outcome != "ok"):
                     self.bad(f"{r.id}: attempt {e.fence} accepted as succeeded, but its execution "
                              f"{'never ran' if x is None else 'ended ' + (x.outcome or 'never')}",
@@ -243,6 +247,16 @@ class Checker:
                 elif e is None and int(r.f.get("fence") or 0) == fence and r.state in TERMINAL:
                     # the last attempt of a finished run is always pushed when it ends
                     self.bad(f"{r.id}: its last attempt (fence {fence}) has no entry", x.start, x.end)
+
+    def _adopted(self, r: Record, e: Entry) -> bool:
+        """A worker that claimed a run again while its older attempt's body still ran there may
+        wait for that body and report its success under the new fence, rather than run the
+        work twice: the body that returned is an older fence's, on the same process, ending
+        after the new claim."""
+        pid = _pid_of(e.worker)
+        return any(y.fence < e.fence and y.outcome == "ok" and y.pid == pid and y.end is not None
+                   and e.start is not None and y.end >= e.start - TOL
+                   for y in self.by_run.get(r.id, []))
 
     # -- 5: expiries are explained -----------------------------------------------------------
     def explained(self, e: Entry, kinds: frozenset[str] = LEASE_BREAKERS) -> bool:

@@ -224,3 +224,17 @@ def test_a_skip_needs_another_run_of_its_schedule_running_at_that_moment() -> No
     rep = check([runner, skipped, late], [x], submitted=[])
     assert not any("chaos-skip@2000: skipped" in v for v in rep.violations)
     assert any("chaos-skip@3000: skipped" in v for v in rep.violations)
+
+
+def test_a_success_adopted_from_an_older_body_on_the_same_worker_is_no_phantom() -> None:
+    """The worker claimed the run again (fence 2) while fence 1's body still ran on it, waited
+    for that body and reported its success under fence 2."""
+    a1 = entry(1, W1, T0 + 1, T0 + 3, "unknown", "lease expired")
+    a2 = entry(2, W1, T0 + 3.1, T0 + 4.1, "succeeded")
+    stopped = FaultLog()
+    stopped.faults.append(Fault("sigstop", "w1", T0 + 1.5, T0 + 3.05, {"pid": 101}))
+    body = execution("r1", 1, 101, T0 + 1.01, T0 + 4.0)
+    assert check([record("r1", "succeeded", [a1, a2])], [body], stopped).ok
+    elsewhere = execution("r1", 1, 202, T0 + 1.01, T0 + 4.0)  # another process's body: no
+    rep = check([record("r1", "succeeded", [a1, a2])], [elsewhere], stopped)
+    assert any("accepted as succeeded, but its execution never ran" in v for v in rep.violations)
