@@ -129,3 +129,39 @@ def test_a_run_claimed_again_by_the_same_worker_keeps_its_new_lease(fleet: Fleet
     assert run.state == "succeeded"
     assert [a.outcome for a in run.attempts] == ["unknown", "succeeded"], [
         (a.fence, a.outcome, a.error) for a in run.attempts]
+
+
+def test_a_finished_run_whose_report_waits_keeps_its_lease(fleet: Fleet) -> None:
+    """Seen in the 20-minute chaos run as a lease expiry no fault explained: a sync run ended
+    while the server was at maxmemory, so its success report was refused (and queued to be
+    sent again); from the moment its body ended the worker stopped renewing its lease -- even
+    though heartbeats are allowed at maxmemory -- so the lease expired, the reaper gave the run
+    to another attempt as soon as writes were accepted again, and the work ran twice. A lease
+    must be kept until its attempt's outcome is recorded (docs/states.md: the reaper can never
+    expire a lease its holder is able to keep)."""
+    import redis
+
+    server_port = fleet.server_port
+    admin = redis.Redis(port=server_port)
+    w = worker(fleet)
+    registered(fleet, 1)
+    app = chaos_app.app
+    run_id = chaos_app.slow.enqueue(1.0)
+    wait_for(lambda: executions(fleet, run_id), 20, what="the run to start")
+    time.sleep(0.5)
+    try:
+        admin.config_set("maxmemory", max(1, int(admin.info("memory")["used_memory"]) // 2))
+        time.sleep(3.0)  # the body ends meanwhile; its report is refused; 3 leases pass
+    finally:
+        admin.config_set("maxmemory", 0)
+    fleet.add("reaper", "--tick", "100ms")  # a reaper that is not backing off
+    wait_for(lambda: app.get_run(run_id).state == "succeeded"
+             and all(x.end is not None for x in executions(fleet, run_id)), 30,
+             what="the run to succeed")
+    time.sleep(1.0)
+    admin.close()
+    assert w.alive()
+    run = app.get_run(run_id)
+    assert [(a.fence, a.outcome) for a in run.attempts] == [(1, "succeeded")], [
+        (a.fence, a.outcome, a.error) for a in run.attempts]
+    assert len(executions(fleet, run_id)) == 1, "the work ran twice"
