@@ -35,8 +35,17 @@ def unpack_payload(data: bytes | None, limit: int = DEFAULT_MAX_PAYLOAD
         return [], {}
     if len(data) > limit:
         raise PayloadTooLarge(f"stored payload is {len(data)} bytes, over the {limit}-byte cap")
-    args, kwargs = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    return args, kwargs
+    try:
+        value = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises ValueError, TypeError, its own
+        raise InvalidInput(f"payload is not msgpack: {exc}") from None
+    # written by another client or by hand: anything but [list, dict with str keys] would
+    # reach the task as its arguments (a TypeError retried as if the task had failed)
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
+            and isinstance(value[1], dict) and all(isinstance(k, str) for k in value[1])):
+        raise InvalidInput(f"payload is msgpack but not duetime's [args, kwargs]: "
+                           f"{repr(value)[:80]}")
+    return value[0], value[1]
 
 
 def pack_result(value: Any, limit: int = DEFAULT_MAX_PAYLOAD) -> bytes:

@@ -37,6 +37,10 @@ META_VERSION = "1"
 _SECRET_PARAMS = ("password", "pass", "pwd", "auth", "token", "ssl_password", "ssl_keyfile_password")
 
 
+def _secret(param: str) -> bool:
+    return param.lower() in _SECRET_PARAMS or "password" in param.lower()
+
+
 def redact(url: str) -> str:
     """The URL without its password -- in `user:pass@` and in query parameters such as
     `?password=` -- safe for logs and error messages. Anything unparsable is withheld whole."""
@@ -46,7 +50,7 @@ def redact(url: str) -> str:
         if parts.password is not None:
             netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
         query = "&".join(
-            f"{k}=***" if k.lower() in _SECRET_PARAMS else (f"{k}={v}" if sep else k)
+            f"{k}=***" if _secret(k) else (f"{k}={v}" if sep else k)
             for k, sep, v in (p.partition("=") for p in parts.query.split("&") if p))
         return urlunsplit(parts._replace(netloc=netloc, query=query))
     except ValueError:

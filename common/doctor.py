@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import redis
 from duetime.common.errors import RedisUnavailable
@@ -197,6 +198,26 @@ def check_schedules(client: redis.Redis, keys: Keyspace) -> list[Finding]:
                     "`duetime schedule add`); `duetime schedule list` marks them")]
 
 
+def check_tls(url: str) -> list[Finding]:
+    """A `rediss://` URL that turns certificate or host name verification off: encrypted,
+    but anyone on the path can pose as the server."""
+    scheme = url.split("://", 1)[0]
+    if scheme not in ("rediss", "rediss+cluster"):
+        return []
+    query = {k.lower(): v.lower() for k, v in parse_qsl(urlsplit(url).query)}
+    off = []
+    if query.get("ssl_cert_reqs") in ("none", "optional"):
+        off.append(f"ssl_cert_reqs={query['ssl_cert_reqs']}")
+    if query.get("ssl_check_hostname") in ("false", "0", "no", "off", "f", "n"):
+        off.append(f"ssl_check_hostname={query['ssl_check_hostname']}")
+    if off:
+        return [Finding("tls", "warn", f"TLS without certificate verification ({', '.join(off)}): "
+                        "anyone on the network path can pose as the server and read or change "
+                        "every run", "drop that option from the URL and give the server's CA "
+                        "with ssl_ca_certs=/path/ca.crt")]
+    return [Finding("tls", "ok", "TLS with the server's certificate and name verified")]
+
+
 def run_checks(client: redis.Redis, keys: Keyspace, url: str,
                configured_partitions: int | None = None) -> list[Finding]:
     """Every check; a server that cannot be reached is itself a fatal finding."""
@@ -211,7 +232,7 @@ def run_checks(client: redis.Redis, keys: Keyspace, url: str,
     checks: list[Callable[[], list[Finding]]] = [
         lambda: check_server(client), lambda: check_memory(client),
         lambda: check_persistence(client), lambda: check_cluster(client),
-        lambda: check_clock(client),
+        lambda: check_clock(client), lambda: check_tls(url),
         lambda: check_partitions(client, keys, configured_partitions),
         lambda: check_processes(Inspector(client, keys, url)),
         lambda: check_schedules(client, keys),

