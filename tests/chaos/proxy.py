@@ -144,6 +144,12 @@ class ProxyHub:
                 await link._set("down", 0.0)
                 if link.server is not None:
                     link.server.close()
+            # end the connections' tasks here, not when the garbage collector finds them
+            # pending (its "Task was destroyed" log lands in whatever test runs then)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             self.call(shut())
         self.loop.call_soon_threadsafe(self.loop.stop)
