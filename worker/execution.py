@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from duetime.common import metrics
@@ -55,6 +55,9 @@ class Execution:
     body_ok: bool | None = None  # the body returned (True) or raised (False)
     body_done: asyncio.Event | None = None  # made when a later attempt waits for this body
     result: bytes = b""  # the task's return value, packed to be stored on the run ('' = none)
+    # monotonic time its lease was last known good: the claim, then each heartbeat's sending.
+    # A lease not renewed for a whole lease length may have expired (leases.py)
+    renewed_at: float = field(default_factory=time.monotonic)
 
     @property
     def key(self) -> tuple[str, int]:

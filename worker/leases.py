@@ -1,6 +1,15 @@
 """The lease keeper: renews the leases of this worker's attempts every third of the lease,
 in one pipeline with the worker's own record, and stops attempts whose lease is lost or whose
-run is to be cancelled."""
+run is to be cancelled.
+
+A lease is kept from the claim until the attempt's outcome is recorded, not only while the
+task body runs: a report Redis refuses for a while (at maxmemory) must not let the lease lapse
+and the finished work run again. And when the lease could not be renewed for a whole lease
+length (Redis unreachable, a stalled link), the worker stops believing it owns the run: the
+lease may have expired and the reaper given the run to another worker, so the attempt is
+stopped as lost (a sync task is told through `lease_lost`) at that moment, not whenever Redis
+answers again. A worker that was itself stalled renews first: a lease nobody reaped meanwhile
+is still its own."""
 
 from __future__ import annotations
 
@@ -40,11 +49,12 @@ class LeaseKeeper:
             # readiness: its heartbeats reach Redis
             metrics.health.beat("worker")
             try:
-                await self.beat()
+                async with asyncio.timeout(self.interval_s):  # a stalled link fails the beat
+                    await self.beat()
                 self.outage.ok()
                 metrics.health.ready("worker")
                 wait = self.interval_s
-            except REDIS_ERRORS as exc:
+            except (*REDIS_ERRORS, TimeoutError) as exc:
                 # the leases stay as they were; try again soon, never later than a beat
                 metrics.health.ready("worker", False, f"cannot reach Redis: {bounded(exc)}")
                 wait = min(self.interval_s, self.outage.failed(exc))
@@ -52,7 +62,25 @@ class LeaseKeeper:
                 metrics.health.ready("worker", False, f"redis refused a heartbeat: {bounded(exc)}")
                 log.warning("heartbeat refused", error=bounded(exc), worker_id=self.cfg.worker_id)
                 wait = self.interval_s
-            await asyncio.sleep(wait)
+            next_expiry = self.expire_unrenewed()
+            await asyncio.sleep(max(0.01, min(wait, next_expiry - time.monotonic())))
+
+    def expire_unrenewed(self) -> float:
+        """Stop the attempts whose lease was not renewed for a whole lease length; → when the
+        next one will have gone that long (monotonic time)."""
+        ex_, lease_s = self.executor, self.cfg.lease_ms / 1000
+        now, soonest = time.monotonic(), float("inf")
+        for ex in list(ex_.inflight.values()):
+            if ex.lost:
+                continue
+            expires = ex.renewed_at + lease_s
+            if expires <= now:
+                ex_.lose(ex, f"the lease was not renewed for {lease_s:g}s (Redis unreachable or "
+                             "refusing): it may have expired and the run been given to another "
+                             "worker")
+            else:
+                soonest = min(soonest, expires)
+        return soonest
 
     async def beat(self) -> None:
         """One heartbeat: every attempt whose lease this worker still holds, per partition."""
@@ -60,6 +88,9 @@ class LeaseKeeper:
         by_partition: dict[int, list[Execution]] = {}
         for ex in ex_.inflight.values():
             if not ex.lost:
+                by_partition.setdefault(ex.partition, []).append(ex)
+        for ex in ex_.reporter.unsent.values():  # finished; the outcome not recorded yet
+            if not ex.lost and not ex.superseded and ex_.inflight.get(ex.key) is not ex:
                 by_partition.setdefault(ex.partition, []).append(ex)
         k, cfg = self.keys, self.cfg
         pipe = self.client.pipeline(transaction=False)
@@ -76,6 +107,7 @@ class LeaseKeeper:
             "last_seen": now_ms, "processed": ex_.processed,
         })
         pipe.pexpire(k.worker(cfg.worker_id), cfg.lease_ms * 3)
+        sent_at = time.monotonic()  # a renewed lease runs from no earlier than this
         results = await pipe.execute(raise_on_error=False)
         metrics.INFLIGHT.set(len(ex_.inflight))
         for exs, res in zip(groups, results, strict=False):
@@ -84,8 +116,10 @@ class LeaseKeeper:
                             runs=len(exs), worker_id=cfg.worker_id)
                 continue
             for ex, status in zip(exs, res, strict=True):
+                if status != LOST:
+                    ex.renewed_at = sent_at
                 if ex.lost or ex_.inflight.get(ex.key) is not ex:
-                    continue  # ended, or found lost, while the beat travelled
+                    continue  # ended (its report may be waiting), or found lost, meanwhile
                 if status == LOST:
                     ex_.lose(ex, "the heartbeat found the lease gone (expired and reaped, or "
                                  "claimed by another worker)")

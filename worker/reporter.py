@@ -43,15 +43,22 @@ class Reporter:
         self._queue: asyncio.Queue[Item | None] = asyncio.Queue()
         self._outage = Outage("reporter", log, worker_id=worker_id)
         self._pause = 0.0  # before the next try of reports that did not go through
+        # attempts whose outcome is not recorded yet: the lease keeper renews their leases
+        # until it is, or a refused report (Redis at maxmemory) would let the reaper run the
+        # finished work again
+        self.unsent: dict[tuple[str, int], Execution] = {}
 
     # -- what the executions call ---------------------------------------------------------
     def complete(self, ex: Execution) -> None:
+        self.unsent[ex.key] = ex
         self._queue.put_nowait(("complete", ex, _NO_ARGS))
 
     def fail(self, ex: Execution, error: str, mode: FailMode, delay_ms: int = 0) -> None:
+        self.unsent[ex.key] = ex
         self._queue.put_nowait(("fail", ex, (error, mode, delay_ms)))
 
     def release(self, ex: Execution) -> None:
+        self.unsent[ex.key] = ex
         self._queue.put_nowait(("release", ex, _NO_ARGS))
 
     def close(self) -> None:
@@ -80,6 +87,7 @@ class Reporter:
             carry = await self.flush(items) if items else []
         if carry:
             for _, ex, _ in carry:
+                self.unsent.pop(ex.key, None)
                 child(RUNS_FINISHED, ex.ctx.task, Outcome.UNRECORDED.value).inc()
             log.error("outcomes not recorded: Redis did not take them before shutdown",
                       runs=[ex.ctx.run_id for _, ex, _ in carry][:20], count=len(carry),
@@ -115,7 +123,9 @@ class Reporter:
                 refused += [("complete", ex, _NO_ARGS) for ex in exs]
                 errors.append(str(res))
                 continue
+            unsent = self.unsent
             for ex, reply in zip(exs, res, strict=True):
+                unsent.pop(ex.key, None)
                 if reply == b"succeeded":  # the common case, kept free of calls
                     child(RUNS_FINISHED, ex.ctx.task, SUCCEEDED).inc()
                 else:
@@ -125,6 +135,7 @@ class Reporter:
                 refused.append(item)
                 errors.append(str(res))
                 continue
+            self.unsent.pop(item[1].key, None)
             self._judged(item[0], item[1], res if isinstance(res, bytes) else res[0])
         if refused:
             log.error("redis refused outcome reports; sending them again", count=len(refused),

@@ -1,9 +1,5 @@
-"""Worker defects the chaos harness found, each as the smallest test that shows it.
-
-These fail against the worker of this branch on purpose (they are not marked skip or xfail):
-the worker is being rewritten elsewhere, and the fixes belong there. Each test says what the
-harness saw and what the promise is.
-"""
+"""Worker defects the chaos harness found, each as the smallest test that shows it, kept as
+regression tests. Each test says what the harness saw and what the promise is."""
 
 from __future__ import annotations
 
