@@ -53,6 +53,20 @@ def register(url: str, n: int) -> None:
     mem = r.info("memory")["used_memory"] - mem0
     print(f"register: {n} schedules in {dt:.2f} s = {n / dt:,.0f}/s; "
           f"Redis memory {mem / n:,.0f} bytes/schedule ({mem / 2**20:,.1f} MiB)")
+    k = app.keys
+    names = [f"job-{j:06d}" for j in range(0, n, max(1, n // 200))]
+    record = sum(r.memory_usage(k.sched(k.partition_of_schedule(x), x), samples=0) or 0
+                 for x in names) / len(names)
+    index = {}
+    for label, key in (("due order", k.sched_due), ("listing", k.schedules)):
+        parts = range(k.partitions)
+        index[label] = (sum(r.memory_usage(key(p), samples=0) or 0 for p in parts)
+                        / max(1, sum(r.zcard(key(p)) for p in parts)))
+    sample = k.sched(k.partition_of_schedule(names[0]), names[0])
+    fields = r.hgetall(sample)
+    text = sum(len(f) + len(v) for f, v in fields.items())
+    print(f"  per schedule: its hash {record:,.0f} B ({len(fields)} fields, {text} B of field "
+          f"names and values), " + ", ".join(f"{lb} index {b:,.0f} B" for lb, b in index.items()))
     t0 = time.perf_counter()
     app.schedule_many([app.schedule_def(f"job-{j:06d}", duetime.Cron("H H * * *"), noop, args=[j])
                        for j in range(min(n, CHUNK))])
