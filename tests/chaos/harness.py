@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 from duetime.common.connection import sync_client
+from duetime.common.inspect import Inspector
 from duetime.common.keys import Keyspace
 
 from duetime.embedded import EmbeddedServer
@@ -234,7 +235,8 @@ def ready(client: redis.Redis, keys: Keyspace, cfg: ChaosConfig, timeout: float 
     """Every worker and scheduler has announced itself: faults start on a running fleet."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if client.zcard(keys.workers) >= cfg.workers and client.zcard(keys.schedulers) >= cfg.schedulers:
+        schedulers = Inspector(client, keys, "").schedulers()
+        if client.zcard(keys.workers) >= cfg.workers and len(schedulers) >= cfg.schedulers:
             return
         time.sleep(0.2)
     raise RuntimeError("the chaos fleet did not come up; see the logs in the work directory")
