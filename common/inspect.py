@@ -477,16 +477,18 @@ class Inspector:
         for (_, _, kind, weight), (q, due, started, attempt) in zip(picks, self._exec(pipe), strict=True):
             if q is None:
                 continue
-            st = ov.queues.get(q.decode())
+            queue = q.decode(errors="replace")  # a damaged record counts, marked, not fatal
+            st = ov.queues.get(queue)
             if st is None:
-                st = ov.queues[q.decode()] = QueueStats(q.decode())
+                st = ov.queues[queue] = QueueStats(queue)
             if kind == "running":
                 st.running += 1
             elif kind == "finished":
                 st.finished_per_s += weight / window_s
             else:
                 st.dead += round(weight)
-            if kind != "dead" and attempt == b"1" and due and started:
+            if kind != "dead" and attempt == b"1" and due and started \
+                    and due.isdigit() and started.isdigit():
                 lateness.setdefault(st.queue, []).append(max(0.0, (int(started) - int(due)) / 1000))
         for q, values in lateness.items():
             ov.queues[q].lateness_p50_s = percentile(values, 50)

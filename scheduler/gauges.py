@@ -82,6 +82,8 @@ class Gauges:
                 wait = self._wait_s()
             except (redis.ConnectionError, redis.TimeoutError, RedisUnavailable) as exc:
                 log.warning("redis unavailable; gauges not updated", error=str(exc))
+            except Exception:  # noqa: BLE001 - gauges are observability: never stop the scheduler
+                log.exception("gauges not updated this time; trying again")
             if self.idle:  # a notice (a run, a schedule, a lease) ends the idle wait at once
                 self.pokes.changed.wait(wait)
             else:

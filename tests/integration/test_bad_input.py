@@ -155,6 +155,26 @@ def test_operator_tools_show_the_rest_when_one_record_is_damaged(app, url, names
                                  "list").stdout
 
 
+def test_the_scheduler_gauges_survive_a_damaged_finished_run(app, url):
+    """Found by the damaged-records property test: a finished run whose `started` or `queue`
+    was overwritten with junk killed the gauges loop (and with it the scheduler) when the
+    console's activity sample read it. The sample skips what it cannot read."""
+    from duetime.common.inspect import Inspector
+    from duetime.scheduler.gauges import Gauges
+
+    from tests.integration.opkit import Driver
+
+    ids = Driver(app).succeeded(basic.noop, 3)
+    k, r = app.keys, app.store.client
+    r.hset(k.run(k.partition_of_run(ids[0]), ids[0]), mapping={"started": b"\xff\xfe"})
+    r.hset(k.run(k.partition_of_run(ids[1]), ids[1]), mapping={"queue": b"\xff\xfe"})
+    ov = Inspector(r, k, url).overview(activity=True, window_s=60)
+    assert ov.queues["default"].finished_per_s > 0
+    g = Gauges(url, k, interval_s=1.0)
+    g.update()  # raised ValueError before
+    g.client.close()
+
+
 def test_bad_apps_urls_and_arguments_are_one_error_line(tmp_path):
     (tmp_path / "boomapp.py").write_text("raise RuntimeError('boom at import')\n")
     (tmp_path / "synapp.py").write_text("def x(:\n")
