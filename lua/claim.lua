@@ -130,7 +130,7 @@ for n, id in ipairs(ids) do
   elseif state == 'running' and not redis.call('ZSCORE', leases_key, id) then
     -- waiting in a due set, yet marked running with no lease: nothing would ever finish or
     -- recover it (a state written by hand); claimed running runs always hold a lease
-    dead_letter(run_key, dead_key, events_key, id, now,
+    dead_letter(prefix, run_key, dead_key, events_key, id, now,
       'run record damaged: state running, but it holds no lease')
   elseif not STATES[state] then
     if redis.call('EXISTS', run_key) == 1 then
