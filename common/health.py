@@ -58,6 +58,12 @@ class Health:
         with self._lock:
             self._ready[name] = (ok, "" if ok else reason)
 
+    def expect(self, name: str) -> None:
+        """`name` is part of this process: the process is not ready until it reported ready
+        (a scheduler whose evaluator is up but whose reaper is not yet is still starting)."""
+        with self._lock:
+            self._ready.setdefault(name, (False, "starting"))
+
     def forget(self, name: str) -> None:
         with self._lock:
             self._beats.pop(name, None)

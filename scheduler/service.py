@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from duetime.common import metrics
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.scheduler.evaluator import Evaluator
@@ -47,6 +48,8 @@ def run_scheduler(url: str, keys: Keyspace, lead_ms: int = 2000, tick_s: float =
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    for name in ("evaluator", "reaper"):  # ready only when both are
+        metrics.health.expect(name)
     parts = [_Part("evaluator", evaluator.run), _Part("reaper", reaper.run),
              _Part("gauges", gauges.run)]
     for t in parts:

@@ -86,6 +86,19 @@ def test_readiness_needs_a_report_every_part_ok_and_no_stuck_loop():
     assert h.readiness().ok
 
 
+def test_a_process_is_not_ready_until_every_expected_part_reported_ready():
+    """A scheduler whose evaluator is up but whose reaper has not reported yet is starting."""
+    h = Health(Clock())
+    h.expect("evaluator")
+    h.expect("reaper")
+    h.ready("evaluator")
+    v = h.readiness()
+    assert not v.ok and v.checks["reaper"] == {"ok": False, "reason": "starting"}
+    h.ready("reaper")
+    h.expect("reaper")  # expecting again does not undo a report
+    assert h.readiness().ok
+
+
 def test_probes_are_served_beside_metrics():
     h = Health()
     port = free_port()
