@@ -36,6 +36,7 @@ from duetime.common.timeparse import DELAY, duration_ms, parse_instant, to_ms
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call
 ASYNC_SLICE = 100  # requests validated between two yields to the event loop
 WAIT_CHUNK_S = 5.0  # a waiter re-reads the run at least this often
+WAIT_POLL_S = 0.25  # a waiter without script permission reads the run this often
 PIPELINE_RUNS = 2000  # runs per round trip
 ASYNC_PIPELINE_RUNS = 400  # from asyncio code: smaller round trips, each built between yields
 
@@ -311,13 +312,18 @@ class RunStore:
         """Block until the run ends: its result, or RunFailed; WaitTimeout after `timeout`
         seconds (None: no limit). Blocks on the run's notify list (BLPOP), woken by the script
         that ends the run, re-reading the run at least every WAIT_CHUNK_S (a lost notice costs
-        one chunk, never the wait)."""
+        one chunk, never the wait). A user whose ACL allows no script (the read-only operator
+        role) polls the run every WAIT_POLL_S instead."""
         client = self.ready()
         p = self.keys.partition_of_run(check_name("run id", run_id))
         keys, args = tr.wait(self.keys, p, run_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         with translated(self.url):
-            self._wait_started(self.scripts.wait(keys=keys, args=args), run_id)
+            try:
+                self._wait_started(self.scripts.wait(keys=keys, args=args), run_id)
+                notified = True
+            except redis.exceptions.NoPermissionError:
+                notified = False  # a read-only operator: poll the run instead
             while True:
                 got = outcome(self.get_run(run_id))
                 if got is not _PENDING:
@@ -325,7 +331,10 @@ class RunStore:
                 left = WAIT_CHUNK_S if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     raise WaitTimeout(self.get_run(run_id), timeout)
-                client.blpop([keys[0]], timeout=min(left, WAIT_CHUNK_S))
+                if notified:
+                    client.blpop([keys[0]], timeout=min(left, WAIT_CHUNK_S))
+                else:
+                    time.sleep(min(left, WAIT_POLL_S))
 
     async def await_result(self, run_id: str, timeout: float | None = None) -> Any:
         """`wait` for asyncio code: the loop waits on the notify list, it is never blocked."""
@@ -334,7 +343,11 @@ class RunStore:
         keys, args = tr.wait(self.keys, p, run_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         with translated(self.url):
-            self._wait_started(await Scripts(client).wait(keys=keys, args=args), run_id)
+            try:
+                self._wait_started(await Scripts(client).wait(keys=keys, args=args), run_id)
+                notified = True
+            except redis.exceptions.NoPermissionError:
+                notified = False  # a read-only operator: poll the run instead
             while True:
                 got = outcome(await self.aget_run(run_id))
                 if got is not _PENDING:
@@ -342,7 +355,10 @@ class RunStore:
                 left = WAIT_CHUNK_S if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     raise WaitTimeout(await self.aget_run(run_id), timeout)
-                await client.blpop([keys[0]], timeout=min(left, WAIT_CHUNK_S))
+                if notified:
+                    await client.blpop([keys[0]], timeout=min(left, WAIT_CHUNK_S))
+                else:
+                    await asyncio.sleep(min(left, WAIT_POLL_S))
 
     def _wait_started(self, status: bytes, run_id: str) -> None:
         if status == b"missing":
