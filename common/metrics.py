@@ -121,6 +121,14 @@ def preset(tasks: Iterable[str] = (), queues: Iterable[str] = ()) -> None:
             child(RUNS_FINISHED, t, outcome.value)
 
 
+def preset_queue_gauges(queues: Iterable[str]) -> None:
+    """A scheduler's queue gauges at 0 for the queues it knows at startup: the first gauges
+    pass fills them a moment later, but a scrape in between must already see the series."""
+    for q in queues:
+        for metric in (QUEUE_BACKLOG, QUEUE_OLDEST_DUE, QUEUE_SCHEDULED, QUEUE_RETRYING):
+            child(metric, q)
+
+
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
 

@@ -205,8 +205,10 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: timedelta, tick: ti
     from duetime.scheduler.service import run_scheduler
 
     app = _app_or_plain(ctx, app_ref)
-    app.store.ready()
+    client = app.store.ready()
     announce(ctx, app, "scheduler")
+    known = {q.decode() if isinstance(q, bytes) else q for q in client.smembers(app.keys.queues)}
+    metrics.preset_queue_gauges(sorted(known | set(app.registry.queues()) | {"default"}))
     metrics.serve(metrics_port, metrics_host, role="scheduler")
     run_scheduler(app.redis_url, app.keys, lead_ms=duration_ms(lead),
                   tick_s=tick.total_seconds(), reap_tick_s=reap_tick.total_seconds(),
