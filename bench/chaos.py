@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="keep everything here")
     a = ap.parse_args(argv)
     out = a.out or Path(f"/tmp/duetime-chaos-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()):
+        # the checker reads every journal line in it: an earlier run's executions would be
+        # judged as this run's (same seed, same run ids) and reported as duplicates
+        ap.error(f"--out {out} is not empty: give a new directory")
     lo, hi = (float(x) for x in a.calm.split(","))
     cfg = ChaosConfig(kind=a.server, duration_s=a.minutes * 60, rate=a.rate, workers=a.workers,
                       schedulers=a.schedulers, lease_s=a.lease, concurrency=a.concurrency,
