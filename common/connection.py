@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -210,6 +210,51 @@ def _async_client(url: str, **kw: Any) -> aredis.Redis:
     pool = client.connection_pool
     pool.connection_class = _FAST.get(pool.connection_class, pool.connection_class)
     return client
+
+
+# Errors that say where a key lives or whether its node can take writes changed, or is
+# changing: a dead primary, its replica not promoted yet (CLUSTERDOWN, MASTERDOWN), a slot
+# that moved (MOVED, ASK, TRYAGAIN), a node still loading or that just lost its scripts. They
+# pass within seconds; a caller retries soon (short back-off) and re-reads the topology.
+TOPOLOGY_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError, redis.TimeoutError, OSError,
+    redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
+    redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError, redis.exceptions.BusyLoadingError,
+    redis.exceptions.NoScriptError, redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.ClusterError, redis.exceptions.RedisClusterException,
+)
+_TOPOLOGY_CODES = ("CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "MOVED", "ASK", "READONLY", "LOADING",
+                   "NOSCRIPT")
+
+
+def topology_error(exc: BaseException) -> bool:
+    """A failover or a slot move in progress, or an unreachable node: soon over. Anything
+    else (OOM, WRONGTYPE, a script error) is a refusal that retrying soon will not cure."""
+    if isinstance(exc, TOPOLOGY_ERRORS):
+        return True
+    code = getattr(exc, "code", None) or (str(exc).split(" ", 1)[0] if str(exc) else "")
+    return code in _TOPOLOGY_CODES
+
+
+def refresh_topology(client: Any) -> None:
+    """A cluster client re-reads the slot map now (CLUSTER SLOTS from a live node), so calls go
+    to the replica promoted in place of a dead primary at once, rather than after redis-py's
+    own retries ran out. Nothing for a plain client; a failure is left to the next call."""
+    nodes = getattr(client, "nodes_manager", None)
+    if nodes is None:
+        return
+    with suppress(redis.RedisError, OSError):
+        nodes.initialize()
+
+
+async def arefresh_topology(client: Any) -> None:
+    """`refresh_topology` for an asyncio cluster client."""
+    nodes = getattr(client, "nodes_manager", None)
+    if nodes is None:
+        return
+    with suppress(redis.RedisError, OSError):
+        await nodes.initialize()
 
 
 def unavailable(url: str, exc: BaseException) -> RedisUnavailable:

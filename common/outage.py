@@ -18,8 +18,29 @@ from typing import Any
 
 BASE_S = 0.1
 CAP_S = 2.0  # a failed reconnect to a local port costs microseconds; recover within 2 s
+# The back-off of a call that met a failover or a slot move (common.connection.topology_error)
+# stops doubling at a second, so the work resumes within about a second of a replica's
+# promotion; other refusals (OOM, a damaged key), which a quick retry does not cure, at 5 s.
+TOPOLOGY_CAP_S = 1.0
+REFUSED_CAP_S = 5.0
 REMIND_S = 60.0
 SETTLE_S = 5.0
+
+
+def jittered(failures: int, cap_s: float, base_s: float = BASE_S,
+             rand: Callable[[], float] = random.random) -> float:
+    """The wait after the `failures`-th failure in a row: doubling from `base_s` up to
+    `cap_s`, drawn from its upper half (processes that failed together come back apart)."""
+    full = min(cap_s, base_s * 2 ** min(max(failures, 1) - 1, 30))
+    return full * (0.5 + rand() / 2)
+
+
+def retry_in(exc: BaseException, failures: int) -> float:
+    """How long a loop waits after `exc`, its `failures`-th failure in a row: short for a
+    failover or an unreachable node, longer for a refusal (see TOPOLOGY_CAP_S)."""
+    from duetime.common.connection import topology_error
+
+    return jittered(failures, TOPOLOGY_CAP_S if topology_error(exc) else REFUSED_CAP_S)
 
 
 def bounded(exc: BaseException, limit: int = 200) -> str:

@@ -18,9 +18,15 @@ from typing import Any
 import redis
 from duetime.common import metrics
 from duetime.common import transitions as tr
-from duetime.common.connection import sync_client, unavailable
+from duetime.common.connection import (
+    refresh_topology,
+    sync_client,
+    topology_error,
+    unavailable,
+)
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
+from duetime.common.outage import retry_in
 from duetime.common.schedules import MISS_TOLERANCE_MS, TRIGGER_FIELDS, plan, run_id_for, trigger_from_fields
 from duetime.common.scripts import Scripts
 from duetime.common.timespec import Trigger
@@ -229,7 +235,7 @@ class Evaluator:
         listener = Listener(self.client, self.url, self.keys.sched_wake, "s", self.heads, self.stopping)
         listener.start()
         listener.subscribed.wait(5)  # notices from now on reach us; then read the heads
-        backoff = 0.1
+        failures = 0
         while not self.stopping.is_set():
             metrics.health.beat("evaluator")
             try:
@@ -239,22 +245,30 @@ class Evaluator:
                 self.heads.changed.clear()
                 self.step()
                 report_health("evaluator", listener)
-                backoff = 0.1
+                failures = 0
                 self.heads.changed.wait(min(self._sleep_s(), self.tick_s))
             except (redis.ConnectionError, redis.TimeoutError) as exc:
+                failures += 1
+                wait = retry_in(exc, failures)
                 metrics.health.ready("evaluator", False, str(unavailable(self.url, exc)))
                 log.warning("redis unavailable; evaluator retrying",
-                            error=str(unavailable(self.url, exc)), retry_in=backoff)
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                            error=str(unavailable(self.url, exc)), retry_in=round(wait, 3))
+                refresh_topology(self.client)  # a dead primary: find its promoted replica
+                self.stopping.wait(wait)
             except redis.RedisError as exc:
                 # refused (OOM at maxmemory, READONLY after a failover, a damaged key): the
                 # process stays up and tries again, rather than crash-looping under a supervisor
+                failures += 1
+                wait = retry_in(exc, failures)
                 metrics.health.ready("evaluator", False, f"redis refused a call: {exc}")
-                log.error("redis refused a call; evaluator retrying", error=str(exc),
-                          retry_in=backoff)
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                if topology_error(exc):  # CLUSTERDOWN until a replica is promoted, MOVED, ...
+                    log.warning("redis cluster is failing over or moving slots; evaluator retrying",
+                                error=str(exc), retry_in=round(wait, 3))
+                    refresh_topology(self.client)
+                else:
+                    log.error("redis refused a call; evaluator retrying", error=str(exc),
+                              retry_in=round(wait, 3))
+                self.stopping.wait(wait)
         metrics.health.ready("evaluator", False, "stopping")
         with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
             self.ownership.release_all()

@@ -134,7 +134,8 @@ class Listener(threading.Thread):
                 log.warning("scheduler wake channel lost; reconnecting", error=str(exc),
                             retry_in=round(delay, 2))
                 self.stopping.wait(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 5.0)
+                # a second at most: a subscription on a dead primary moves to a live node soon
+                delay = min(delay * 2, 1.0)
             finally:
                 with contextlib.suppress(redis.RedisError, OSError):
                     pubsub.close()

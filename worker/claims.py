@@ -5,6 +5,10 @@ Claims run as tasks, up to CLAIMS_IN_FLIGHT at once, each reserving the slots it
 the next claim travels while the previous batch starts and runs, so Redis time and Python
 time overlap instead of adding up. While Redis is unreachable the loop makes no call at all
 until its back-off ends.
+
+On a cluster, one claim sends a pipeline per node, side by side: a dead primary fails only the
+partitions it served, each of which is retried on a short back-off (worker/due.py) while the
+client re-reads the slot map, so its replica is used within about a second of its promotion.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Any
 
 import redis.asyncio as aredis
 from duetime.common import metrics
 from duetime.common import transitions as tr
+from duetime.common.connection import arefresh_topology
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import Outage, bounded
@@ -25,6 +31,7 @@ from duetime.worker.config import WorkerConfig
 from duetime.worker.due import DueTimes, Key
 from duetime.worker.errors import ANY_REDIS_ERROR, REDIS_ERRORS
 from duetime.worker.execution import Executor
+from redis.crc import key_slot
 
 log = get_logger("duetime.worker")
 
@@ -39,7 +46,8 @@ class Claimer:
                  due: DueTimes, clock: ServerClock, executor: Executor, wake: asyncio.Event) -> None:
         self.client, self.scripts, self.keys, self.cfg = client, scripts, keys, cfg
         self.due, self.clock, self.executor, self.wake = due, clock, executor, wake
-        self.outage = Outage("claim loop", log, worker_id=cfg.worker_id)
+        # capped at a second: after a failover, work resumes within about a second
+        self.outage = Outage("claim loop", log, cap_s=1.0, worker_id=cfg.worker_id)
         self._claims: set[asyncio.Task[None]] = set()
         self._reserved = 0  # slots promised to claims in flight
         self._hold_until = 0.0  # monotonic time before which no Redis call is made
@@ -62,7 +70,8 @@ class Claimer:
                 continue
             try:
                 if time.monotonic() - last_refresh >= cfg.refresh_s:
-                    await due.refresh(self.client)
+                    if await due.refresh(self.client):
+                        await arefresh_topology(self.client)
                     last_refresh = time.monotonic()
                     self.outage.ok()
                     continue
@@ -72,6 +81,7 @@ class Claimer:
                     continue  # slots may have freed meanwhile: look again before sleeping
             except REDIS_ERRORS as exc:
                 self._hold(self.outage.failed(exc))
+                await arefresh_topology(self.client)
                 continue
             except ANY_REDIS_ERROR as exc:
                 log.error("redis refused a call of the claim loop", error=bounded(exc),
@@ -139,20 +149,30 @@ class Claimer:
             plan.append((key, n))
             left -= n
         seq = self.due.seq
-        cfg = self.cfg
-        pipe = self.client.pipeline(transaction=False)
-        for (p, q), n in plan:
-            ks, args = tr.claim(self.keys, p, q, cfg.worker_id, n, cfg.lease_ms, cfg.claim_ahead_ms)
-            await self.scripts.claim(keys=ks, args=args, client=pipe)
-        # per-call errors come back as values: the runs other calls claimed must still start
-        results = await pipe.execute(raise_on_error=False)
+        groups = self._by_node(plan)
+        replies = await asyncio.gather(*(self._send(g) for g in groups), return_exceptions=True)
+        if any(isinstance(r, asyncio.CancelledError) for r in replies):
+            raise asyncio.CancelledError
+        if all(isinstance(r, REDIS_ERRORS) for r in replies):
+            # nothing reachable (a plain server down, or every node serving this plan): the
+            # whole loop backs off, one incident in the log
+            await arefresh_topology(self.client)
+            raise replies[0]  # type: ignore[misc]
+        outcomes: list[tuple[Key, Any]] = []
+        for g, res in zip(groups, replies, strict=True):
+            if isinstance(res, BaseException):  # the whole node: every call of it failed
+                outcomes += [(key, res) for key, _ in g]
+            else:
+                outcomes += [(key, r) for (key, _), r in zip(g, res, strict=True)]
         now = self.clock.now_ms()
         claimed = 0
         start = self.executor.start
-        for ((p, q), _), res in zip(plan, results, strict=True):
-            if isinstance(res, Exception):
-                self.due.refuse((p, q), "claiming", res)
+        moving = False
+        for (p, q), res in outcomes:
+            if isinstance(res, BaseException):
+                moving |= self.due.refuse((p, q), "claiming", res)
                 continue
+            self.due.ok((p, q))
             reply = tr.parse_claim(res)
             self.due.set((p, q), reply.next_due_ms, seq)
             for c in reply.runs:
@@ -164,4 +184,31 @@ class Claimer:
                 metrics.MISSED.inc(reply.missed)
             if reply.skipped:
                 metrics.SKIPPED.inc(reply.skipped)
+        if moving:
+            await arefresh_topology(self.client)
         return claimed
+
+    def _by_node(self, plan: list[tuple[Key, int]]) -> list[list[tuple[Key, int]]]:
+        """The plan split by the cluster node serving each partition (as the client knows
+        the slot map); one group on a plain server."""
+        nodes = getattr(self.client, "nodes_manager", None)
+        if nodes is None or len(plan) == 1:
+            return [plan]
+        groups: dict[str, list[tuple[Key, int]]] = {}
+        for key, n in plan:
+            try:
+                node = nodes.get_node_from_slot(key_slot(self.keys.due(*key).encode())).name
+            except Exception:  # noqa: BLE001 - a slot the client has no node for: its own group
+                node = f"?{key}"
+            groups.setdefault(node, []).append((key, n))
+        return list(groups.values())
+
+    async def _send(self, group: list[tuple[Key, int]]) -> list[Any]:
+        """One pipeline of claim.lua calls; per-call errors come back as values (the runs
+        other calls claimed must still start)."""
+        cfg = self.cfg
+        pipe = self.client.pipeline(transaction=False)
+        for (p, q), n in group:
+            ks, args = tr.claim(self.keys, p, q, cfg.worker_id, n, cfg.lease_ms, cfg.claim_ahead_ms)
+            await self.scripts.claim(keys=ks, args=args, client=pipe)
+        return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]

@@ -13,13 +13,18 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aredis
+from duetime.common.connection import topology_error
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
+from duetime.common.outage import REFUSED_CAP_S, retry_in
 
 log = get_logger("duetime.worker")
 
 Key = tuple[int, str]  # (partition, queue)
-KEY_HOLD_S = 5.0  # a partition/queue whose call Redis refused is left alone this long
+# A partition/queue whose call failed is left alone for a jittered back-off from 0.1 s that
+# doubles up to a second while the error is a failover's or a slot move's (a dead primary,
+# CLUSTERDOWN until its replica is promoted: the work resumes within about a second of the
+# promotion), up to 5 s for other refusals (OOM, a damaged key): common.outage.retry_in.
 
 
 def parse_wake(data: object, partitions: int) -> tuple[int, str, float] | None:
@@ -49,6 +54,7 @@ class DueTimes:
         self.seq = 0  # counts notices; a read remembers the count it started at
         self._notices: dict[Key, tuple[int, float]] = {}
         self._held: dict[Key, float] = {}  # key -> monotonic time it may be claimed again
+        self._failures: dict[Key, int] = {}  # key -> failed calls in a row
         self._rank = {q: i for i, q in enumerate(self.queues)}
 
     def note(self, key: Key, due: float) -> None:
@@ -89,17 +95,34 @@ class DueTimes:
         """When a held key becomes claimable again (monotonic s)."""
         return min(self._held.values()) if self._held else None
 
-    def refuse(self, key: Key, doing: str, exc: Exception) -> None:
-        """Redis refused a call for one partition and queue: leave that key alone for a while
-        and go on with the others (one damaged key must not stop the whole worker)."""
+    def refuse(self, key: Key, doing: str, exc: BaseException) -> bool:
+        """A call for one partition and queue failed: leave that key alone for a back-off and
+        go on with the others (one dead node or damaged key must not stop the whole worker).
+        True when the error is a failover's or a slot move's: the caller re-reads the topology."""
         p, q = key
-        log.error("redis refused a call; skipping this partition and queue for a while",
-                  doing=doing, partition=p, queue=q, key=self.keys.due(p, q), error=str(exc)[:300],
-                  retry_in=KEY_HOLD_S, worker_id=self.worker_id)
-        self._held[key] = time.monotonic() + KEY_HOLD_S
+        n = self._failures[key] = self._failures.get(key, 0) + 1
+        moving = topology_error(exc)
+        wait = retry_in(exc, n)
+        fields = dict(doing=doing, partition=p, queue=q, key=self.keys.due(p, q),
+                      error=str(exc)[:300], retry_in=round(wait, 3), failures=n,
+                      worker_id=self.worker_id)
+        if moving and n == 1:  # one line per incident: a failover retries many times
+            log.warning("partition unavailable (failover or slot move?); retrying it soon", **fields)
+        elif not moving and (n == 1 or wait >= REFUSED_CAP_S / 2):  # at most every few s
+            log.error("redis refused a call; skipping this partition and queue for a while",
+                      **fields)
+        self._held[key] = time.monotonic() + wait
+        return moving
 
-    async def refresh(self, client: aredis.Redis) -> None:
-        """Read the head of every due and retry set served, in one pipeline."""
+    def ok(self, key: Key) -> None:
+        """A call for `key` went through: its back-off starts again from the bottom."""
+        if self._failures.pop(key, None) is not None:
+            p, q = key
+            log.info("partition available again", partition=p, queue=q, worker_id=self.worker_id)
+
+    async def refresh(self, client: aredis.Redis) -> bool:
+        """Read the head of every due and retry set served, in one pipeline. True when a
+        read met a failover (see `refuse`)."""
         seq = self.seq
         pipe = client.pipeline(transaction=False)
         order: list[Key] = []
@@ -109,10 +132,14 @@ class DueTimes:
                 pipe.zrange(self.keys.retry(p, q), 0, 0, withscores=True)
                 order.append((p, q))
         res: list[Any] = await pipe.execute(raise_on_error=False)
+        moving = False
         for i, key in enumerate(order):
             due, retry = res[2 * i], res[2 * i + 1]
-            for r in (due, retry):
-                if isinstance(r, Exception):
-                    self.refuse(key, "reading due times", r)
-            heads = [s for part in (due, retry) if isinstance(part, list) for _, s in part]
+            failed = [r for r in (due, retry) if isinstance(r, Exception)]
+            if failed:  # the head is unknown: keep what we knew, else try a claim to find out
+                moving |= self.refuse(key, "reading due times", failed[0])
+                self.next_due.setdefault(key, 0.0)
+                continue
+            heads = [s for part in (due, retry) for _, s in part]
             self.set(key, min(heads) if heads else None, seq)
+        return moving

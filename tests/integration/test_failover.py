@@ -1,0 +1,245 @@
+"""A Redis Cluster primary dies under load; its replica takes over; duetime carries on.
+
+Three primaries with a replica each (node timeout 2 s). Workers and a scheduler run an
+Every(1s) schedule and a steady enqueue load; the primary that owns the most partitions is
+SIGKILLed. Afterwards: every acknowledged enqueue has a run that reached a final state, no run
+ran twice except after a lease expiry, the schedule has every occurrence once. The test prints
+how long the replica took to be promoted and how long after the promotion work on the dead
+primary's partitions resumed (probe runs due during the outage)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import redis
+from duetime.common.connection import sync_client
+from duetime.common.runs import keyed_run_id
+from redis.crc import key_slot
+
+import duetime
+from duetime.embedded import EmbeddedCluster, EmbeddedServer
+from tests.apps import failover as fo
+from tests.conftest import Procs, wait_for
+
+PROBES_PER_PARTITION = 3
+PROBE_DUE_S = (0.5, 2.5, 3.5)  # after the kill
+
+
+@pytest.fixture(scope="module", params=["redis", "valkey"])
+def rcluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster(request.param, n=3, replicas=1, node_timeout_ms=2000) as c:
+        yield c
+
+
+def _slot_owners(cluster: EmbeddedCluster) -> list[tuple[int, int, int]]:
+    for n in cluster.nodes:
+        try:
+            with redis.Redis(port=n.port, socket_timeout=1) as c:
+                return [(lo, hi, int(primary[1]))
+                        for lo, hi, primary, *_ in c.execute_command("CLUSTER SLOTS")]
+        except redis.RedisError:
+            continue
+    raise RuntimeError("no cluster node answers")
+
+
+def _partitions_by_port(cluster: EmbeddedCluster, keys) -> dict[int, list[int]]:
+    owners = _slot_owners(cluster)
+    out: dict[int, list[int]] = {}
+    for p in range(keys.partitions):
+        slot = key_slot(keys.run(p, "x").encode())
+        port = next(port for lo, hi, port in owners if lo <= slot <= hi)
+        out.setdefault(port, []).append(p)
+    return out
+
+
+def _replicas_of(node: EmbeddedServer) -> list[int]:
+    info = redis.Redis(port=node.port).info("replication")
+    return [int(v["port"]) for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+
+
+def _in_sync(node: EmbeddedServer) -> bool:
+    info = redis.Redis(port=node.port).info("replication")
+    offsets = [int(v["offset"]) for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+    return bool(offsets) and min(offsets) >= int(info["master_repl_offset"])
+
+
+def _is_primary(port: int) -> bool:
+    try:
+        with redis.Redis(port=port, socket_timeout=0.5) as c:
+            return c.execute_command("ROLE")[0] in (b"master", "master")
+    except redis.RedisError:
+        return False
+
+
+def _sigkill(node: EmbeddedServer) -> None:
+    proc = node.process
+    assert proc is not None and proc.poll() is None
+    proc.kill()
+    proc.wait()
+
+
+def _schedule_name_in(keys, partitions: list[int]) -> str:
+    for i in range(10_000):
+        name = f"tick-{i}"
+        if keys.partition_of_schedule(name) in partitions:
+            return name
+    raise AssertionError("no schedule name found for the partitions")
+
+
+def _probe_keys(keys, partitions: list[int]) -> list[str]:
+    found: dict[int, list[str]] = {p: [] for p in partitions}
+    i = 0
+    while any(len(v) < PROBES_PER_PARTITION for v in found.values()):
+        key = f"probe-{i}"
+        p = keys.partition_of_run(keyed_run_id(fo.work.spec.name, key))
+        if p in found and len(found[p]) < PROBES_PER_PARTITION:
+            found[p].append(key)
+        i += 1
+    return [k for v in found.values() for k in v]
+
+
+class Load:
+    """Enqueues one run every `pause_s` from a thread; remembers what was acknowledged."""
+
+    def __init__(self, app: duetime.App, pause_s: float = 0.02) -> None:
+        self.app, self.pause_s = app, pause_s
+        self.acked: list[str] = []
+        self.errors: list[str] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self.stopping.is_set():
+            try:
+                self.acked.append(self.app.enqueue(fo.work, [i]))
+            except Exception as exc:  # noqa: BLE001 - counted, whatever it is
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            i += 1
+            time.sleep(self.pause_s)
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(30)
+
+
+def _check_runs(app: duetime.App, ids: list[str]) -> dict[str, int]:
+    """Every run exists and succeeded; an attempt before the last ended only by a lease expiry."""
+    lost, not_final, twice, reran_after_expiry = [], [], [], 0
+    for rid in ids:
+        try:
+            run = app.get_run(rid)
+        except duetime.RunNotFound:
+            lost.append(rid)
+            continue
+        if run.state != "succeeded":
+            not_final.append((rid, run.state))
+        earlier = [a.outcome for a in run.attempts[:-1]]
+        if any(o != "unknown" for o in earlier):
+            twice.append((rid, [a.outcome for a in run.attempts]))
+        reran_after_expiry += len(earlier)
+    assert not lost, f"{len(lost)} acknowledged runs lost: {lost[:5]}"
+    assert not not_final, f"runs not succeeded: {not_final[:5]}"
+    assert not twice, f"runs that ran twice without a lease expiry: {twice[:5]}"
+    return {"runs": len(ids), "reran_after_lease_expiry": reran_after_expiry}
+
+
+def test_primary_failover_under_load(rcluster: EmbeddedCluster, capsys):
+    app = fo.app
+    app.configure(redis_url=rcluster.url, namespace=f"fo{uuid.uuid4().hex[:8]}")
+    procs = Procs(rcluster.url, app.keys.namespace)
+    try:
+        by_port = _partitions_by_port(rcluster, app.keys)
+        victim_port = max(by_port, key=lambda port: len(by_port[port]))
+        victim = next(n for n in rcluster.nodes if n.port == victim_port)
+        dead = by_port[victim_port]
+        replicas = _replicas_of(victim)
+        assert replicas, "the victim has no replica"
+
+        name = _schedule_name_in(app.keys, dead)
+        app.schedule(name, duetime.Every(timedelta(seconds=1)), fo.work, catchup="all")
+        for _ in range(2):
+            procs.worker("--concurrency", "16", "--lease", "3s", app="tests.apps.failover:app")
+        procs.duetime("scheduler", "--lead", "1s", "--reap-tick", "200ms")
+        wait_for(lambda: app.get_schedule(name).materialized_count >= 2, 20, what="schedule runs")
+
+        with Load(app) as load:
+            wait_for(lambda: len(load.acked) >= 50, 20, what="load")
+            # probe runs on the dead primary's partitions, due at several points of the outage:
+            # before the node is known dead, while the cluster is down, around the promotion
+            t_plan = time.time() + 2.0  # replicas acknowledge their offset once a second
+            keys = _probe_keys(app.keys, dead)
+            probes = [app.enqueue(fo.work, [0], key=k,
+                                  at=duetime_at(t_plan + PROBE_DUE_S[i % len(PROBE_DUE_S)]))
+                      for i, k in enumerate(keys)]
+            wait_for(lambda: _in_sync(victim), 5, interval=0.01, what="replica in sync")
+            time.sleep(max(0.0, t_plan - time.time()))
+            t_kill = time.time()
+            _sigkill(victim)
+            wait_for(lambda: any(_is_primary(p) for p in replicas), 20, interval=0.02,
+                     what="replica promotion")
+            t_promo = time.time()
+            wait_for(lambda: all(app.get_run(p).state == "succeeded" for p in probes), 30,
+                     interval=0.05, what="probe runs after the promotion")
+            # per partition, its first start after the promotion: the last of them is when work
+            # on every partition of the dead primary had resumed
+            first: dict[int, float] = {}
+            for rid in probes:
+                if app.get_run(rid).due.timestamp() < t_kill:
+                    continue  # due before the kill (the replica was slow to acknowledge)
+                p = app.keys.partition_of_run(rid)
+                started = app.get_run(rid).attempts[0].started.timestamp()
+                first[p] = min(first.get(p, started), started)
+            time.sleep(3)  # load goes on a while on the new topology
+        wait_for(lambda: all(app.get_run(i).state == "succeeded" for i in load.acked[-20:]), 30,
+                 what="the last acknowledged runs")
+        stats = _check_runs(app, load.acked + probes)
+        # the schedule: every occurrence between its first and a second ago exists once, ran
+        occurrences = _occurrences(app, name)
+        with capsys.disabled():
+            print(f"\n[{rcluster.nodes[0].kind}] promotion {t_promo - t_kill:.2f}s after the kill; "
+                  f"work on its {len(dead)} partitions resumed "
+                  f"{min(first.values()) - t_promo:+.2f}..{max(first.values()) - t_promo:+.2f}s "
+                  f"after the promotion; enqueued {len(load.acked)} acked, {len(load.errors)} refused; "
+                  f"{stats}; schedule occurrences {occurrences}")
+    finally:
+        procs.stop_all()
+        app.close()
+
+
+def duetime_at(epoch_s: float):
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(epoch_s, UTC)
+
+
+def _occurrences(app: duetime.App, name: str) -> int:
+    """Every occurrence of the Every(1s) schedule, from its first to the last one due, exists
+    once and succeeded (ids are `<name>@<ms>`: one run per occurrence by construction)."""
+    client = sync_client(app.redis_url)
+    p = app.keys.partition_of_schedule(name)
+    pattern = app.keys.run(p, f"{name}@*")
+    ids = sorted(int(k.decode().rsplit("@", 1)[1]) for k in
+                 client.scan_iter(match=pattern, count=1000))
+    client.close()
+    assert ids, "no schedule runs"
+    info = app.get_schedule(name)
+    assert info.missed_count == 0 and info.skipped_count == 0, info
+    gaps = [b - a for a, b in zip(ids, ids[1:], strict=False)]
+    assert all(g == 1000 for g in gaps), f"occurrence gaps (ms): {gaps}"
+    now_ms = time.time() * 1000
+    for ms in ids:
+        if ms < now_ms - 3000:
+            run = app.get_run(f"{name}@{ms}")
+            assert run.state == "succeeded", (ms, run.state)
+            assert all(a.outcome == "unknown" for a in run.attempts[:-1]), run.attempts
+    return len(ids)
