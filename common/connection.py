@@ -57,6 +57,11 @@ def redact(url: str) -> str:
         return "<a Redis URL that cannot be parsed>"
 
 
+def is_cluster(url: str) -> bool:
+    """A `redis+cluster://` (or `rediss+cluster://`) URL."""
+    return _split(url)[1]
+
+
 def _split(url: str) -> tuple[str, bool]:
     scheme = urlsplit(url).scheme
     if scheme in CLUSTER_SCHEMES:

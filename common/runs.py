@@ -18,17 +18,30 @@ import redis
 from duetime.common import transitions as tr
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import (
+    arefresh_topology,
     async_client,
     ensure_meta,
+    is_cluster,
+    refresh_topology,
     refused,
     sync_client,
+    topology_error,
     translated,
     unavailable,
 )
-from duetime.common.errors import EnqueueIncomplete, InvalidInput, RunFailed, RunNotFound, WaitTimeout
+from duetime.common.errors import (
+    EnqueueIncomplete,
+    InvalidInput,
+    RedisRefused,
+    RedisUnavailable,
+    RunFailed,
+    RunNotFound,
+    WaitTimeout,
+)
 from duetime.common.keys import Keyspace
 from duetime.common.models import TERMINAL, Run
 from duetime.common.names import check_name
+from duetime.common.outage import retry_in
 from duetime.common.scripts import Scripts
 from duetime.common.tasks import TaskSpec
 from duetime.common.timeparse import DELAY, duration_ms, parse_instant, to_ms
@@ -125,9 +138,91 @@ class Prepared(NamedTuple):
     fields: list[Any]
 
 
+class _Stopped(Exception):
+    """A pass of an enqueue stopped: `error` as the caller would see it, `raw` the error Redis
+    gave (to judge whether a retry may cure it), `lost` the chunks whose reply was lost."""
+
+    def __init__(self, error: BaseException, raw: BaseException, lost: list[list[str]]) -> None:
+        super().__init__(str(error))
+        self.error, self.raw, self.lost = error, raw, lost
+
+
+class _Attempts:
+    """An enqueue across its retries: what is acknowledged, what may exist (a reply was lost),
+    and how long it may still retry."""
+
+    def __init__(self, prepared: list[Prepared], retry_s: float) -> None:
+        self.prepared = prepared
+        self.ids = [pr.run_id for pr in prepared]
+        self.created: set[str] = set()
+        self.unknown: set[str] = set()  # a reply lost at some pass: maybe created
+        self.started = time.monotonic()
+        self.retry_s = retry_s
+        self.failures = 0
+
+    def todo(self) -> list[Prepared]:
+        return [pr for pr in self.prepared if pr.run_id not in self.created]
+
+    def failed(self, stop: _Stopped) -> float | None:
+        """How long to wait before the next pass; None: give up (not a failover, or the
+        retry window is over)."""
+        self.failures += 1
+        self.unknown.update(i for c in stop.lost for i in c)
+        wait = retry_in(stop.raw, self.failures)
+        if not topology_error(stop.raw) or time.monotonic() - self.started + wait > self.retry_s:
+            return None
+        return wait
+
+    def give_up(self, stop: _Stopped) -> BaseException:
+        created = [i for i in self.ids if i in self.created]
+        unknown = [i for i in self.ids if i in self.unknown and i not in self.created]
+        not_created = [i for i in self.ids if i not in self.created and i not in self.unknown]
+        cause: BaseException = stop.error
+        if self.retry_s > 0 and topology_error(stop.raw):
+            took = time.monotonic() - self.started
+            cause = _with_advice(cause, (
+                f"enqueue gave up after retrying for {took:.1f} s (a cluster failover takes "
+                f"seconds; App(enqueue_retry_s=...) sets how long to retry, now {self.retry_s:g} s)"))
+        if len(self.ids) == 1:
+            if unknown:
+                return _with_advice(cause, f"run {unknown[0]} may exist (the reply was lost): "
+                                           "app.get_run tells (an enqueue with key= is safe to "
+                                           "repeat: it creates the run once)")
+            return cause  # one run: the plain error says it all
+        return EnqueueIncomplete(
+            f"enqueue stopped after {len(created):,} of {len(self.ids):,} runs were created: {cause} "
+            f"-- {len(not_created):,} were not created (safe to enqueue again), "
+            f"{len(unknown):,} unknown (the reply was lost; get_run tells)",
+            self.ids, created, not_created, unknown)
+
+
+def _maybe_sent(exc: BaseException, chunks: list[list[str]]) -> list[list[str]]:
+    """The chunks that may have run: all of them, unless the connection was never made
+    (redis-py says "Error N connecting to host:port"): then nothing was sent."""
+    return [] if "connecting to" in str(exc) else chunks
+
+
+def _with_advice(exc: BaseException, advice: str) -> BaseException:
+    """The same kind of error (callers catch RedisUnavailable / RedisRefused), its message
+    extended with what happened and what to do."""
+    text = f"{exc} -- {advice}"
+    if isinstance(exc, RedisRefused):
+        return RedisRefused(text, exc.code)
+    if isinstance(exc, RedisUnavailable):
+        return RedisUnavailable(text)
+    return exc
+
+
+DEFAULT_RETRY_S = 10.0  # an enqueue rides out a cluster failover this long (a cluster URL)
+
+
 class RunStore:
-    def __init__(self, url: str, keys: Keyspace, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+    def __init__(self, url: str, keys: Keyspace, max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 retry_s: float | None = None) -> None:
         self.url, self.keys, self.max_payload = url, keys, max_payload
+        # a cluster client follows a failover to the promoted replica; a single server's URL
+        # points at one node, so by default only a cluster's enqueues wait for one
+        self.retry_s = (DEFAULT_RETRY_S if is_cluster(url) else 0.0) if retry_s is None else retry_s
         self.client = sync_client(url)
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary())
@@ -194,53 +289,59 @@ class RunStore:
 
         Every id is fixed before the first write and each script call creates all its runs or
         none (refused as a whole at maxmemory), so a batch stopped by Redis raises
-        EnqueueIncomplete saying which runs exist, which do not, and which are unknown."""
+        EnqueueIncomplete saying which runs exist, which do not, and which are unknown.
+
+        A failover (a dead primary, CLUSTERDOWN until its replica is promoted) is retried for
+        up to `retry_s`: the chunks not acknowledged are sent again with the same run ids, and
+        enqueue.lua creates a run id once, so a chunk whose reply was lost is never doubled."""
         prepared = self._prepare_all(reqs)
-        ids = [pr.run_id for pr in prepared]
         client = self.ready()
-        done: list[list[str]] = []  # the ids of each acknowledged chunk
+        state = _Attempts(prepared, self.retry_s)
+        while True:
+            try:
+                self._send_once(client, state)
+                return state.ids
+            except _Stopped as stop:
+                wait = state.failed(stop)
+                if wait is None:
+                    raise state.give_up(stop) from None
+                refresh_topology(self.client)
+                time.sleep(wait)
+
+    def _send_once(self, client: redis.Redis, state: _Attempts) -> None:
+        """One pass over the runs not acknowledged yet; raises _Stopped at the first failure."""
         with ThreadPoolExecutor(1, thread_name_prefix="duetime-enqueue") as sender:
             inflight = None
-            for batch in itertools.chain(self._pipelines(client, prepared), [None]):
+            for batch in itertools.chain(self._pipelines(client, state.todo()), [None]):
                 if inflight is not None:  # the previous round trip, sent while this one was built
-                    self._judge(inflight[1], inflight[0], ids, done)
+                    self._judge(inflight[1], inflight[0], state)
                 if batch is None:
                     break
                 pipe, chunks = batch
                 inflight = (chunks, sender.submit(pipe.execute, raise_on_error=False))
-        return ids
 
-    def _judge(self, future: Any, chunks: list[list[str]], ids: list[str],
-               done: list[list[str]]) -> None:
-        """Record a round trip's chunks as done, or raise if Redis refused or was lost."""
+    def _judge(self, future: Any, chunks: list[list[str]], state: _Attempts) -> None:
+        """Record a round trip's chunks as done, or raise _Stopped if Redis refused or was lost."""
         try:
             results = future.result()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self._incomplete(ids, done, chunks, unavailable(self.url, exc))
-        self._judge_results(results, chunks, ids, done)
+        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
+            raise _Stopped(unavailable(self.url, exc), exc, lost=_maybe_sent(exc, chunks)) from None
+        self._judge_results(results, chunks, state)
 
-    def _judge_results(self, results: list[Any], chunks: list[list[str]], ids: list[str],
-                       done: list[list[str]]) -> None:
+    def _judge_results(self, results: list[Any], chunks: list[list[str]], state: _Attempts) -> None:
         bad = [r for r in results if isinstance(r, Exception)]
-        done += [c for c, r in zip(chunks, results, strict=True) if not isinstance(r, Exception)]
+        for c, r in zip(chunks, results, strict=True):
+            if not isinstance(r, Exception):
+                state.created.update(c)
         if bad:
             cause = bad[0]
-            self._incomplete(ids, done, [], refused(self.url, cause)
-                             if isinstance(cause, redis.ResponseError) else cause)
-
-    def _incomplete(self, ids: list[str], done: list[list[str]], lost: list[list[str]],
-                    cause: BaseException) -> None:
-        created = [i for c in done for i in c]
-        unknown = [i for c in lost for i in c]
-        settled = set(created) | set(unknown)
-        not_created = [i for i in ids if i not in settled]
-        if len(ids) == 1:
-            raise cause  # one run: the plain error says it all
-        raise EnqueueIncomplete(
-            f"enqueue stopped after {len(created):,} of {len(ids):,} runs were created: {cause} "
-            f"-- {len(not_created):,} were not created (safe to enqueue again), "
-            f"{len(unknown):,} unknown (the reply was lost; get_run tells)",
-            ids, created, not_created, unknown) from None
+            # a call whose connection broke may have run: its runs are unknown, not absent
+            lost = [c for c, r in zip(chunks, results, strict=True)
+                    if isinstance(r, redis.ConnectionError | redis.TimeoutError)]
+            raise _Stopped(refused(self.url, cause) if isinstance(cause, redis.ResponseError)
+                           else unavailable(self.url, cause)
+                           if isinstance(cause, redis.ConnectionError | redis.TimeoutError)
+                           else cause, cause, lost=lost)
 
     def _pipelines(self, client: redis.Redis, prepared: list[Prepared],
                    per_trip: int = PIPELINE_RUNS) -> Iterator[tuple[Any, list[list[str]]]]:
@@ -279,26 +380,32 @@ class RunStore:
 
     async def aenqueue_many(self, reqs: Iterable[EnqueueRequest]) -> list[str]:
         """`enqueue_many` for asyncio code: requests are validated a slice at a time, yielding
-        to the loop in between, so ten thousand runs never hold it for more than a slice."""
+        to the loop in between, so ten thousand runs never hold it for more than a slice.
+        A failover is retried as in `enqueue_many`, sleeping on the loop."""
         reqs = list(reqs)
         prepared: list[Prepared] = []
         for i in range(0, len(reqs), ASYNC_SLICE):
             prepared += self._prepare_all(reqs[i : i + ASYNC_SLICE])
             await asyncio.sleep(0)
-        ids = [pr.run_id for pr in prepared]
         client = await self.aclient()
-        done: list[list[str]] = []
-        batches = self._pipelines(client, prepared, ASYNC_PIPELINE_RUNS)
+        state = _Attempts(prepared, self.retry_s)
         while True:
-            batch = next(batches, None)
-            if batch is None:
-                return ids
-            pipe, chunks = batch
             try:
-                results = await pipe.execute(raise_on_error=False)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                self._incomplete(ids, done, chunks, unavailable(self.url, exc))
-            self._judge_results(results, chunks, ids, done)
+                for pipe, chunks in self._pipelines(client, state.todo(), ASYNC_PIPELINE_RUNS):
+                    try:
+                        results = await pipe.execute(raise_on_error=False)
+                    except (redis.ConnectionError, redis.TimeoutError,
+                            redis.exceptions.RedisClusterException) as exc:
+                        raise _Stopped(unavailable(self.url, exc), exc,
+                                       lost=_maybe_sent(exc, chunks)) from None
+                    self._judge_results(results, chunks, state)
+                return state.ids
+            except _Stopped as stop:
+                wait = state.failed(stop)
+                if wait is None:
+                    raise state.give_up(stop) from None
+                await arefresh_topology(client)
+                await asyncio.sleep(wait)
 
     async def aget_run(self, run_id: str) -> Run:
         client = await self.aclient()

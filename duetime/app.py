@@ -41,7 +41,16 @@ class App:
         namespace: str | None = None,
         partitions: int = 16,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
+        enqueue_retry_s: float | None = None,
     ) -> None:
+        """`enqueue_retry_s`: how long an enqueue keeps retrying while Redis fails over (a dead
+        primary, its replica not promoted yet); None: 10 s on a `redis+cluster://` URL, 0 on a
+        single server. Safe: a run's id is fixed before the first write and created once."""
+        if enqueue_retry_s is not None and (
+                isinstance(enqueue_retry_s, bool) or not isinstance(enqueue_retry_s, int | float)
+                or not 0 <= enqueue_retry_s <= 3600):
+            raise InvalidInput(f"enqueue_retry_s must be in 0..3600 seconds, got {enqueue_retry_s!r}")
+        self.enqueue_retry_s = enqueue_retry_s
         self.redis_url = redis_url or os.environ.get("DUETIME_REDIS_URL") or DEFAULT_URL
         self.keys = Keyspace(namespace or os.environ.get("DUETIME_NAMESPACE") or "duetime",
                              partitions)
@@ -57,7 +66,8 @@ class App:
     @property
     def store(self) -> RunStore:
         if self._store is None:
-            self._store = RunStore(self.redis_url, self.keys, self.max_payload)
+            self._store = RunStore(self.redis_url, self.keys, self.max_payload,
+                                   retry_s=self.enqueue_retry_s)
         return self._store
 
     async def _astore(self) -> RunStore:
