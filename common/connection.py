@@ -15,6 +15,7 @@ import hiredis
 import redis
 import redis.asyncio as aredis
 from duetime.common import memory, scripts
+from duetime.common.durability import Durability, make_durable
 from duetime.common.errors import InvalidInput, PartitionMismatch, RedisRefused, RedisUnavailable
 from duetime.common.keys import Keyspace
 from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
@@ -131,11 +132,17 @@ def _url_error(url: str, exc: Exception) -> InvalidInput:
                         "rediss://..., unix://path, redis+cluster://host:port or memory://name)")
 
 
-def sync_client(url: str, **kw: Any) -> redis.Redis:
+def sync_client(url: str, durability: Durability | None = None, **kw: Any) -> redis.Redis:
     """Every connection it opens loads duetime's scripts first (common.scripts). A URL that is
-    not one is InvalidInput; a cluster none of whose nodes answers is RedisUnavailable."""
+    not one is InvalidInput; a cluster none of whose nodes answers is RedisUnavailable.
+    `durability` (default: DUETIME_WAIT_REPLICAS): WAIT after each state change
+    (common.durability)."""
+    d = Durability.from_env() if durability is None else durability
     try:
-        return _sync_client(url, **kw)
+        client = _sync_client(url, **kw)
+        if memory.is_memory(url):
+            return client
+        return make_durable(client, d, cluster=_split(url)[1], is_async=False)  # type: ignore[no-any-return]
     except ValueError as exc:
         raise _url_error(url, exc) from None
     except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
@@ -187,9 +194,13 @@ class _FastSSLConnection(_AsyncExplainScriptErrors, _HiredisPacking, aredis.SSLC
 _FAST = {aredis.Connection: _FastConnection, aredis.SSLConnection: _FastSSLConnection}
 
 
-def async_client(url: str, **kw: Any) -> aredis.Redis:
+def async_client(url: str, durability: Durability | None = None, **kw: Any) -> aredis.Redis:
+    d = Durability.from_env() if durability is None else durability
     try:
-        return _async_client(url, **kw)
+        client = _async_client(url, **kw)
+        if memory.is_memory(url):
+            return client
+        return make_durable(client, d, cluster=_split(url)[1], is_async=True)  # type: ignore[no-any-return]
     except ValueError as exc:
         raise _url_error(url, exc) from None
 

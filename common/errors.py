@@ -62,6 +62,17 @@ class EnqueueIncomplete(DuetimeError):
         self.ids, self.created, self.not_created, self.unknown = ids, created, not_created, unknown
 
 
+class NotReplicated(DuetimeError):
+    """Replicated durability (`wait_replicas`): the runs were created on the primary, but fewer
+    replicas than asked acknowledged them within `wait_timeout_ms`. They exist and will run;
+    they would be lost only if that primary failed before its replicas caught up. `ids`: every
+    run of the call (all created); `unreplicated`: those not confirmed on enough replicas."""
+
+    def __init__(self, message: str, ids: list[str], unreplicated: list[str]) -> None:
+        super().__init__(message)
+        self.ids, self.unreplicated = ids, unreplicated
+
+
 class RunFailed(DuetimeError):
     """A run waited on did not succeed: it ended dead, cancelled, skipped or missed, or is
     uncertain (its outcome is unknown; an operator decides). `.run` is the run, `.state` its

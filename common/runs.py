@@ -29,9 +29,11 @@ from duetime.common.connection import (
     translated,
     unavailable,
 )
+from duetime.common.durability import Durability
 from duetime.common.errors import (
     EnqueueIncomplete,
     InvalidInput,
+    NotReplicated,
     RedisRefused,
     RedisUnavailable,
     RunFailed,
@@ -159,6 +161,28 @@ class _Attempts:
         self.started = time.monotonic()
         self.retry_s = retry_s
         self.failures = 0
+        self.shorts: list[Any] = []  # replicated durability: nodes whose replicas fell short
+        self.unreplicated: set[str] = set()
+
+    def replicated(self, pipe: Any, chunks: list[list[str]]) -> None:
+        """Note the chunks of a durable pipeline whose WAIT came back short."""
+        shorts = getattr(pipe, "duetime_shorts", None)
+        if shorts:
+            self.shorts += shorts
+            self.unreplicated.update(i for c in chunks for i in c)
+
+    def acknowledged(self) -> list[str]:
+        """The ids, once every run is created; NotReplicated if some are on the primary only."""
+        if self.unreplicated:
+            n = len(self.unreplicated)
+            raise NotReplicated(
+                f"enqueue: all {len(self.ids):,} run(s) were created on the primary, but "
+                f"{self.shorts[0]}: {n:,} of them are not known to be replicated (they exist and "
+                "will run; they are lost only if that primary fails before its replicas have "
+                "them). Check the replicas (INFO replication on the primary) or raise "
+                "wait_timeout_ms; enqueueing the same ids or keys again creates nothing twice",
+                self.ids, [i for i in self.ids if i in self.unreplicated])
+        return self.ids
 
     def todo(self) -> list[Prepared]:
         return [pr for pr in self.prepared if pr.run_id not in self.created]
@@ -218,12 +242,13 @@ DEFAULT_RETRY_S = 10.0  # an enqueue rides out a cluster failover this long (a c
 
 class RunStore:
     def __init__(self, url: str, keys: Keyspace, max_payload: int = DEFAULT_MAX_PAYLOAD,
-                 retry_s: float | None = None) -> None:
+                 retry_s: float | None = None, durability: Durability | None = None) -> None:
         self.url, self.keys, self.max_payload = url, keys, max_payload
         # a cluster client follows a failover to the promoted replica; a single server's URL
         # points at one node, so by default only a cluster's enqueues wait for one
         self.retry_s = (DEFAULT_RETRY_S if is_cluster(url) else 0.0) if retry_s is None else retry_s
-        self.client = sync_client(url)
+        self.durability = Durability.from_env() if durability is None else durability
+        self.client = sync_client(url, durability=self.durability)
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary())
         self._ready = False
@@ -300,7 +325,7 @@ class RunStore:
         while True:
             try:
                 self._send_once(client, state)
-                return state.ids
+                return state.acknowledged()
             except _Stopped as stop:
                 wait = state.failed(stop)
                 if wait is None:
@@ -315,10 +340,11 @@ class RunStore:
             for batch in itertools.chain(self._pipelines(client, state.todo()), [None]):
                 if inflight is not None:  # the previous round trip, sent while this one was built
                     self._judge(inflight[1], inflight[0], state)
+                    state.replicated(inflight[2], inflight[0])
                 if batch is None:
                     break
                 pipe, chunks = batch
-                inflight = (chunks, sender.submit(pipe.execute, raise_on_error=False))
+                inflight = (chunks, sender.submit(pipe.execute, raise_on_error=False), pipe)
 
     def _judge(self, future: Any, chunks: list[list[str]], state: _Attempts) -> None:
         """Record a round trip's chunks as done, or raise _Stopped if Redis refused or was lost."""
@@ -375,7 +401,7 @@ class RunStore:
         if client is None:
             if not self._ready:  # the one-time namespace check runs off the loop
                 await asyncio.to_thread(self.ready)
-            client = self._aclients[loop] = async_client(self.url)
+            client = self._aclients[loop] = async_client(self.url, durability=self.durability)
         return client
 
     async def aenqueue_many(self, reqs: Iterable[EnqueueRequest]) -> list[str]:
@@ -399,7 +425,8 @@ class RunStore:
                         raise _Stopped(unavailable(self.url, exc), exc,
                                        lost=_maybe_sent(exc, chunks)) from None
                     self._judge_results(results, chunks, state)
-                return state.ids
+                    state.replicated(pipe, chunks)
+                return state.acknowledged()
             except _Stopped as stop:
                 wait = state.failed(stop)
                 if wait is None:

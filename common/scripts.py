@@ -238,13 +238,36 @@ class _Script:
         self.sha = plain(name).sha if plain_source else sha(name)
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any) -> Any:
+        if _lone_durable_write(client, self.sha):  # the WAIT must follow on the same connection
+            pipe = client.pipeline(transaction=False)
+            pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            return _first(pipe.execute(raise_on_error=False))
         return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+def _lone_durable_write(client: Any, sha: str) -> bool:
+    """A state-changing script called on a durable client itself, not on a pipeline
+    (common.durability)."""
+    from duetime.common.durability import writes
+
+    return (getattr(client, "duetime_durability", None) is not None
+            and not hasattr(client, "duetime_sealer") and writes(sha))
+
+
+def _first(results: list[Any]) -> Any:
+    if isinstance(results[0], Exception):
+        raise results[0]
+    return results[0]
 
 
 class _AsyncScript(_Script):
     async def __call__(self, keys: list[Any], args: list[Any], client: Any) -> Any:
         if isinstance(client, AsyncPipeline | AsyncClusterPipeline):
             return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        if _lone_durable_write(client, self.sha):
+            pipe = client.pipeline(transaction=False)
+            pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            return _first(await pipe.execute(raise_on_error=False))
         return await client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 

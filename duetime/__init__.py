@@ -15,6 +15,7 @@ from duetime.common.errors import (
     InvalidInput,
     InvalidState,
     InvalidTime,
+    NotReplicated,
     PartitionMismatch,
     PayloadTooLarge,
     RedisRefused,
@@ -50,7 +51,7 @@ __all__ = [
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
-    "EnqueueIncomplete", "PartitionMismatch", "RunFailed", "WaitTimeout",
+    "EnqueueIncomplete", "NotReplicated", "PartitionMismatch", "RunFailed", "WaitTimeout",
     "WorkerStartFailed", "WorkerContext", "worker_context",
     "ServerBinaryNotFound",
     "__version__",

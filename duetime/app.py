@@ -12,6 +12,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from duetime.common.admin import RunAdmin
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import DEFAULT_URL, translated
+from duetime.common.durability import Durability
 from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
@@ -42,15 +43,26 @@ class App:
         partitions: int = 16,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         enqueue_retry_s: float | None = None,
+        wait_replicas: int | None = None,
+        wait_timeout_ms: int | None = None,
     ) -> None:
         """`enqueue_retry_s`: how long an enqueue keeps retrying while Redis fails over (a dead
         primary, its replica not promoted yet); None: 10 s on a `redis+cluster://` URL, 0 on a
-        single server. Safe: a run's id is fixed before the first write and created once."""
+        single server. Safe: a run's id is fixed before the first write and created once.
+
+        `wait_replicas`: replicated durability (default DUETIME_WAIT_REPLICAS, else 0): every
+        state change this app makes (enqueue, schedule upsert, cancel, ...) is acknowledged
+        only once that many replicas have it (`WAIT`), within `wait_timeout_ms` (default
+        1000); an enqueue they did not confirm in time raises NotReplicated (the runs exist
+        on the primary). Workers and schedulers started with `--app` on this app follow it."""
         if enqueue_retry_s is not None and (
                 isinstance(enqueue_retry_s, bool) or not isinstance(enqueue_retry_s, int | float)
                 or not 0 <= enqueue_retry_s <= 3600):
             raise InvalidInput(f"enqueue_retry_s must be in 0..3600 seconds, got {enqueue_retry_s!r}")
         self.enqueue_retry_s = enqueue_retry_s
+        env = Durability.from_env()
+        self.durability = Durability(env.replicas if wait_replicas is None else wait_replicas,
+                                     env.timeout_ms if wait_timeout_ms is None else wait_timeout_ms)
         self.redis_url = redis_url or os.environ.get("DUETIME_REDIS_URL") or DEFAULT_URL
         self.keys = Keyspace(namespace or os.environ.get("DUETIME_NAMESPACE") or "duetime",
                              partitions)
@@ -67,7 +79,7 @@ class App:
     def store(self) -> RunStore:
         if self._store is None:
             self._store = RunStore(self.redis_url, self.keys, self.max_payload,
-                                   retry_s=self.enqueue_retry_s)
+                                   retry_s=self.enqueue_retry_s, durability=self.durability)
         return self._store
 
     async def _astore(self) -> RunStore:

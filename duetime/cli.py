@@ -28,6 +28,7 @@ from duetime.cli_common import (
 )
 from duetime.common import logs, metrics
 from duetime.common.connection import DEFAULT_URL, redact
+from duetime.common.durability import ENV_REPLICAS, ENV_TIMEOUT
 from duetime.common.errors import RedisRefused
 from duetime.common.schedules import MISS_TOLERANCE
 from duetime.common.timeparse import (
@@ -49,11 +50,21 @@ from duetime.common.timeparse import (
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(logs.LEVELS, case_sensitive=False),
               help="DEBUG, INFO, WARNING or ERROR (logs go to stderr).")
+@click.option("--durability", default=None, type=click.Choice(["async", "replicated"]),
+              help="replicated: every state change waits for a replica to have it (WAIT; "
+              f"{ENV_REPLICAS} replicas, default 1, {ENV_TIMEOUT} ms, default 1000); async: "
+              "Redis's own replication (the default).")
 @click.version_option(__version__, "--version", prog_name="duetime", message="%(prog)s %(version)s")
 @click.pass_context
-def main(ctx: click.Context, redis_url: str | None, namespace: str | None, log_level: str) -> None:
+def main(ctx: click.Context, redis_url: str | None, namespace: str | None, log_level: str,
+         durability: str | None) -> None:
     """duetime: a Redis-backed distributed job scheduler."""
     logs.configure(log_level)
+    # every client this process (and the worker processes it starts) makes follows it
+    if durability == "async":
+        os.environ[ENV_REPLICAS] = "0"
+    elif durability == "replicated" and int(os.environ.get(ENV_REPLICAS) or 0) < 1:
+        os.environ[ENV_REPLICAS] = "1"
     ctx.obj = {"url": redis_url, "namespace": namespace}
 
 

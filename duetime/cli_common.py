@@ -19,6 +19,7 @@ import redis
 from duetime.app import App
 from duetime.common.admin import RunAdmin
 from duetime.common.connection import redact, server_time_ms, translated
+from duetime.common.durability import ENV_REPLICAS, ENV_TIMEOUT
 from duetime.common.errors import DuetimeError, InvalidInput, InvalidSchedule, InvalidTime
 from duetime.common.inspect import Inspector
 from duetime.common.timefmt import human_duration, iso, relative
@@ -137,6 +138,11 @@ def load_app(ref: str, url: str | None, namespace: str | None) -> App:
     if not isinstance(app, App):
         raise click.BadParameter(f"{ref!r} is not a duetime App", param_hint="--app")
     app.configure(redis_url=url, namespace=namespace)
+    # an app made with wait_replicas=N: the worker's or scheduler's own clients follow it,
+    # unless --durability or the environment said otherwise
+    if app.durability.on and not os.environ.get(ENV_REPLICAS):
+        os.environ[ENV_REPLICAS] = str(app.durability.replicas)
+        os.environ[ENV_TIMEOUT] = str(app.durability.timeout_ms)
     return app
 
 

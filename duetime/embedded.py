@@ -232,7 +232,8 @@ class EmbeddedCluster:
         return self
 
     def wait_ok(self, timeout: float = 30.0, nodes: list[EmbeddedServer] | None = None) -> None:
-        """Until every (given, reachable) node says the cluster is ok and sees every replica."""
+        """Until every (given, reachable) node says the cluster is ok and sees every replica,
+        and every replica is in sync with its primary."""
         deadline = time.monotonic() + timeout
         while True:
             states = []
@@ -242,9 +243,13 @@ class EmbeddedCluster:
                         info = c.cluster("info")
                         roles = [line.split()[2] for line in
                                  c.execute_command("CLUSTER", "NODES").decode().splitlines()]
+                        # a replica counts once it is in sync (its link up): before that a
+                        # WAIT on its primary counts no replica
+                        linked = (c.info("replication").get("master_link_status", "up") == "up")
                         states.append(info["cluster_state"] == "ok"
                                       and int(info["cluster_known_nodes"]) >= len(self.nodes)
-                                      and sum("slave" in r for r in roles) >= self.n * self.replicas)
+                                      and sum("slave" in r for r in roles) >= self.n * self.replicas
+                                      and linked)
                 except redis.RedisError:
                     states.append(False)
             if all(states):
