@@ -339,22 +339,23 @@ class RunStore:
             inflight = None
             for batch in itertools.chain(self._pipelines(client, state.todo()), [None]):
                 if inflight is not None:  # the previous round trip, sent while this one was built
-                    self._judge(inflight[1], inflight[0], state)
-                    state.replicated(inflight[2], inflight[0])
+                    self._judge(inflight[1], inflight[0], state, inflight[2])
                 if batch is None:
                     break
                 pipe, chunks = batch
                 inflight = (chunks, sender.submit(pipe.execute, raise_on_error=False), pipe)
 
-    def _judge(self, future: Any, chunks: list[list[str]], state: _Attempts) -> None:
+    def _judge(self, future: Any, chunks: list[list[str]], state: _Attempts, pipe: Any) -> None:
         """Record a round trip's chunks as done, or raise _Stopped if Redis refused or was lost."""
         try:
             results = future.result()
         except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
             raise _Stopped(unavailable(self.url, exc), exc, lost=_maybe_sent(exc, chunks)) from None
-        self._judge_results(results, chunks, state)
+        self._judge_results(results, chunks, state, pipe)
 
-    def _judge_results(self, results: list[Any], chunks: list[list[str]], state: _Attempts) -> None:
+    def _judge_results(self, results: list[Any], chunks: list[list[str]], state: _Attempts,
+                       pipe: Any = None) -> None:
+        state.replicated(pipe, chunks)  # before a refusal stops the pass: what WAIT said counts
         bad = [r for r in results if isinstance(r, Exception)]
         for c, r in zip(chunks, results, strict=True):
             if not isinstance(r, Exception):
@@ -424,8 +425,7 @@ class RunStore:
                             redis.exceptions.RedisClusterException) as exc:
                         raise _Stopped(unavailable(self.url, exc), exc,
                                        lost=_maybe_sent(exc, chunks)) from None
-                    self._judge_results(results, chunks, state)
-                    state.replicated(pipe, chunks)
+                    self._judge_results(results, chunks, state, pipe)
                 return state.acknowledged()
             except _Stopped as stop:
                 wait = state.failed(stop)
