@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio as aredis
 from duetime.common import metrics
 from duetime.common import transitions as tr
+from duetime.common.connection import arefresh_topology, topology_error
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.metrics import RUNS_FINISHED, child
-from duetime.common.outage import Outage
+from duetime.common.outage import TOPOLOGY_CAP_S, Outage
 from duetime.common.outcomes import LABELS, FailMode, Outcome, Report
 from duetime.common.scripts import Scripts
 from duetime.worker.errors import REDIS_ERRORS
@@ -41,7 +42,8 @@ class Reporter:
     def __init__(self, client: aredis.Redis, scripts: Scripts, keys: Keyspace, worker_id: str) -> None:
         self.client, self.scripts, self.keys, self.worker_id = client, scripts, keys, worker_id
         self._queue: asyncio.Queue[Item | None] = asyncio.Queue()
-        self._outage = Outage("reporter", log, worker_id=worker_id)
+        # a second at most: outcomes on a failed-over primary go to its replica soon after
+        self._outage = Outage("reporter", log, cap_s=1.0, worker_id=worker_id)
         self._pause = 0.0  # before the next try of reports that did not go through
         # attempts whose outcome is not recorded yet: the lease keeper renews their leases
         # until it is, or a refused report (Redis at maxmemory) would let the reaper run the
@@ -114,14 +116,17 @@ class Reporter:
         except REDIS_ERRORS as exc:
             # keep the outcomes: a late report is still judged by its fence
             self._pause = self._outage.failed(exc)
+            await arefresh_topology(self.client)  # a dead primary: find its promoted replica
             return batch
         self._outage.ok()
         refused: list[Item] = []
         errors: list[str] = []
+        causes: list[BaseException] = []
         for exs, res in zip(successes.values(), results, strict=False):
             if isinstance(res, Exception):
                 refused += [("complete", ex, _NO_ARGS) for ex in exs]
                 errors.append(str(res))
+                causes.append(res)
                 continue
             unsent = self.unsent
             for ex, reply in zip(exs, res, strict=True):
@@ -134,13 +139,21 @@ class Reporter:
             if isinstance(res, Exception):
                 refused.append(item)
                 errors.append(str(res))
+                causes.append(res)
                 continue
             self.unsent.pop(item[1].key, None)
             self._judged(item[0], item[1], res if isinstance(res, bytes) else res[0])
         if refused:
-            log.error("redis refused outcome reports; sending them again", count=len(refused),
-                      error=errors[0][:300], worker_id=self.worker_id)
             lo, hi = REFUSED_PAUSE_S
+            if all(topology_error(e) for e in causes):  # CLUSTERDOWN until a promotion, MOVED
+                hi = TOPOLOGY_CAP_S
+                if self._pause == 0.0:  # once per incident
+                    log.warning("outcome reports wait for a failover; sending them again",
+                                count=len(refused), error=errors[0][:300], worker_id=self.worker_id)
+                await arefresh_topology(self.client)
+            else:
+                log.error("redis refused outcome reports; sending them again", count=len(refused),
+                          error=errors[0][:300], worker_id=self.worker_id)
             self._pause = min(max(self._pause * 2, lo), hi)
         else:
             self._pause = 0.0
