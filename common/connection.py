@@ -20,6 +20,8 @@ from duetime.common.errors import InvalidInput, PartitionMismatch, RedisRefused,
 from duetime.common.keys import Keyspace
 from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.commands.policies import (
     AsyncBasePolicyResolver,
@@ -211,6 +213,11 @@ def _async_client(url: str, **kw: Any) -> aredis.Redis:
     real, cluster = _split(url)
     kw.setdefault("socket_connect_timeout", 5)
     if cluster:
+        # No retries inside redis-py: on a connection error its cluster pipeline closes every
+        # connection of the client (and sleeps) before it retries, which broke the claims
+        # running side by side on the live nodes whenever one went to a dead primary. duetime's
+        # loops retry themselves, per partition, and re-read the slot map (refresh_topology).
+        kw.setdefault("retry", AsyncRetry(NoBackoff(), 0))
         client = AsyncRedisCluster.from_url(real, policy_resolver=_AsyncScriptPolicies(), **kw)
         # redis-py's asyncio cluster client takes no connect hook: give it to the connection
         # settings every node (present and discovered) is made from

@@ -153,10 +153,12 @@ class Claimer:
         replies = await asyncio.gather(*(self._send(g) for g in groups), return_exceptions=True)
         if any(isinstance(r, asyncio.CancelledError) for r in replies):
             raise asyncio.CancelledError
-        if all(isinstance(r, REDIS_ERRORS) for r in replies):
-            # nothing reachable (a plain server down, or every node serving this plan): the
-            # whole loop backs off, one incident in the log
-            await arefresh_topology(self.client)
+        cluster = hasattr(self.client, "nodes_manager")
+        if not cluster and all(isinstance(r, REDIS_ERRORS) for r in replies):
+            # a plain server that cannot be reached: the whole loop backs off, one incident
+            # in the log. On a cluster the partitions of the dead node are held instead, so
+            # the next claim goes to the live nodes' partitions (the first keys of a plan take
+            # its whole budget: holding the loop would have retried only the dead ones)
             raise replies[0]  # type: ignore[misc]
         outcomes: list[tuple[Key, Any]] = []
         for g, res in zip(groups, replies, strict=True):

@@ -28,11 +28,13 @@ from tests.conftest import Procs, wait_for
 
 PROBES_PER_PARTITION = 3
 PROBE_DUE_S = (0.5, 2.5, 3.5)  # after the kill
+NODE_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="module", params=["redis", "valkey"])
 def rcluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster(request.param, n=3, replicas=1, node_timeout_ms=2000) as c:
+    with EmbeddedCluster(request.param, n=3, replicas=1,
+                         node_timeout_ms=int(NODE_TIMEOUT_S * 1000)) as c:
         yield c
 
 
@@ -190,6 +192,11 @@ def test_primary_failover_under_load(rcluster: EmbeddedCluster, capsys):
             probes = [app.enqueue(fo.work, [0], key=k,
                                   at=duetime_at(t_plan + PROBE_DUE_S[i % len(PROBE_DUE_S)]))
                       for i, k in enumerate(keys)]
+            # and on the other primaries' partitions: they must not wait for the promotion
+            healthy = [p for p in range(app.keys.partitions) if p not in dead]
+            others = [app.enqueue(fo.work, [0], key=k,
+                                  at=duetime_at(t_plan + PROBE_DUE_S[i % len(PROBE_DUE_S)]))
+                      for i, k in enumerate(_probe_keys(app.keys, healthy))]
             wait_for(lambda: _in_sync(victim), 5, interval=0.01, what="replica in sync")
             time.sleep(max(0.0, t_plan - time.time()))
             t_kill = time.time()
@@ -208,18 +215,32 @@ def test_primary_failover_under_load(rcluster: EmbeddedCluster, capsys):
                 p = app.keys.partition_of_run(rid)
                 started = app.get_run(rid).attempts[0].started.timestamp()
                 first[p] = min(first.get(p, started), started)
+            # runs on the live primaries due before the cluster noticed the death started on
+            # time (from then until the promotion every node answers CLUSTERDOWN: Redis's
+            # cluster-require-full-coverage, on by default)
+            lateness = []
+            for rid in others:
+                run = app.get_run(rid)
+                if t_kill < run.due.timestamp() < t_kill + NODE_TIMEOUT_S / 2:
+                    wait_for(lambda rid=rid: app.get_run(rid).attempts, 10, what="a live probe")
+                    started = app.get_run(rid).attempts[0].started.timestamp()
+                    assert started < t_promo, "a live primary's partition waited for the failover"
+                    lateness.append(started - run.due.timestamp())
+            assert lateness, "no probe on a live primary was due during the outage"
             time.sleep(3)  # load goes on a while on the new topology
         wait_for(lambda: all(app.get_run(i).state == "succeeded" for i in load.acked[-20:]), 30,
                  what="the last acknowledged runs")
         window = {i for i, t in load.acked_at.items() if t_kill - 1.0 <= t <= t_kill + 0.5}
-        stats = _check_runs(app, load.acked + probes, window)
+        stats = _check_runs(app, load.acked + probes + others, window)
         # the schedule: every occurrence between its first and a second ago exists once, ran
         occurrences = _occurrences(app, name)
         with capsys.disabled():
             print(f"\n[{rcluster.nodes[0].kind}] promotion {t_promo - t_kill:.2f}s after the kill; "
                   f"work on its {len(dead)} partitions resumed "
                   f"{min(first.values()) - t_promo:+.2f}..{max(first.values()) - t_promo:+.2f}s "
-                  f"after the promotion; enqueued {len(load.acked)} acked, {len(load.errors)} refused; "
+                  f"after the promotion; the live primaries' runs due before the death was noticed "
+                  f"started at most {max(lateness):.3f}s late; enqueued {len(load.acked)} acked, "
+                  f"{len(load.errors)} refused; "
                   f"{stats}; schedule occurrences {occurrences}")
     finally:
         procs.stop_all()
