@@ -128,7 +128,7 @@ def schedule_to_dict(info: ScheduleInfo) -> dict[str, Any]:
         "zone": schedule_zone(info), "task": info.task, "queue": info.queue, "args": info.args,
         "kwargs": info.kwargs, "catchup": info.catchup, "max_catchup": info.max_catchup,
         "miss_tolerance_s": info.miss_tolerance_s, "lateness_s": info.lateness_s,
-        "overlap": info.overlap, "jitter_s": info.jitter_s,
+        "overlap": info.overlap, "jitter_s": info.jitter_s, "stagger_s": info.stagger_s,
         "owner": info.owner, "paused": info.paused, "pause_note": info.pause_note,
         "version": info.version, "next_fire": _iso(info.next_fire),
         "last_occurrence": _iso(info.last_occurrence), "skipped_count": info.skipped_count,
@@ -161,7 +161,8 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
     instants = {"next_fire": info.next_fire, "last_occurrence": info.last_occurrence,
                 "created": info.created, "updated": info.updated}
     for k in ("task", "queue", "args", "kwargs", "catchup", "max_catchup", "miss_tolerance_s",
-              "lateness_s", "overlap", "jitter_s", "owner", "pause_note", "version", "next_fire",
+              "lateness_s", "overlap", "jitter_s", "stagger_s", "owner", "pause_note", "version",
+              "next_fire",
               "last_occurrence", "materialized_count", "skipped_count", "missed_count", "created",
               "updated"):
         if d[k] in (None, "", [], {}):
@@ -171,6 +172,8 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
         if when is not None:
             text = f"{_iso(when, compact=True)}  ({relative(when, now)})"
         lines.append(f"  {k:<19} {text}")
+    if info.stagger_s is None:
+        lines.append(f"  {'stagger_s':<19} the namespace policy (`duetime schedule policy show`)")
     if info.next_fire is None:
         lines.append("  next_fire           - (the trigger has no further occurrence)")
     lines.append(f"  next {len(fires)} fire times ({d['zone']} / UTC):")
@@ -184,3 +187,4 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
     for r in rows:
         lines.append("    " + "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return "\n".join(lines)
+
