@@ -234,6 +234,11 @@ def suggest_stagger(schedules: list[LintSchedule], start_ms: int, horizon_ms: in
     if not following:
         return Suggestion(None, peak, True, "every schedule has its own stagger: the policy "
                           "changes none; give the busiest ones a wider --stagger")
+    runs = sum(len(walks[collapse_key(s.trigger)][0]) for s in schedules)
+    if runs > max_per_second * horizon_ms / 1000:  # more than the target on average: no spread helps
+        return Suggestion(None, peak, True, f"{runs} runs in {horizon_ms // 1000}s average more "
+                          f"than {max_per_second} a second: the load itself is above the target, "
+                          "not only its alignment")
     need_s = math.ceil(peak / max_per_second)
     last = peak
     for width_s in (w for w in LADDER_S if w >= need_s):
