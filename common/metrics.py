@@ -63,8 +63,9 @@ QUEUE_DELAY = Histogram(
 )
 RETRIES = Counter("duetime_retries_total", "Failed attempts a worker reported that will be retried",
                   ["task"])
-DEAD_LETTERS = Counter("duetime_dead_letters_total", "Runs a worker's report sent to dead-letter",
-                       ["task"])
+DEAD_LETTERS = Counter("duetime_dead_letters_total",
+                       "Runs a worker's report sent to dead-letter, by task and the task's owner "
+                       "(alerts route on it)", ["task", "owner"])
 ATTEMPTS = Counter(
     "duetime_attempts_total",
     "Attempts a worker ran, by task, the task's owner and how the attempt ended as the worker "
@@ -131,11 +132,12 @@ def preset(tasks: Iterable[str] = (), queues: Iterable[str] = (),
         for metric in (CLAIMED, START_LATENESS, QUEUE_DELAY):
             child(metric, q)
     for t in tasks:
-        for metric in (EXECUTION, RETRIES, DEAD_LETTERS):
+        for metric in (EXECUTION, RETRIES):
             child(metric, t)
         for outcome in Outcome:
             child(RUNS_FINISHED, t, outcome.value)
         owner = (owners or {}).get(t, "")
+        child(DEAD_LETTERS, t, owner)
         child(FAILED_ATTEMPT_SECONDS, t, owner)
         for ending in ATTEMPT_OUTCOMES:
             child(ATTEMPTS, t, owner, ending)

@@ -47,6 +47,7 @@ class Execution:
 
     ctx: RunContext
     partition: int
+    owner: str = ""  # the task's owner as this worker's code declares it ('' if none)
     task: asyncio.Task[None] | None = None
     released: bool = False  # given back at shutdown
     cancel_requested: bool = False
@@ -95,7 +96,7 @@ class Executor:
             worker_id=self.worker_id, idempotency_key=c.key or c.run_id,
             scheduled_at=from_ms(c.due_ms), schedule=c.schedule,
         )
-        ex = Execution(ctx, p)
+        ex = Execution(ctx, p, self._owner(c.task))
         self.inflight[(c.run_id, c.fence)] = ex
         if self._bodies:
             prev = self._bodies.get(c.run_id)
@@ -204,7 +205,7 @@ class Executor:
         elapsed = time.perf_counter() - started if ran else 0.0
         if ran:
             metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
-        self._cost(ctx.task, report, mode, elapsed)
+        self._cost(ex, report, mode, elapsed)
         if report is None or ex.superseded:
             # nothing to report: the lease was lost (a later attempt claimed here may report),
             # or the loop is being torn down (the reaper will recover the run)
@@ -230,14 +231,18 @@ class Executor:
                         error_type=exc_type, **extra)
             self.reporter.fail(ex, err, mode, delay_ms)
 
-    def _cost(self, task: str, report: str | None, mode: FailMode, elapsed: float) -> None:
-        """Count the attempt for the cost of retries (metrics, and `<ns>:cost` through the
-        reporter): succeeded (the body returned), failed, or interrupted (lease lost,
-        cancelled, released); time spent on the ones that did not succeed."""
+    def _owner(self, task: str) -> str:
         owner = self._owners.get(task)
         if owner is None:
             spec = self.registry.find(task)
             owner = self._owners[task] = (spec.owner or "") if spec is not None else ""
+        return owner
+
+    def _cost(self, ex: Execution, report: str | None, mode: FailMode, elapsed: float) -> None:
+        """Count the attempt for the cost of retries (metrics, and `<ns>:cost` through the
+        reporter): succeeded (the body returned), failed, or interrupted (lease lost,
+        cancelled, released); time spent on the ones that did not succeed."""
+        task, owner = ex.ctx.task, ex.owner
         if report == "complete":
             ending = SUCCEEDED
         elif report == "fail" and mode != "cancel":

@@ -209,9 +209,9 @@ class Reporter:
         elif label == Outcome.RETRYING:
             child(metrics.RETRIES, ctx.task).inc()
         elif label == Outcome.DEAD:
-            child(metrics.DEAD_LETTERS, ctx.task).inc()
+            child(metrics.DEAD_LETTERS, ctx.task, ex.owner).inc()
             log.warning("run dead-lettered", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
-                        worker_id=self.worker_id, schedule=ctx.schedule)
+                        worker_id=self.worker_id, schedule=ctx.schedule, owner=ex.owner)
         elif label in (Outcome.STALE, Outcome.MISSING):
             metrics.LATE_REJECTED.inc()
             log.warning("late result rejected", run_id=ctx.run_id, task=ctx.task,
