@@ -186,7 +186,7 @@ def doctor(ctx: click.Context, app_ref: str | None, as_json: bool) -> None:
     app = app_for(ctx, app_ref) if app_ref else App(redis_url=ctx.obj["url"],
                                                      namespace=ctx.obj["namespace"])
     findings = run_checks(app.store.client, app.keys, app.redis_url,
-                          app.keys.partitions if app_ref else None)
+                          app.keys.partitions if app_ref else None, surges=True)
     fatal = any(f.level == "fatal" for f in findings)
     if as_json:
         echo_json({"url": redact(app.redis_url), "namespace": app.keys.namespace, "fatal": fatal,

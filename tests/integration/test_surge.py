@@ -44,6 +44,11 @@ def test_10000_hourly_schedules_surge_until_the_default_stagger_is_set(app, url,
     assert "suggested stagger:" in text and "duetime schedule policy set --stagger" in text
     if width:
         assert f"--stagger {width}`" in text
+    # doctor says it in one line (the next hour, against the default target: no worker runs)
+    doctor = as_json(cli(url, namespace, "doctor", "--json"))
+    (surge,) = [f for f in doctor["findings"] if f["check"] == "surges"]
+    assert surge["level"] == "warn" and surge["message"].startswith("10000 runs due in one second")
+    assert "schedule lint" in surge["advice"] and doctor["fatal"] is False
 
     # the policy the lint suggested, applied: every schedule follows it (none has its own)
     ok(cli(url, namespace, "schedule", "policy", "set", "--stagger", f"{suggested:g}s"))
