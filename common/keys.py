@@ -66,7 +66,8 @@ SUFFIX: dict[str, str] = {name: kind.suffix for name, kind in PARTITION_KEYS.ite
 
 # Keys and the channel shared by the whole namespace: `<ns>:` + the suffix.
 GLOBAL_KEYS: dict[str, KeyKind] = {
-    "meta": KeyKind("meta", "hash", "partition count and format version of the namespace"),
+    "meta": KeyKind("meta", "hash", "partition count and format version of the namespace; its "
+                    "default schedule stagger (stagger_ms)"),
     "queues": KeyKind("queues", "set", "every queue name used in the namespace"),
     "workers": KeyKind("workers", "zset", "worker id -> last heartbeat (ms)"),
     "worker": KeyKind("worker:", "hash", "a live worker: queues, concurrency, in-flight (expires)",
