@@ -219,8 +219,8 @@ class Suggestion:
 def suggest_stagger(schedules: list[LintSchedule], start_ms: int, horizon_ms: int, *,
                     max_per_second: int, policy_ms: int = 0, peak: int | None = None,
                     walks: Walks | None = None) -> Suggestion:
-    """The narrowest default stagger (from LADDER_S, at least the width the busiest second
-    needs: ceil(peak / max_per_second) seconds) under which no second holds more than
+    """The narrowest default stagger (from LADDER_S, no narrower than the busiest second
+    needs) under which no second holds more than
     `max_per_second` runs, found by profiling each candidate: the offsets are hashes, so the
     busiest second of a spread is a little above its average. It applies to the schedules
     that follow the namespace policy; the others keep their own stagger."""
@@ -239,7 +239,13 @@ def suggest_stagger(schedules: list[LintSchedule], start_ms: int, horizon_ms: in
         return Suggestion(None, peak, True, f"{runs} runs in {horizon_ms // 1000}s average more "
                           f"than {max_per_second} a second: the load itself is above the target, "
                           "not only its alignment")
-    need_s = math.ceil(peak / max_per_second)
+    # Under a policy of w seconds, the runs of the busiest second without any policy spread
+    # over at most w + 1 seconds: w must be at least that peak / target - 1. (Starting from
+    # the peak under the current policy instead would walk up the whole ladder.)
+    bare = peak if not policy_ms else profile(schedules, start_ms, horizon_ms,
+                                              max_per_second=max_per_second, top=1,
+                                              walks=walks).peak
+    need_s = max(1, math.ceil(bare / max_per_second) - 1)
     last = peak
     for width_s in (w for w in LADDER_S if w >= need_s):
         p = profile(schedules, start_ms, horizon_ms, max_per_second=max_per_second,

@@ -169,6 +169,17 @@ def test_the_suggested_stagger_is_the_narrowest_round_one_that_flattens():
                            walks=walks).flat
 
 
+def test_the_suggestion_does_not_depend_on_the_policy_in_force():
+    scheds = hourly(10_000)
+    walks = walk(scheds, START, DAY)
+    bare = suggest_stagger(scheds, START, DAY, max_per_second=200, walks=walks)
+    for policy_s in (5, 30):  # a policy too narrow for this target: the same advice
+        under = suggest_stagger(scheds, START, DAY, max_per_second=200, walks=walks,
+                                policy_ms=policy_s * 1000)
+        assert under.needed and under.stagger_ms == bare.stagger_ms
+        assert under.peak_after == bare.peak_after <= 200
+
+
 def test_no_suggestion_when_flat_or_when_the_policy_changes_nothing():
     flat = suggest_stagger(hourly(50), START, DAY, max_per_second=100)
     assert not flat.needed and flat.stagger_ms is None
