@@ -84,6 +84,18 @@ def test_the_evaluator_applies_own_stagger_policy_and_zero(app, url, namespace):
     assert app.schedules.stagger_policy() == 0
 
 
+def test_stagger_from_the_cli(app, url, namespace):
+    base = ["schedule", "add", "st-cli", "--every", "1m", "--task", "noop", "--app", APP]
+    ok(cli(url, namespace, *base, "--stagger", "45s"))
+    shown = as_json(cli(url, namespace, "schedule", "show", "st-cli", "--json"))
+    assert shown["stagger_s"] == 45
+    assert ok(cli(url, namespace, *base, "--stagger", "auto")).startswith("updated st-cli")
+    assert as_json(cli(url, namespace, "schedule", "show", "st-cli", "--json"))["stagger_s"] is None
+    assert "the namespace policy" in ok(cli(url, namespace, "schedule", "show", "st-cli"))
+    # the same definition again (no --stagger: the policy, as `auto`) changes nothing
+    assert ok(cli(url, namespace, *base)).startswith("unchanged st-cli")
+
+
 def test_bad_stagger_input_is_one_line(url, namespace):
     err = one_line_error(cli(url, namespace, "schedule", "add", "x", "--every", "1m", "--task",
                              "noop", "--app", APP, "--stagger", "soon"), 2)
