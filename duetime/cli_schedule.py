@@ -37,7 +37,9 @@ from duetime.common.schedules import (
     MISS_TOLERANCE_MS,
     OVERLAP,
     STAGGER,
+    effective_stagger_ms,
     parse_stagger,
+    stagger_for,
 )
 from duetime.common.surge import (
     DEFAULT_MAX_PER_SECOND,
@@ -184,10 +186,13 @@ def schedule_show(ctx: click.Context, name: str, as_json: bool) -> None:
     info = app.get_schedule(name)
     now = server_now(app)
     fires = next_fires(info, now)
+    policy_ms = app.schedules.stagger_policy()
     if as_json:
-        echo_json({**schedule_to_dict(info), "next_fires": fires})
+        own = None if info.stagger_s is None else round(info.stagger_s * 1000)
+        offset = stagger_for(info.name, effective_stagger_ms(own, policy_ms)) / 1000
+        echo_json({**schedule_to_dict(info), "next_fires": fires, "stagger_offset_s": offset})
     else:
-        click.echo(schedule_to_text(info, fires, now))
+        click.echo(schedule_to_text(info, fires, now, policy_ms))
 
 
 @schedule.command("pause")

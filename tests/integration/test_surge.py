@@ -89,9 +89,15 @@ def test_stagger_from_the_cli(app, url, namespace):
     ok(cli(url, namespace, *base, "--stagger", "45s"))
     shown = as_json(cli(url, namespace, "schedule", "show", "st-cli", "--json"))
     assert shown["stagger_s"] == 45
+    assert shown["stagger_offset_s"] == stagger_for("st-cli", 45_000) / 1000 > 0
+    text = ok(cli(url, namespace, "schedule", "show", "st-cli"))
+    assert f"every run is due {stagger_for('st-cli', 45_000) / 1000:g}s after its fire time" in text
     assert ok(cli(url, namespace, *base, "--stagger", "auto")).startswith("updated st-cli")
     assert as_json(cli(url, namespace, "schedule", "show", "st-cli", "--json"))["stagger_s"] is None
-    assert "the namespace policy" in ok(cli(url, namespace, "schedule", "show", "st-cli"))
+    assert "the namespace policy (0 now)" in ok(cli(url, namespace, "schedule", "show", "st-cli"))
+    app.schedules.set_stagger_policy(20_000)
+    assert as_json(cli(url, namespace, "schedule", "show", "st-cli", "--json"))[
+        "stagger_offset_s"] == stagger_for("st-cli", 20_000) / 1000
     # the same definition again (no --stagger: the policy, as `auto`) changes nothing
     assert ok(cli(url, namespace, *base)).startswith("unchanged st-cli")
 
