@@ -3,10 +3,11 @@ of a horizon, where they pile up, and which stagger would spread them.
 
 Pure functions (no Redis, no clock): the caller passes the schedules and the start instant.
 Occurrences come from each schedule's own `next_after`, but schedules whose triggers fire at
-the same instants (same cron, zone and DST policies; `H` only when its seed is the same) are
-evaluated once: 10,000 schedules at `0 * * * *` cost one walk of 24 occurrences plus one
-addition per run. A run's second is its due time: occurrence + the schedule's stagger offset
-+ its jitter, exactly what the evaluator computes (common/schedules.py).
+the same instants (a cron's parsed values, zone and DST policies: `H` with seeds that hash
+alike counts once) are evaluated once: 10,000 schedules at `0 * * * *` cost one walk of 24
+occurrences plus one addition per run. A run's second is its due time: occurrence + the
+schedule's stagger offset + its jitter, exactly what the evaluator computes
+(common/schedules.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from duetime.common.schedules import effective_stagger_ms, jitter_for, stagger_for
 from duetime.common.timefmt import format_duration
 from duetime.common.timeparse import from_ms, to_ms
-from duetime.common.timespec import Trigger
+from duetime.common.timespec import Cron, Trigger
 
 # An expression that fires more often than this in the horizon is walked this far only (an
 # `Every(1ms)` would otherwise take minutes); the profile says it was cut.
@@ -76,11 +77,12 @@ class Profile:
 
 
 def collapse_key(trigger: Trigger) -> tuple[Any, ...]:
-    """Triggers with equal keys fire at the same instants: a cron's seed only feeds `H`."""
-    d = trigger.to_dict()
-    if d.get("kind") == "cron" and not H_ITEM.search(str(d.get("expr", ""))):
-        d = {**d, "seed": ""}
-    return tuple(sorted((k, str(v)) for k, v in d.items()))
+    """Triggers with equal keys fire at the same instants: a cron by what its expression
+    matches once parsed (its seed only matters through `H`'s values), the others by their
+    definition."""
+    if isinstance(trigger, Cron):
+        return ("cron", *trigger.instants_key())
+    return tuple(sorted((k, str(v)) for k, v in trigger.to_dict().items()))
 
 
 def occurrences_ms(trigger: Trigger, start_ms: int, end_ms: int,

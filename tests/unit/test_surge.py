@@ -101,7 +101,15 @@ def test_stagger_in_the_definition_hash_only_when_the_schedule_has_its_own():
 # -- collapsing -------------------------------------------------------------------------------
 def test_crons_without_h_collapse_whatever_their_seed():
     assert collapse_key(Cron("0 * * * *", seed="a")) == collapse_key(Cron("0 * * * *", seed="b"))
-    assert collapse_key(Cron("H * * * *", seed="a")) != collapse_key(Cron("H * * * *", seed="b"))
+    h = [Cron("H * * * *", seed=f"s{i}") for i in range(200)]
+    # H picks one of 60 minutes: as many keys as distinct firing minutes
+    assert len({collapse_key(c) for c in h}) == len({c.next_after(from_ms(START)) for c in h}) <= 60
+    for a in h[:20]:
+        for b in h[:20]:  # equal keys, equal instants
+            same = a.next_after(from_ms(START)) == b.next_after(from_ms(START))
+            assert (collapse_key(a) == collapse_key(b)) == same
+    assert collapse_key(Cron("0 * * * *")) == collapse_key(Cron("0 */1 * * *"))
+    assert collapse_key(Cron("0 * * * *", dst_fold="first")) != collapse_key(Cron("0 * * * *"))
     # THU holds an H that is not the hash item
     assert collapse_key(Cron("0 9 * * THU", seed="a")) == collapse_key(Cron("0 9 * * THU", seed="b"))
     assert collapse_key(Cron("0 * * * *", tz="Europe/Paris")) != collapse_key(Cron("0 * * * *"))
