@@ -16,6 +16,8 @@ import redis
 from duetime.common.errors import RedisUnavailable
 from duetime.common.inspect import Inspector
 from duetime.common.keys import Keyspace
+from duetime.common.schedule_store import ScheduleStore, lint_schedules
+from duetime.common.surge import DEFAULT_MAX_PER_SECOND, profile
 from redis.cluster import RedisCluster
 
 LEVELS = ("ok", "info", "warn", "fatal")
@@ -198,6 +200,41 @@ def check_schedules(client: redis.Redis, keys: Keyspace) -> list[Finding]:
                     "`duetime schedule add`); `duetime schedule list` marks them")]
 
 
+SURGE_HORIZON_MS = 3_600_000  # doctor looks one hour ahead; `schedule lint` a day
+SURGE_MAX_SCHEDULES = 50_000  # beyond this, doctor leaves the profile to `schedule lint`
+
+
+def check_surges(client: redis.Redis, keys: Keyspace, url: str) -> list[Finding]:
+    """The busiest second of the next hour against what the live workers can start at once
+    (their total concurrency; 100 when none is live): one line, from `schedule lint`'s code."""
+    pipe = client.pipeline(transaction=False)
+    for p in range(keys.partitions):
+        pipe.zcard(keys.schedules(p))
+    total = sum(pipe.execute())
+    if not total:
+        return []
+    if total > SURGE_MAX_SCHEDULES:
+        return [Finding("surges", "info", f"{total} schedules: not profiled here",
+                        "`duetime schedule lint` counts runs per second and suggests a stagger")]
+    insp = Inspector(client, keys, url)
+    capacity = sum(w.concurrency for w in insp.workers() if w.live)
+    target = capacity or DEFAULT_MAX_PER_SECOND
+    source = "the live workers' concurrency" if capacity else "no live worker: the default"
+    store = ScheduleStore(client, keys, url)
+    scheds, _, _ = lint_schedules(store)
+    prof = profile(scheds, insp.now_ms(), SURGE_HORIZON_MS, max_per_second=target,
+                   policy_ms=store.stagger_policy(), top=1, examples=3)
+    if prof.flat:
+        return [Finding("surges", "ok", f"no second of the next hour has more than {target} "
+                        f"runs due (busiest: {prof.peak})")]
+    hot = prof.hot[0]
+    at = time.strftime("%H:%M:%SZ", time.gmtime(hot.second_ms / 1000))
+    return [Finding("surges", "warn", f"{hot.count} runs due in one second at {at} (target "
+                    f"{target}, {source}); {prof.over} second(s) of the next hour above it",
+                    "`duetime schedule lint` names the schedules and the stagger that spreads "
+                    "them (`duetime schedule policy set --stagger ...`)")]
+
+
 def check_tls(url: str) -> list[Finding]:
     """A `rediss://` URL that turns certificate or host name verification off: encrypted,
     but anyone on the path can pose as the server."""
@@ -219,8 +256,10 @@ def check_tls(url: str) -> list[Finding]:
 
 
 def run_checks(client: redis.Redis, keys: Keyspace, url: str,
-               configured_partitions: int | None = None) -> list[Finding]:
-    """Every check; a server that cannot be reached is itself a fatal finding."""
+               configured_partitions: int | None = None, surges: bool = False) -> list[Finding]:
+    """Every check; a server that cannot be reached is itself a fatal finding. `surges`: also
+    profile the next hour of schedules (reads every schedule: the CLI's doctor, not the web
+    console's refreshing overview)."""
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -237,6 +276,8 @@ def run_checks(client: redis.Redis, keys: Keyspace, url: str,
         lambda: check_processes(Inspector(client, keys, url)),
         lambda: check_schedules(client, keys),
     ]
+    if surges:
+        checks.append(lambda: check_surges(client, keys, url))
     for check in checks:
         try:
             findings += check()

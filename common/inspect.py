@@ -11,7 +11,7 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import redis
@@ -19,6 +19,8 @@ from duetime.common.connection import server_time_ms, translated
 from duetime.common.errors import InvalidInput
 from duetime.common.keys import Keyspace
 from duetime.common.models import STATES, Run, from_ms
+from duetime.common.retrycost import TaskCost
+from duetime.common.retrycost import read as read_cost
 from duetime.common.runs import read_run
 from duetime.common.stats import percentile
 
@@ -171,6 +173,8 @@ class Overview:
     schedulers: int
     window_s: float = 60.0
     sampled: bool = False  # per-queue activity numbers extrapolate a sample
+    # with activity: the cost of retries per task and owner (common/retrycost.py)
+    cost: list[TaskCost] = field(default_factory=list)
 
 
 def _s(b: bytes | None) -> str:
@@ -400,10 +404,11 @@ class Inspector:
 
     # -- queue-level numbers ----------------------------------------------------------
     def overview(self, queues: list[str] | None = None, activity: bool = False,
-                 window_s: float = 60.0, sample: int = 5000) -> Overview:
+                 window_s: float = 60.0, sample: int = 5000, cost: bool = False) -> Overview:
         """Cheap counts per queue (what the scheduler exports as gauges); with `activity`, also
         running, finish rate, start lateness and dead letters per queue, from a sample of at
-        most `sample` recent runs (what `top` shows)."""
+        most `sample` recent runs (what `top` shows); with `cost`, the cost of retries per
+        task and owner."""
         k = self.keys
         qs = queues if queues is not None else self.queues()
         now = self.now_ms()
@@ -444,7 +449,13 @@ class Inspector:
                       len(schedulers), window_s)
         if activity:
             self._activity(ov, window_s, sample)
+        if cost:
+            ov.cost = self._exec_cost(ov.now_ms, window_s)
         return ov
+
+    def _exec_cost(self, now_ms: int, window_s: float) -> list[TaskCost]:
+        with translated(self.url):
+            return read_cost(self.client, self.keys, now_ms, window_s)
 
     def _activity(self, ov: Overview, window_s: float, sample: int) -> None:
         k = self.keys

@@ -5,6 +5,7 @@ command that reads it."""
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass
 
 import redis
@@ -126,7 +127,7 @@ class KeyGuide:
                                [a.replace("{k}", example) for a in cmd], False))
         for pattern, typ, holds, cmd in GLOBAL:
             example = f"{k.namespace}:" + pattern.replace(WORKER, s.get("worker", WORKER)).replace(
-                "<step>", "10s")
+                "<step>", "10s").replace("<minute>", str(int(time.time() // 60)))
             docs.append(KeyDoc(f"{k.namespace}:{pattern}", typ, holds, example,
                                [a.replace("{k}", example) for a in cmd], False))
         pipe = self.client.pipeline(transaction=False)

@@ -66,7 +66,8 @@ SUFFIX: dict[str, str] = {name: kind.suffix for name, kind in PARTITION_KEYS.ite
 
 # Keys and the channel shared by the whole namespace: `<ns>:` + the suffix.
 GLOBAL_KEYS: dict[str, KeyKind] = {
-    "meta": KeyKind("meta", "hash", "partition count and format version of the namespace"),
+    "meta": KeyKind("meta", "hash", "partition count and format version of the namespace; its "
+                    "default schedule stagger (stagger_ms)"),
     "queues": KeyKind("queues", "set", "every queue name used in the namespace"),
     "workers": KeyKind("workers", "zset", "worker id -> last heartbeat (ms)"),
     "worker": KeyKind("worker:", "hash", "a live worker: queues, concurrency, in-flight (expires)",
@@ -83,6 +84,10 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
     "series": KeyKind("series:", "stream", "per-queue numbers (backlog, running, finished/s, "
                       "start lateness p50/p99, dead) sampled by schedulers at a fixed step, capped; "
                       "entry id = the sample's time: what the web console plots", "step"),
+    "cost": KeyKind("cost", "hash", "'<task>|<owner>|a|f|ms' -> attempts, attempts that did not "
+                    "succeed, ms spent on those, counted by workers since the namespace began"),
+    "cost_minute": KeyKind("cost:", "hash", "the same counts for one minute (epoch minute of "
+                           "the workers' clocks), kept a day: `top`'s recent window", "minute"),
 }
 GLOBAL: dict[str, str] = {name: kind.suffix for name, kind in GLOBAL_KEYS.items()}
 
@@ -213,6 +218,15 @@ class Keyspace:
     @cached_property
     def wake_channel(self) -> str:
         return self._global("wake")
+
+    @cached_property
+    def cost(self) -> str:
+        """HASH of retry-cost counters since the namespace began (common/retrycost.py)."""
+        return self._global("cost")
+
+    def cost_minute(self, minute: int) -> str:
+        """HASH of the retry-cost counters of one epoch minute."""
+        return self._global("cost_minute") + str(minute)
 
     def series(self, step: str) -> str:
         """The capped stream of queue samples at one resolution (`10s`, `5m`)."""

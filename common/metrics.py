@@ -12,6 +12,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from duetime.common.errors import DuetimeError, InvalidInput
 from duetime.common.health import Health, Verdict
 from duetime.common.outcomes import Outcome
+from duetime.common.retrycost import ATTEMPT_OUTCOMES
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -62,8 +63,21 @@ QUEUE_DELAY = Histogram(
 )
 RETRIES = Counter("duetime_retries_total", "Failed attempts a worker reported that will be retried",
                   ["task"])
-DEAD_LETTERS = Counter("duetime_dead_letters_total", "Runs a worker's report sent to dead-letter",
-                       ["task"])
+DEAD_LETTERS = Counter("duetime_dead_letters_total",
+                       "Runs a worker's report sent to dead-letter, by task and the task's owner "
+                       "(alerts route on it)", ["task", "owner"])
+ATTEMPTS = Counter(
+    "duetime_attempts_total",
+    "Attempts a worker ran, by task, the task's owner and how the attempt ended as the worker "
+    "saw it: succeeded, failed (raised, timed out, could not start) or interrupted (lease lost, "
+    "cancelled, released at shutdown)",
+    ["task", "owner", "outcome"],
+)
+FAILED_ATTEMPT_SECONDS = Counter(
+    "duetime_failed_attempt_seconds_total",
+    "Execution seconds spent on attempts that did not succeed (the cost of retries), by task "
+    "and owner", ["task", "owner"],
+)
 
 # Namespace-level gauges, exported by every scheduler process (aggregate with max()).
 QUEUE_BACKLOG = Gauge("duetime_queue_backlog", "Runs claimable now (due or retry time passed)",
@@ -87,7 +101,8 @@ REFUSING_WRITES = Gauge(
 # does not show worker gauges at 0 (a dashboard summing them would read a scheduler as an idle
 # worker), nor a worker the namespace gauges. In-process, all are in the default registry.
 WORKER_METRICS = (RUNS_FINISHED, START_LATENESS, QUEUE_DELAY, EXECUTION, CLAIMED, LEASES_LOST,
-                  LATE_REJECTED, INFLIGHT, RETRIES, DEAD_LETTERS, MISSED, SKIPPED)
+                  LATE_REJECTED, INFLIGHT, RETRIES, DEAD_LETTERS, MISSED, SKIPPED, ATTEMPTS,
+                  FAILED_ATTEMPT_SECONDS)
 REAPER_METRICS = (REAPED, MISSED, REFUSING_WRITES)
 SCHEDULER_METRICS = (*REAPER_METRICS, SKIPPED, MATERIALIZED, QUARANTINED, PARTITIONS_OWNED,
                      QUEUE_BACKLOG, QUEUE_OLDEST_DUE, QUEUE_SCHEDULED, QUEUE_RETRYING,
@@ -108,17 +123,24 @@ def registry(role: str) -> CollectorRegistry:
 REAPED.labels("recovered")  # its one result so far: there from startup
 
 
-def preset(tasks: Iterable[str] = (), queues: Iterable[str] = ()) -> None:
+def preset(tasks: Iterable[str] = (), queues: Iterable[str] = (),
+           owners: dict[str, str] | None = None) -> None:
     """Create the labelled series a worker will report at 0, so a rate() or an absent() alert
-    has a series to read before the first run (unlabelled ones start at 0 by themselves)."""
+    has a series to read before the first run (unlabelled ones start at 0 by themselves).
+    `owners`: task -> its owner ('' when it has none), the owner label of the cost series."""
     for q in queues:
         for metric in (CLAIMED, START_LATENESS, QUEUE_DELAY):
             child(metric, q)
     for t in tasks:
-        for metric in (EXECUTION, RETRIES, DEAD_LETTERS):
+        for metric in (EXECUTION, RETRIES):
             child(metric, t)
         for outcome in Outcome:
             child(RUNS_FINISHED, t, outcome.value)
+        owner = (owners or {}).get(t, "")
+        child(DEAD_LETTERS, t, owner)
+        child(FAILED_ATTEMPT_SECONDS, t, owner)
+        for ending in ATTEMPT_OUTCOMES:
+            child(ATTEMPTS, t, owner, ending)
 
 
 def preset_queue_gauges(queues: Iterable[str]) -> None:

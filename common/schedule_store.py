@@ -21,13 +21,22 @@ from duetime.common.schedules import (
     TRIGGER_FIELDS,
     ScheduleDef,
     run_id_for,
+    stored_stagger,
     trigger_from_fields,
 )
 from duetime.common.scripts import Scripts
+from duetime.common.surge import H_ITEM, LintSchedule
 from duetime.common.timeparse import from_ms, parse_instant, to_ms
 from duetime.common.timespec import Trigger
 
 BACKFILL_CHUNK = 500
+# the namespace's default stagger, a field of `<ns>:meta` (absent: none)
+POLICY_STAGGER = "stagger_ms"
+
+
+def read_stagger_policy(client: redis.Redis, keys: Keyspace) -> int:
+    """The namespace's default stagger (ms; 0 when none is set or the field is damaged)."""
+    return stored_stagger(client.hget(keys.meta, POLICY_STAGGER)) or 0
 
 
 class ScheduleNotFound(DuetimeError, LookupError):
@@ -89,6 +98,7 @@ class ScheduleInfo:
     # set aside by the evaluator, with the reason (registering the schedule again clears it)
     quarantined: str | None = None
     problem: str | None = None  # what this process could not read in the stored record
+    stagger_s: float | None = None  # its own stagger; None: the namespace policy
 
     @classmethod
     def decode(cls, h: dict[bytes, bytes]) -> ScheduleInfo:
@@ -130,6 +140,7 @@ class ScheduleInfo:
             materialized_count=i("materialized_count"),
             created=stored_ms(s("created") or None), updated=stored_ms(s("updated") or None),
             quarantined=s("quarantined") or None,
+            stagger_s=None if (st := stored_stagger(h.get(b"stagger_ms"))) is None else st / 1000,
         )
         if s("next_ms") and info.next_fire is None:
             problems.append(f"next_ms {s('next_ms')!r} is not a time")
@@ -149,6 +160,18 @@ class ScheduleStore:
         check_name("schedule name", name)
         p = self.keys.partition_of_schedule(name)
         return p, self.keys.sched(p, name)
+
+    # -- the namespace's stagger policy ---------------------------------------------------
+    def stagger_policy(self) -> int:
+        """The default stagger (ms) of schedules registered without their own (0: none)."""
+        return self._call(read_stagger_policy, self.client, self.keys)
+
+    def set_stagger_policy(self, stagger_ms: int) -> None:
+        """Set (0: clear) the default stagger; evaluators apply it within seconds."""
+        if stagger_ms:
+            self._call(self.client.hset, self.keys.meta, POLICY_STAGGER, stagger_ms)
+        else:
+            self._call(self.client.hdel, self.keys.meta, POLICY_STAGGER)
 
     # -- definition ---------------------------------------------------------------------
     def upsert(self, d: ScheduleDef, paused: bool = False) -> tuple[str, int]:
@@ -275,6 +298,56 @@ class ScheduleStore:
             if progress:
                 progress(len(chunk))
         return len(occs), created
+
+
+# -- the surge profile (`duetime schedule lint`) ----------------------------------------------
+LINT_FIELDS = ("paused", "quarantined", "jitter_ms", "stagger_ms", *TRIGGER_FIELDS)
+LINT_CHUNK = 1000
+_SEED = TRIGGER_FIELDS.index("t.seed")
+_EXPR = TRIGGER_FIELDS.index("t.expr")
+
+
+def lint_schedules(store: ScheduleStore, progress: Callable[[int], None] | None = None
+                   ) -> tuple[list[LintSchedule], int, int]:
+    """The active schedules as the surge profile needs them, read in pipelined chunks (only
+    the fields it uses; `progress(n)` per chunk) → (schedules, paused or quarantined,
+    unreadable). A trigger is parsed once per distinct definition: schedules whose cron has
+    no `H` share one parse whatever their seed."""
+    k = store.keys
+    names = sorted(store.names())
+    parsed: dict[tuple[Any, ...], Trigger | None] = {}
+    out: list[LintSchedule] = []
+    inactive = unreadable = 0
+    for i in range(0, len(names), LINT_CHUNK):
+        chunk = names[i : i + LINT_CHUNK]
+        pipe = store.client.pipeline(transaction=False)
+        for n in chunk:
+            pipe.hmget(k.sched(k.partition_of_schedule(n), n), *LINT_FIELDS)
+        for n, values in zip(chunk, store._call(pipe.execute), strict=True):
+            paused, quarantined, jitter, stagger, *raw = values
+            if paused == b"1" or quarantined:
+                inactive += 1
+                continue
+            expr = raw[_EXPR] or b""
+            key = tuple(raw if H_ITEM.search(expr.decode(errors="replace"))
+                        else raw[:_SEED] + [None] + raw[_SEED + 1:])
+            if key not in parsed:
+                try:
+                    parsed[key] = trigger_from_fields(list(key))
+                except Exception:  # noqa: BLE001 - counted; `schedule list` shows why
+                    parsed[key] = None
+            trigger = parsed[key]
+            if trigger is None:
+                unreadable += 1
+                continue
+            try:
+                jitter_ms = max(0, int(jitter or 0))
+            except ValueError:
+                jitter_ms = 0
+            out.append(LintSchedule(n, trigger, jitter_ms, stored_stagger(stagger)))
+        if progress:
+            progress(len(chunk))
+    return out, inactive, unreadable
 
 
 # -- pages and occurrence lookups (the web console) -----------------------------------------

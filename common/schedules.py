@@ -27,6 +27,10 @@ OVERLAP = ("allow", "skip", "buffer_one", "cancel_other")
 MISS_TOLERANCE_MS = 60_000
 # Bounds of a schedule's durations (API and CLI alike)
 LATENESS = JITTER = MISS_TOLERANCE = Span(timedelta(0), timedelta(days=365))
+# A stagger is a fixed offset within a day: wider would move a daily job to another day
+STAGGER = Span(timedelta(0), timedelta(days=1))
+# A schedule's stagger written this way (or not given) follows the namespace's policy
+STAGGER_AUTO = ("auto", "default")
 # Runs are identified by (schedule, occurrence ms): occurrences closer than 1 ms would share one
 MIN_INTERVAL = timedelta(milliseconds=1)
 EVERY = Span(MIN_INTERVAL, MAX_DURATION)
@@ -45,6 +49,40 @@ def jitter_for(name: str, occurrence_ms: int, jitter_ms: int) -> int:
         return 0
     h = hashlib.sha256(f"{name}@{occurrence_ms}".encode()).digest()
     return int.from_bytes(h[:8], "big") % jitter_ms
+
+
+def stagger_for(name: str, stagger_ms: int) -> int:
+    """A schedule's own stable offset in [0, stagger): the same for every occurrence (unlike
+    jitter), so a schedule keeps its phase and many schedules written alike spread out."""
+    if stagger_ms <= 0:
+        return 0
+    h = hashlib.sha256(f"stagger\0{name}".encode()).digest()
+    return int.from_bytes(h[:8], "big") % stagger_ms
+
+
+def parse_stagger(value: timedelta | float | str | None) -> int | None:
+    """A stagger argument → ms, or None for "follow the namespace policy" (not given, `auto`
+    or `default`); 0 pins the schedule to its exact instants whatever the policy says."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in STAGGER_AUTO):
+        return None
+    return duration_ms(STAGGER.parse(value, "stagger"))
+
+
+def effective_stagger_ms(own: int | None, policy_ms: int) -> int:
+    """The stagger a schedule applies: its own, else the namespace policy's."""
+    return policy_ms if own is None else own
+
+
+def stored_stagger(raw: bytes | str | None) -> int | None:
+    """The `stagger_ms` field of a schedule record: absent or `auto` → None (the policy); a
+    damaged value also reads as the policy rather than stopping the schedule."""
+    if raw is None:
+        return None
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        return max(0, int(text))
+    except ValueError:
+        return None
 
 
 TRIGGER_PREFIX = "t."
@@ -102,6 +140,7 @@ class ScheduleDef:
     owner: str = ""
     task_options: dict[str, int] = field(default_factory=dict)
     miss_tolerance_ms: int = MISS_TOLERANCE_MS
+    stagger_ms: int | None = None  # None: the namespace's stagger policy (`schedule policy`)
 
     def __post_init__(self) -> None:
         check_name("schedule name", self.name)
@@ -135,6 +174,7 @@ class ScheduleDef:
             "payload": self.payload, "catchup": self.catchup, "max_catchup": self.max_catchup,
             "lateness_ms": self.lateness_ms, "overlap": self.overlap, "jitter_ms": self.jitter_ms,
             "owner": self.owner, **self.task_options, "miss_tolerance_ms": self.miss_tolerance_ms,
+            "stagger_ms": "auto" if self.stagger_ms is None else self.stagger_ms,
         }
         return f
 
@@ -144,6 +184,8 @@ class ScheduleDef:
             # added later: hashed only when set away from its default, so upgrading does not
             # re-version every stored schedule (a record without it means the default)
             del f["miss_tolerance_ms"]
+        if self.stagger_ms is None:
+            del f["stagger_ms"]  # likewise: a record without it follows the policy
         h = hashlib.sha256()
         for k in sorted(f):
             v = f[k]
@@ -168,7 +210,7 @@ class Plan:
 
 def plan(trigger: Trigger, cursor_ms: int, now_ms: int, lead_ms: int, *, name: str,
          catchup: str, max_catchup: int, jitter_ms: int = 0,
-         tolerance_ms: int = MISS_TOLERANCE_MS) -> Plan:
+         tolerance_ms: int = MISS_TOLERANCE_MS, stagger_ms: int = 0) -> Plan:
     """Which occurrences from `cursor_ms` (itself an occurrence) up to now + lead become runs.
 
     An occurrence is missed (downtime, pause) when its successor is already due, whatever
@@ -181,6 +223,7 @@ def plan(trigger: Trigger, cursor_ms: int, now_ms: int, lead_ms: int, *, name: s
     still advances the cursor by one occurrence per step.
     """
     horizon = now_ms + lead_ms
+    offset = stagger_for(name, stagger_ms)
     missed: list[int] = []
     ontime: list[int] = []
     cur: int | None = cursor_ms
@@ -194,7 +237,7 @@ def plan(trigger: Trigger, cursor_ms: int, now_ms: int, lead_ms: int, *, name: s
         walked += 1
 
     def run(o: int, n: int = 1, first: int = 0) -> PlannedRun:
-        return PlannedRun(o, o + jitter_for(name, o, jitter_ms), n, first or o)
+        return PlannedRun(o, o + offset + jitter_for(name, o, jitter_ms), n, first or o)
 
     runs: list[PlannedRun] = []
     skipped = 0

@@ -759,6 +759,15 @@ class Cron(Trigger):
             "seed": self.seed,
         }
 
+    def instants_key(self) -> tuple[Any, ...]:
+        """Equal for crons that fire at the same instants: the zone, the DST policies and the
+        matching values after parsing, so `H * * * *` with two seeds that hash to the same
+        minute compare equal, and `0 * * * *` equals `0 */1 * * *`."""
+        sp = self._spec
+        return (self.tz, self.dst_gap, self._fold_first, sp.seconds, sp.minutes, sp.hours,
+                tuple(sorted(sp.dom)), sp.months, tuple(sorted(sp.dow)), sp.dom_special,
+                sp.dow_special, sp.dom_star, sp.dow_star)
+
     def describe(self) -> str:
         text = f"cron {self.expr!r} in {self.tz}"
         extras = []

@@ -20,7 +20,7 @@ from duetime.common.models import Run
 from duetime.common.names import check_name
 from duetime.common.runs import ASYNC_SLICE, EnqueueRequest, RunStore
 from duetime.common.schedule_store import ScheduleInfo, ScheduleStore
-from duetime.common.schedules import ScheduleDef, seeded
+from duetime.common.schedules import ScheduleDef, parse_stagger, seeded
 from duetime.common.tasks import Hook, Registry, Task, TaskSpec
 from duetime.common.timespec import Trigger
 
@@ -373,6 +373,7 @@ class App:
         owner: str | None = None,
         paused: bool = False,
         miss_tolerance: timedelta | float | str | None = None,
+        stagger: timedelta | float | str | None = None,
     ) -> str:
         """Create or update a schedule; → 'created', 'updated' or 'unchanged'.
 
@@ -384,9 +385,14 @@ class App:
         Durations (`lateness`, `jitter`, `miss_tolerance`) take a timedelta, seconds, or a
         string like "90s", "1h30m", "PT1H30M". `miss_tolerance` (default 60 s): an occurrence
         evaluated later than this after its instant counts as missed and follows `catchup`;
-        one whose successor is already due is missed in any case."""
+        one whose successor is already due is missed in any case.
+
+        `stagger` shifts every run of the schedule by a stable offset in [0, stagger) derived
+        from its name, so schedules written alike do not all fire in the same second. Not
+        given (or "default"/"auto"): the namespace's policy (`duetime schedule policy set
+        --stagger 30s`, none unless set); 0: exactly on its instants whatever the policy."""
         d = self.schedule_def(name, trigger, task, args, kwargs, queue, catchup, max_catchup,
-                              lateness, overlap, jitter, owner, miss_tolerance)
+                              lateness, overlap, jitter, owner, miss_tolerance, stagger)
         status = self.schedules.upsert(d, paused)[0]
         self._remember_queues({d.queue})
         return status
@@ -410,6 +416,7 @@ class App:
         jitter: timedelta | float | str | None = None,
         owner: str | None = None,
         miss_tolerance: timedelta | float | str | None = None,
+        stagger: timedelta | float | str | None = None,
     ) -> ScheduleDef:
         """A validated schedule definition (see `schedule` for the arguments)."""
         spec = self._resolve(task, published=True)
@@ -421,6 +428,7 @@ class App:
             payload=pack_payload(args, kwargs or {}, self.max_payload), catchup=catchup,
             max_catchup=max_catchup, lateness_ms=lateness_ms, overlap=overlap,
             jitter_ms=jitter_ms, owner=owner or spec.owner or "", miss_tolerance_ms=tolerance_ms,
+            stagger_ms=parse_stagger(stagger),
             task_options={
                 "max_attempts": spec.max_attempts, "backoff_base": int(spec.backoff[0] * 1000),
                 "backoff_max": int(spec.backoff[1] * 1000), "timeout": int((spec.timeout or 0) * 1000),

@@ -133,7 +133,8 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
         logs.get("duetime.cli").warning("redis is at maxmemory: queue names and task options "
                                         "not recorded yet", queues=qs)
     announce(ctx, app, "worker")
-    metrics.preset(app.registry.names(), qs)
+    metrics.preset(app.registry.names(), qs,
+                   {n: app.registry.get(n).owner or "" for n in app.registry.names()})
     metrics.serve(metrics_port, metrics_host, role="worker")
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
                        grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),

@@ -23,6 +23,8 @@ from duetime.common.connection import redact
 from duetime.common.doctor import run_checks
 from duetime.common.inspect import Overview
 from duetime.common.keyguide import KeyGuide
+from duetime.common.retrycost import MINUTE_MS, minute_of
+from duetime.common.retrycost import as_dicts as cost_dicts
 from duetime.common.timefmt import ago, format_duration, human_duration, iso
 from duetime.common.timeparse import REFRESH, WAIT, WINDOW, from_ms
 from duetime.render import lease_to_dict, scheduler_to_dict, worker_to_dict
@@ -89,6 +91,7 @@ def overview_to_dict(ov: Overview) -> dict[str, Any]:
         "unowned_partitions": ov.unowned_partitions, "leases": ov.leases, "dead": ov.dead,
         "uncertain": ov.uncertain,
         "queues": [asdict(q) for q in sorted(ov.queues.values(), key=lambda q: q.queue)],
+        "retry_cost": cost_dicts(ov.cost),
     }
 
 
@@ -108,7 +111,23 @@ def render_frame(ov: Overview, title: str) -> str:
                   f"DONE/s({ov.window_s:g}s)", "LATE p50", "LATE p99", "DEAD"), rows)
     note = ["", "(rates, lateness and dead per queue are from a sample of recent runs)"] \
         if ov.sampled else []
-    return "\n".join(head + [body] + note)
+    return "\n".join(head + [body] + note + cost_section(ov))
+
+
+def cost_section(ov: Overview, limit: int = 10) -> list[str]:
+    """The cost of retries per task and owner, costliest first: attempts, attempts that did
+    not succeed and the execution time they took, in total and in the recent window."""
+    if not ov.cost:
+        return []
+    since = iso(from_ms(minute_of(ov.now_ms - ov.window_s * 1000) * MINUTE_MS), compact=True)
+    rows = [(c.task, c.owner or "-", c.attempts, c.failed, human_duration(c.failed_s),
+             c.recent_attempts, c.recent_failed, human_duration(c.recent_failed_s))
+            for c in ov.cost[:limit]]
+    more = [f"(+{len(ov.cost) - limit} more tasks: --json lists all)"] if len(ov.cost) > limit else []
+    return ["", f"retry cost per task (recent: since {since}, the whole minutes covering the "
+            "window)",
+            table(("TASK", "OWNER", "ATTEMPTS", "FAILED", "FAILED TIME", "RECENT", "RECENT FAILED",
+                   "RECENT FAILED TIME"), rows), *more]
 
 
 @click.command()
@@ -122,13 +141,14 @@ def render_frame(ov: Overview, title: str) -> str:
 @fail_cleanly
 def top(ctx: click.Context, interval: timedelta, window: timedelta, once: bool,
         as_json: bool) -> None:
-    """Live view per queue: backlog, running, finish rate, start lateness p50/p99, retries, dead."""
+    """Live view per queue: backlog, running, finish rate, start lateness p50/p99, retries, dead;
+    and the cost of retries per task and owner (attempts, failed attempts and their time)."""
     app = plain_app(ctx)
     insp = inspector(app)
     period, window_s = interval.total_seconds(), window.total_seconds()
     title = f"duetime top — namespace {app.keys.namespace!r} on {redact(app.redis_url)}"
     if once or as_json:
-        ov = insp.overview(activity=True, window_s=window_s)
+        ov = insp.overview(activity=True, window_s=window_s, cost=True)
         if as_json:
             echo_json(overview_to_dict(ov))
         else:
@@ -138,7 +158,7 @@ def top(ctx: click.Context, interval: timedelta, window: timedelta, once: bool,
     out.write("\x1b[?25l")  # hide the cursor while redrawing
     try:
         while True:
-            frame = render_frame(insp.overview(activity=True, window_s=window_s),
+            frame = render_frame(insp.overview(activity=True, window_s=window_s, cost=True),
                                  title + f"   (every {format_duration(interval)}; Ctrl-C quits)")
             out.write("\x1b[H" + frame.replace("\n", "\x1b[K\n") + "\x1b[K\n\x1b[J")
             out.flush()
@@ -166,7 +186,7 @@ def doctor(ctx: click.Context, app_ref: str | None, as_json: bool) -> None:
     app = app_for(ctx, app_ref) if app_ref else App(redis_url=ctx.obj["url"],
                                                      namespace=ctx.obj["namespace"])
     findings = run_checks(app.store.client, app.keys, app.redis_url,
-                          app.keys.partitions if app_ref else None)
+                          app.keys.partitions if app_ref else None, surges=True)
     fatal = any(f.level == "fatal" for f in findings)
     if as_json:
         echo_json({"url": redact(app.redis_url), "namespace": app.keys.namespace, "fatal": fatal,

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import Any
 
 import click
 
+from duetime.app import App
 from duetime.cli_common import (
     duration_option,
     echo_json,
     fail_cleanly,
+    inspector,
     instant_option,
     interrupted,
     load_app,
@@ -20,7 +26,8 @@ from duetime.cli_common import (
     table,
     when,
 )
-from duetime.common.errors import InvalidSchedule
+from duetime.common.errors import DuetimeError, InvalidSchedule
+from duetime.common.schedule_store import lint_schedules
 from duetime.common.schedules import (
     CATCHUP,
     EVERY,
@@ -29,13 +36,39 @@ from duetime.common.schedules import (
     MISS_TOLERANCE,
     MISS_TOLERANCE_MS,
     OVERLAP,
+    STAGGER,
+    effective_stagger_ms,
+    parse_stagger,
+    stagger_for,
+)
+from duetime.common.surge import (
+    DEFAULT_MAX_PER_SECOND,
+    MAX_OCCURRENCES,
+    Profile,
+    Suggestion,
+    profile,
+    suggest_stagger,
+    walk,
 )
 from duetime.common.timefmt import format_duration
+from duetime.common.timefmt import iso as _iso
+from duetime.common.timeparse import Span
+from duetime.common.timeparse import from_ms as _from_ms
 from duetime.common.timespec import At, Cron, Every, Trigger
 from duetime.render import next_fires, schedule_to_dict, schedule_to_text
 
+HORIZON = Span(timedelta(minutes=1), timedelta(days=31))
+PROGRESS_FROM = 2000  # schedules: a progress bar on stderr from this many
+
 CRON_HELP = ("Cron expression: 5 fields (minute hour day-of-month month day-of-week) or 6 with "
              "seconds last; L, nW, d#n, Ld and H as in croniter; e.g. '30 2 * * *'.")
+
+
+def _stagger_ms(value: str | None, option: str = "--stagger") -> int | None:
+    try:
+        return parse_stagger(value)
+    except DuetimeError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
 
 
 def _trigger(cron: str | None, tz: str, every: timedelta | None, at: datetime | None,
@@ -88,6 +121,10 @@ def schedule() -> None:
 @duration_option("--jitter", span=JITTER, default=None,
                  help="Stable per-occurrence delay up to this, to spread a herd.")
 @click.option("--owner", default=None, help="Team told about its dead letters.")
+@click.option("--stagger", default=None, metavar="DURATION|auto",
+              help="Stable per-schedule offset up to this (from a hash of the name), so "
+              "schedules written alike do not fire in the same second; auto (the default): "
+              "the namespace policy (`schedule policy set`); 0: exactly on time.")
 @click.option("--dst-gap", type=click.Choice(("shift", "skip")), default="shift", show_default=True,
               help="A local time that does not exist (spring forward): shift it by the gap "
               "(02:30 becomes 03:30 in New York), or skip it.")
@@ -101,15 +138,17 @@ def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str, every
                  at: datetime | None, task: str, app_ref: str, args_json: str, kwargs_json: str,
                  queue: str | None, catchup: str, max_catchup: int, miss_tolerance: timedelta | None,
                  lateness: timedelta | None, overlap: str, jitter: timedelta | None,
-                 owner: str | None, dst_gap: str, dst_fold: str, paused: bool) -> None:
+                 owner: str | None, stagger: str | None, dst_gap: str, dst_fold: str,
+                 paused: bool) -> None:
     """Create or update schedule NAME (the same definition again changes nothing)."""
     trigger = _trigger(cron, tz, every, at, dst_gap, dst_fold)
+    _stagger_ms(stagger)  # a bad value is refused before the app is loaded
     args, kwargs = parse_payload(args_json, kwargs_json)
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
     status = app.schedule(name, trigger, task, args=args, kwargs=kwargs, queue=queue,
                           catchup=catchup, max_catchup=max_catchup, lateness=lateness,
                           overlap=overlap, jitter=jitter, owner=owner, paused=paused,
-                          miss_tolerance=miss_tolerance)
+                          miss_tolerance=miss_tolerance, stagger=stagger)
     info = app.get_schedule(name)
     nxt = (f"next fire {when(info.next_fire, server_now(app))}" if info.next_fire
            else "no further fire time")
@@ -147,10 +186,13 @@ def schedule_show(ctx: click.Context, name: str, as_json: bool) -> None:
     info = app.get_schedule(name)
     now = server_now(app)
     fires = next_fires(info, now)
+    policy_ms = app.schedules.stagger_policy()
     if as_json:
-        echo_json({**schedule_to_dict(info), "next_fires": fires})
+        own = None if info.stagger_s is None else round(info.stagger_s * 1000)
+        offset = stagger_for(info.name, effective_stagger_ms(own, policy_ms)) / 1000
+        echo_json({**schedule_to_dict(info), "next_fires": fires, "stagger_offset_s": offset})
     else:
-        click.echo(schedule_to_text(info, fires, now))
+        click.echo(schedule_to_text(info, fires, now, policy_ms))
 
 
 @schedule.command("pause")
@@ -221,3 +263,146 @@ def schedule_delete(ctx: click.Context, name: str) -> None:
     """Remove the definition; its runs stay (history), runs not yet started still run."""
     plain_app(ctx).delete_schedule(name)
     click.echo(f"deleted {name}")
+
+
+# -- surges ---------------------------------------------------------------------------------
+@schedule.group("policy")
+def schedule_policy() -> None:
+    """The namespace's defaults for schedules registered without their own (stagger)."""
+
+
+@schedule_policy.command("show")
+@click.option("--json", "as_json", is_flag=True, help="As JSON: {stagger_s}.")
+@click.pass_context
+@fail_cleanly
+def policy_show(ctx: click.Context, as_json: bool) -> None:
+    """The default stagger schedules without their own apply."""
+    ms = plain_app(ctx).schedules.stagger_policy()
+    if as_json:
+        echo_json({"stagger_s": ms / 1000})
+    else:
+        click.echo(f"stagger {format_duration(timedelta(milliseconds=ms)) if ms else 'none'}")
+
+
+@schedule_policy.command("set")
+@click.option("--stagger", required=True, metavar="DURATION",
+              help="Default stagger of the schedules that have none of their own (0: none); "
+              f"range {STAGGER}.")
+@click.pass_context
+@fail_cleanly
+def policy_set(ctx: click.Context, stagger: str) -> None:
+    """Set the default stagger; the schedulers apply it to runs they create from then on."""
+    ms = _stagger_ms(stagger)
+    if ms is None:
+        raise click.BadParameter("give a duration (0: no default stagger)", param_hint="--stagger")
+    plain_app(ctx).schedules.set_stagger_policy(ms)
+    click.echo(f"stagger policy {format_duration(timedelta(milliseconds=ms)) if ms else 'none'}")
+
+
+def _capacity(app: App) -> tuple[int, str]:
+    """The default target: what the live workers can start at once."""
+    live = [w for w in inspector(app).workers() if w.live]
+    total = sum(w.concurrency for w in live)
+    if total:
+        return total, f"the live workers' total concurrency ({len(live)} worker(s))"
+    return DEFAULT_MAX_PER_SECOND, f"no live worker: the default {DEFAULT_MAX_PER_SECOND}"
+
+
+@schedule.command("lint")
+@duration_option("--horizon", span=HORIZON, default="24h", show_default=True,
+                 help="How far ahead to count runs.")
+@click.option("--max-per-second", type=click.IntRange(1, 10_000_000), default=None,
+              help="Target: at most this many runs due in one second. Default: the live "
+              f"workers' total concurrency ({DEFAULT_MAX_PER_SECOND} when none is live).")
+@click.option("--top", "top_n", type=click.IntRange(1, 1000), default=10, show_default=True,
+              help="How many of the busiest seconds to show.")
+@click.option("--json", "as_json", is_flag=True, help="The profile and the suggestion as JSON.")
+@click.pass_context
+@fail_cleanly
+def schedule_lint(ctx: click.Context, horizon: timedelta, max_per_second: int | None,
+                  top_n: int, as_json: bool) -> None:
+    """Surges: runs due per second over the horizon, the busiest seconds and their schedules,
+    and the default stagger that would keep every second at or under the target."""
+    app = plain_app(ctx)
+    began = time.perf_counter()
+    target, source = (max_per_second, "--max-per-second") if max_per_second else _capacity(app)
+    policy_ms = app.schedules.stagger_policy()
+    total = sum(1 for _ in app.schedules.names())
+    show = total >= PROGRESS_FROM and not as_json
+    start = int(server_now(app).timestamp() * 1000)
+    span = int(horizon.total_seconds() * 1000)
+    with _maybe_progress(show, total, "reading schedules") as advance:
+        scheds, inactive, unreadable = lint_schedules(app.schedules, advance)
+    with _maybe_progress(show, len(scheds), "walking triggers") as advance:
+        walks = walk(scheds, start, span, advance)
+    prof = profile(scheds, start, span, max_per_second=target, policy_ms=policy_ms, top=top_n,
+                   walks=walks)
+    sugg = suggest_stagger(scheds, start, span, max_per_second=target, policy_ms=policy_ms,
+                           peak=prof.peak, walks=walks)
+    elapsed = time.perf_counter() - began
+    if as_json:
+        echo_json(lint_to_dict(prof, sugg, policy_ms, source, inactive, unreadable, elapsed))
+    else:
+        click.echo(lint_to_text(prof, sugg, policy_ms, source, inactive, unreadable, elapsed))
+
+
+@contextmanager
+def _maybe_progress(show: bool, total: int, label: str) -> Iterator[Callable[[int], None] | None]:
+    if not show:
+        yield None
+        return
+    with progress(total, label) as advance:
+        yield advance
+
+
+# -- surges (`duetime schedule lint`) --------------------------------------------------------
+def lint_to_dict(prof: Profile, sugg: Suggestion, policy_ms: int, source: str, inactive: int,
+                 unreadable: int, elapsed_s: float) -> dict[str, Any]:
+    return {
+        "start": _iso(_from_ms(prof.start_ms)), "horizon_s": prof.horizon_ms / 1000,
+        "schedules": prof.schedules, "inactive": inactive, "unreadable": unreadable,
+        "runs": prof.runs, "evaluations": prof.evaluations, "policy_stagger_s": policy_ms / 1000,
+        "max_per_second": prof.max_per_second, "max_per_second_from": source,
+        "peak": prof.peak, "busy_seconds": prof.busy_seconds, "over": prof.over,
+        "flat": prof.flat,
+        "hot": [{"second": _iso(_from_ms(h.second_ms)), "count": h.count,
+                 "schedules": list(h.schedules), "more": h.more} for h in prof.hot],
+        "suggestion": {"stagger_s": None if sugg.stagger_ms is None else sugg.stagger_ms / 1000,
+                       "peak_after": sugg.peak_after, "needed": sugg.needed,
+                       "reason": sugg.reason},
+        "truncated": prof.truncated[:100], "elapsed_s": round(elapsed_s, 3),
+    }
+
+
+def lint_to_text(prof: Profile, sugg: Suggestion, policy_ms: int, source: str, inactive: int,
+                 unreadable: int, elapsed_s: float) -> str:
+    horizon = format_duration(timedelta(milliseconds=prof.horizon_ms))
+    policy = format_duration(timedelta(milliseconds=policy_ms)) if policy_ms else "none"
+    lines = [f"{prof.schedules} active schedule(s), {prof.runs} run(s) in the next {horizon} "
+             f"({prof.evaluations} distinct trigger(s) walked, {elapsed_s:.1f}s); "
+             f"stagger policy: {policy}",
+             f"target: at most {prof.max_per_second} run(s) due in one second ({source})"]
+    skipped = [f"{inactive} paused or quarantined"] if inactive else []
+    skipped += [f"{unreadable} unreadable"] if unreadable else []
+    if skipped:
+        lines.append(f"not counted: {', '.join(skipped)}")
+    if prof.truncated:
+        lines.append(f"counted up to {MAX_OCCURRENCES} occurrences each: "
+                     f"{', '.join(prof.truncated[:5])}")
+    if prof.flat:
+        lines.append(f"flat: no second holds more than {prof.max_per_second} run(s) "
+                     f"(busiest: {prof.peak})")
+        return "\n".join(lines)
+    lines += ["", f"{prof.over} second(s) above {prof.max_per_second}; the busiest:"]
+    rows = [(_iso(_from_ms(h.second_ms), compact=True) or "", h.count,
+             ", ".join(h.schedules) + (f" (+{h.more} more)" if h.more else ""))
+            for h in prof.hot]
+    lines.append(table(("SECOND (UTC)", "RUNS", "SCHEDULES"), rows))
+    lines.append("")
+    if sugg.stagger_ms is not None:
+        width = format_duration(timedelta(milliseconds=sugg.stagger_ms))
+        lines.append(f"suggested stagger: {width} ({sugg.reason}): "
+                     f"`duetime schedule policy set --stagger {width}`")
+    else:
+        lines.append(f"no stagger suggested: {sugg.reason}")
+    return "\n".join(lines)

@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 from duetime.common.inspect import LeaseInfo, RunSummary, SchedulerInfo, WorkerInfo
 from duetime.common.models import Run
 from duetime.common.schedule_store import ScheduleInfo
+from duetime.common.schedules import stagger_for
 from duetime.common.timefmt import iso as _iso
 from duetime.common.timefmt import iso_local, relative
 from duetime.common.timespec import Cron
@@ -128,7 +129,7 @@ def schedule_to_dict(info: ScheduleInfo) -> dict[str, Any]:
         "zone": schedule_zone(info), "task": info.task, "queue": info.queue, "args": info.args,
         "kwargs": info.kwargs, "catchup": info.catchup, "max_catchup": info.max_catchup,
         "miss_tolerance_s": info.miss_tolerance_s, "lateness_s": info.lateness_s,
-        "overlap": info.overlap, "jitter_s": info.jitter_s,
+        "overlap": info.overlap, "jitter_s": info.jitter_s, "stagger_s": info.stagger_s,
         "owner": info.owner, "paused": info.paused, "pause_note": info.pause_note,
         "version": info.version, "next_fire": _iso(info.next_fire),
         "last_occurrence": _iso(info.last_occurrence), "skipped_count": info.skipped_count,
@@ -150,7 +151,7 @@ def zone_header(info: ScheduleInfo, now: datetime) -> str:
 
 
 def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
-                     now: datetime | None = None) -> str:
+                     now: datetime | None = None, policy_ms: int = 0) -> str:
     """Every instant once in one format (ISO-8601, UTC with Z; fire times also on the zone's
     clock), with how far from `now` (server time) each is."""
     now = now or datetime.now(UTC)
@@ -161,7 +162,8 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
     instants = {"next_fire": info.next_fire, "last_occurrence": info.last_occurrence,
                 "created": info.created, "updated": info.updated}
     for k in ("task", "queue", "args", "kwargs", "catchup", "max_catchup", "miss_tolerance_s",
-              "lateness_s", "overlap", "jitter_s", "owner", "pause_note", "version", "next_fire",
+              "lateness_s", "overlap", "jitter_s", "stagger_s", "owner", "pause_note", "version",
+              "next_fire",
               "last_occurrence", "materialized_count", "skipped_count", "missed_count", "created",
               "updated"):
         if d[k] in (None, "", [], {}):
@@ -171,6 +173,12 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
         if when is not None:
             text = f"{_iso(when, compact=True)}  ({relative(when, now)})"
         lines.append(f"  {k:<19} {text}")
+    stagger_ms = policy_ms if info.stagger_s is None else round(info.stagger_s * 1000)
+    offset = stagger_for(info.name, stagger_ms) / 1000
+    if info.stagger_s is None:
+        lines.append(f"  {'stagger_s':<19} the namespace policy ({stagger_ms / 1000:g} now)")
+    if stagger_ms:
+        lines.append(f"  {'stagger offset':<19} every run is due {offset:g}s after its fire time")
     if info.next_fire is None:
         lines.append("  next_fire           - (the trigger has no further occurrence)")
     lines.append(f"  next {len(fires)} fire times ({d['zone']} / UTC):")
@@ -184,3 +192,4 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
     for r in rows:
         lines.append("    " + "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return "\n".join(lines)
+

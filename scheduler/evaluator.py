@@ -27,7 +27,16 @@ from duetime.common.connection import (
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import retry_in
-from duetime.common.schedules import MISS_TOLERANCE_MS, TRIGGER_FIELDS, plan, run_id_for, trigger_from_fields
+from duetime.common.schedule_store import read_stagger_policy
+from duetime.common.schedules import (
+    MISS_TOLERANCE_MS,
+    TRIGGER_FIELDS,
+    effective_stagger_ms,
+    plan,
+    run_id_for,
+    stored_stagger,
+    trigger_from_fields,
+)
 from duetime.common.scripts import Scripts
 from duetime.common.timespec import Trigger
 from duetime.scheduler.notices import SAFETY_S, Heads, Listener, report_health
@@ -35,7 +44,9 @@ from duetime.scheduler.notices import SAFETY_S, Heads, Listener, report_health
 log = get_logger("duetime.scheduler")
 
 SCHED_FIELDS = ("version", "next_ms", "queue", "catchup", "max_catchup", "jitter_ms", "paused",
-                "miss_tolerance_ms", *TRIGGER_FIELDS)
+                "miss_tolerance_ms", "stagger_ms", *TRIGGER_FIELDS)
+N_PLAIN = 9  # the fields before the trigger's
+POLICY_EVERY_S = 5.0  # how often the namespace's stagger policy is read again
 BATCH = 200
 
 
@@ -97,6 +108,16 @@ class Evaluator:
         self.stopping = threading.Event()
         self._triggers: dict[tuple[str, bytes], Trigger] = {}
         self.materialized = 0
+        self._policy_ms = 0  # the namespace's default stagger
+        self._policy_at = -POLICY_EVERY_S  # monotonic time it was read
+
+    def _stagger_policy(self) -> int:
+        """The namespace's default stagger, read again every few seconds (a policy change
+        applies to the runs materialised after it)."""
+        if time.monotonic() - self._policy_at >= POLICY_EVERY_S:
+            self._policy_ms = read_stagger_policy(self.client, self.keys)
+            self._policy_at = time.monotonic()
+        return self._policy_ms
 
     def _trigger(self, name: str, version: bytes, raw: list[bytes | None]) -> Trigger:
         """Parsed triggers are cached per (schedule, version): a cron parses once."""
@@ -174,20 +195,23 @@ class Evaluator:
         for p, name in due:
             pipe.hmget(k.sched(p, name), *SCHED_FIELDS)
         records = pipe.execute()
+        policy_ms = self._stagger_policy()
         pipe = self.client.pipeline(transaction=False)
         calls: list[tuple[int, str, bytes]] = []
         for (p, name), f in zip(due, records, strict=True):
-            version, next_ms, queue, catchup, max_catchup, jitter_ms, paused, tolerance = f[:8]
+            version, next_ms, queue, catchup, max_catchup, jitter_ms, paused, tolerance, stagger = \
+                f[:N_PLAIN]
             if version is None or next_ms is None or paused == b"1":
                 continue  # deleted, finished or paused meanwhile: upsert/pause fix the index
             try:
                 q = queue.decode()
                 if self.miss_tolerance_ms is not None:
                     tolerance = self.miss_tolerance_ms
-                pl = plan(self._trigger(name, version, f[8:]), int(next_ms), now, self.lead_ms,
+                pl = plan(self._trigger(name, version, f[N_PLAIN:]), int(next_ms), now, self.lead_ms,
                           name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
                           jitter_ms=int(jitter_ms or 0),
-                          tolerance_ms=MISS_TOLERANCE_MS if tolerance is None else int(tolerance))
+                          tolerance_ms=MISS_TOLERANCE_MS if tolerance is None else int(tolerance),
+                          stagger_ms=effective_stagger_ms(stored_stagger(stagger), policy_ms))
             except Exception as exc:  # noqa: BLE001 - one damaged record must not stop the rest
                 self._quarantine(p, name, version, f"{type(exc).__name__}: {exc}")
                 continue

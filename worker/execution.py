@@ -28,6 +28,7 @@ from duetime.common.logs import bind_run
 from duetime.common.logs import get as get_logger
 from duetime.common.models import from_ms
 from duetime.common.outcomes import FailMode, Outcome
+from duetime.common.retrycost import ATTEMPT_OUTCOMES
 from duetime.common.tasks import Registry, TaskSpec
 from duetime.common.transitions import Claimed
 from duetime.worker.clock import ServerClock
@@ -37,6 +38,7 @@ from duetime.worker.reporter import Reporter
 
 log = get_logger("duetime.worker")
 LEASE_LOST, UNRECORDED = Outcome.LEASE_LOST.value, Outcome.UNRECORDED.value
+SUCCEEDED, FAILED, INTERRUPTED = ATTEMPT_OUTCOMES
 
 
 @dataclass(slots=True, eq=False)
@@ -45,6 +47,7 @@ class Execution:
 
     ctx: RunContext
     partition: int
+    owner: str = ""  # the task's owner as this worker's code declares it ('' if none)
     task: asyncio.Task[None] | None = None
     released: bool = False  # given back at shutdown
     cancel_requested: bool = False
@@ -83,6 +86,7 @@ class Executor:
         self._bodies: dict[str, Execution] = {}  # run id -> the attempt whose body runs here
         self._waiting: dict[str, Execution] = {}  # run id -> the attempt waiting for that body
         self.processed = 0
+        self._owners: dict[str, str] = {}  # task -> its owner ('' if none), for the cost counts
         self._debug = log.is_enabled_for(logging.DEBUG)
 
     # -- starting -------------------------------------------------------------------------
@@ -92,7 +96,7 @@ class Executor:
             worker_id=self.worker_id, idempotency_key=c.key or c.run_id,
             scheduled_at=from_ms(c.due_ms), schedule=c.schedule,
         )
-        ex = Execution(ctx, p)
+        ex = Execution(ctx, p, self._owner(c.task))
         self.inflight[(c.run_id, c.fence)] = ex
         if self._bodies:
             prev = self._bodies.get(c.run_id)
@@ -198,8 +202,10 @@ class Executor:
                 del self._waiting[ctx.run_id]
             self._on_free()
         self.processed += 1
+        elapsed = time.perf_counter() - started if ran else 0.0
         if ran:
-            metrics.child(metrics.EXECUTION, ctx.task).observe(time.perf_counter() - started)
+            metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
+        self._cost(ex, report, mode, elapsed)
         if report is None or ex.superseded:
             # nothing to report: the lease was lost (a later attempt claimed here may report),
             # or the loop is being torn down (the reaper will recover the run)
@@ -224,6 +230,29 @@ class Executor:
                         worker_id=self.worker_id, schedule=ctx.schedule, mode=mode,
                         error_type=exc_type, **extra)
             self.reporter.fail(ex, err, mode, delay_ms)
+
+    def _owner(self, task: str) -> str:
+        owner = self._owners.get(task)
+        if owner is None:
+            spec = self.registry.find(task)
+            owner = self._owners[task] = (spec.owner or "") if spec is not None else ""
+        return owner
+
+    def _cost(self, ex: Execution, report: str | None, mode: FailMode, elapsed: float) -> None:
+        """Count the attempt for the cost of retries (metrics, and `<ns>:cost` through the
+        reporter): succeeded (the body returned), failed, or interrupted (lease lost,
+        cancelled, released); time spent on the ones that did not succeed."""
+        task, owner = ex.ctx.task, ex.owner
+        if report == "complete":
+            ending = SUCCEEDED
+        elif report == "fail" and mode != "cancel":
+            ending = FAILED
+        else:
+            ending = INTERRUPTED
+        metrics.child(metrics.ATTEMPTS, task, owner, ending).inc()
+        if ending != SUCCEEDED:
+            metrics.child(metrics.FAILED_ATTEMPT_SECONDS, task, owner).inc(elapsed)
+        self.reporter.ledger.add(task, owner, ending, elapsed)
 
     async def _after_previous(self, ex: Execution) -> bool:
         """Wait for the earlier attempt's body; True when its success stands for `ex` (then

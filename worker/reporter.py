@@ -9,6 +9,7 @@ call per partition, failures and releases one call each. The script's reply is t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ from duetime.common.logs import get as get_logger
 from duetime.common.metrics import RUNS_FINISHED, child
 from duetime.common.outage import TOPOLOGY_CAP_S, Outage
 from duetime.common.outcomes import LABELS, FailMode, Outcome, Report
+from duetime.common.retrycost import Ledger
+from duetime.common.retrycost import commands as cost_commands
 from duetime.common.scripts import Scripts
 from duetime.worker.errors import REDIS_ERRORS
 
@@ -36,6 +39,7 @@ REFUSED_PAUSE_S = (0.05, 5.0)  # pause after Redis refused reports: doubling fro
 SHUTDOWN_TRIES_S = 10.0  # at shutdown, reports Redis will not take are given up after this
 _NO_ARGS: tuple[Any, ...] = ()
 SUCCEEDED = Outcome.SUCCEEDED.value
+COST_EVERY_S = 1.0  # retry-cost counts go to Redis at most this often (common/retrycost.py)
 
 
 class Reporter:
@@ -49,6 +53,10 @@ class Reporter:
         # until it is, or a refused report (Redis at maxmemory) would let the reaper run the
         # finished work again
         self.unsent: dict[tuple[str, int], Execution] = {}
+        # attempts counted here, not yet added to `<ns>:cost`; sent with the reports
+        self.ledger = Ledger()
+        self._cost_at = 0.0  # monotonic time the counts last went
+        self._closing = False
 
     # -- what the executions call ---------------------------------------------------------
     def complete(self, ex: Execution) -> None:
@@ -79,14 +87,22 @@ class Reporter:
             batch: list[Item | None] = []
             if carry:
                 await asyncio.sleep(self._pause)
+            elif self.ledger:  # counts waiting: they go within COST_EVERY_S, reports or not
+                with contextlib.suppress(TimeoutError):
+                    batch.append(await asyncio.wait_for(self._queue.get(), COST_EVERY_S))
             else:
                 batch.append(await self._queue.get())
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             if None in batch and closed_at is None:
                 closed_at = time.monotonic()
+                self._closing = True
             items = carry + [b for b in batch if b is not None]
-            carry = await self.flush(items) if items else []
+            carry = await self.flush(items) if items or self._cost_due() else []
+        if self.ledger:  # the last counts, once (reports given up above are not retried here)
+            with contextlib.suppress(*REDIS_ERRORS):
+                self._closing = True
+                await self.flush([])
         if carry:
             for _, ex, _ in carry:
                 self.unsent.pop(ex.key, None)
@@ -95,8 +111,13 @@ class Reporter:
                       runs=[ex.ctx.run_id for _, ex, _ in carry][:20], count=len(carry),
                       worker_id=self.worker_id)
 
+    def _cost_due(self) -> bool:
+        return bool(self.ledger) and (self._closing
+                                      or time.monotonic() - self._cost_at >= COST_EVERY_S)
+
     async def flush(self, batch: list[Item]) -> list[Item]:
-        """One pipeline for the batch; returns the reports to send again."""
+        """One pipeline for the batch (and the retry-cost counts, when due); returns the
+        reports to send again."""
         successes: dict[int, list[Execution]] = {}
         others: list[Item] = []
         for item in batch:
@@ -104,6 +125,7 @@ class Reporter:
                 successes.setdefault(item[1].partition, []).append(item[1])
             else:
                 others.append(item)
+        cost: dict[tuple[str, str], list[int]] = {}
         try:
             pipe = self.client.pipeline(transaction=False)
             for p, exs in successes.items():
@@ -112,13 +134,26 @@ class Reporter:
                 await self.scripts.complete(keys=keys, args=args, client=pipe)
             for item in others:
                 await self._call(pipe, item)
+            cost = self.ledger.take() if self._cost_due() else {}
+            for cmd in cost_commands(self.keys, cost, time.time() * 1000):
+                pipe.execute_command(*cmd)
+            if not batch and not cost:
+                return []
+            self._cost_at = time.monotonic()
             results = await pipe.execute(raise_on_error=False)
         except REDIS_ERRORS as exc:
             # keep the outcomes: a late report is still judged by its fence
+            self.ledger.give_back(cost)
             self._pause = self._outage.failed(exc)
             await arefresh_topology(self.client)  # a dead primary: find its promoted replica
             return batch
         self._outage.ok()
+        n_reports = len(successes) + len(others)
+        cost_errors = [r for r in results[n_reports:] if isinstance(r, Exception)]
+        if cost_errors:  # counts only: logged and dropped, never holding reports back
+            log.warning("retry-cost counts not recorded", error=str(cost_errors[0])[:300],
+                        worker_id=self.worker_id)
+        results = results[:n_reports]
         refused: list[Item] = []
         errors: list[str] = []
         causes: list[BaseException] = []
@@ -187,9 +222,9 @@ class Reporter:
         elif label == Outcome.RETRYING:
             child(metrics.RETRIES, ctx.task).inc()
         elif label == Outcome.DEAD:
-            child(metrics.DEAD_LETTERS, ctx.task).inc()
+            child(metrics.DEAD_LETTERS, ctx.task, ex.owner).inc()
             log.warning("run dead-lettered", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
-                        worker_id=self.worker_id, schedule=ctx.schedule)
+                        worker_id=self.worker_id, schedule=ctx.schedule, owner=ex.owner)
         elif label in (Outcome.STALE, Outcome.MISSING):
             metrics.LATE_REJECTED.inc()
             log.warning("late result rejected", run_id=ctx.run_id, task=ctx.task,

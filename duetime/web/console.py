@@ -79,7 +79,7 @@ class Console:
 
     def overview(self, window: str = "1h") -> dict[str, Any]:
         step = SERIES_WINDOWS.get(window, "10s")
-        ov = self.insp.overview(activity=True, window_s=60.0, sample=ACTIVITY_SAMPLE)
+        ov = self.insp.overview(activity=True, window_s=60.0, sample=ACTIVITY_SAMPLE, cost=True)
         top = overview_to_dict(ov)  # `duetime top --once --json`
         step_ms, cap = series.STEPS[step]
         points = series.read(self.insp.client, self.app.redis_url, self.app.keys.series(step),

@@ -191,3 +191,14 @@ async def aadd(a: int, b: int) -> int:
 @app.task(name="keeps_nothing", store_result=False)
 def keeps_nothing() -> str:
     return "a result nobody should store"
+
+
+@app.task(name="billing.flaky", retries=3, backoff=(0.1, 0.2), owner="billing")
+def billing_flaky(seconds: float) -> str:
+    """Fails its first two attempts after `seconds` of work, then succeeds: the cost of
+    retries, per task and owner."""
+    run = record()
+    time.sleep(seconds)
+    if run.attempt <= 2:
+        raise RuntimeError(f"card network timeout (attempt {run.attempt})")
+    return "charged"

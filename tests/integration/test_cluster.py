@@ -5,6 +5,7 @@ that slot; the partitions spread over the shards."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -109,3 +110,31 @@ def test_new_connections_load_the_scripts_themselves(cluster, capp, cprocs):
     run_id = capp.enqueue(basic.anoop)
     cprocs.worker()
     wait_for(lambda: capp.get_run(run_id).state == "succeeded", 20, what="run after flush")
+
+
+def test_retry_cost_and_surge_lint_on_a_cluster(capp, cprocs, cluster):
+    """The worker's cost counts go to a namespace key in the same pipeline as its partition
+    scripts (another slot); lint and policy read and write `<ns>:meta` and every partition."""
+    run_id = capp.enqueue(basic.billing_flaky, [0.05])
+    cprocs.worker()
+    assert capp.wait(run_id, timeout=30) == "charged"
+    ns = capp.keys.namespace
+
+    def cli(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "duetime", "--redis-url", cluster.url,
+                              "--namespace", ns, *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def cost() -> list:
+        frame = json.loads(cli("top", "--once", "--json"))
+        return [(r["task"], r["owner"], r["attempts"], r["failed"]) for r in frame["retry_cost"]]
+
+    wait_for(lambda: cost() == [("billing.flaky", "billing", 3, 2)], 15, what="retry cost")
+    capp.schedule_many([capp.schedule_def(f"h{i}", duetime.Cron("0 * * * *"), basic.noop)
+                        for i in range(300)])
+    lint = json.loads(cli("schedule", "lint", "--max-per-second", "50", "--json"))
+    assert lint["peak"] == 300 and lint["over"] == 24 and lint["suggestion"]["stagger_s"]
+    cli("schedule", "policy", "set", "--stagger", f"{lint['suggestion']['stagger_s']:g}s")
+    assert json.loads(cli("schedule", "lint", "--max-per-second", "50", "--json"))["flat"]

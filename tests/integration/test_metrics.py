@@ -75,8 +75,8 @@ def test_worker_and_scheduler_metrics_after_known_work(app, procs):
     assert value(w, "duetime_runs_finished_total", task="retry_later", outcome="retrying") == 1
     assert value(w, "duetime_runs_finished_total", task="retry_later", outcome="succeeded") == 1
     assert value(w, "duetime_retries_total", task="retry_later") == 1
-    assert value(w, "duetime_dead_letters_total", task="flaky") == 1
-    assert value(w, "duetime_dead_letters_total", task="fatal") == 1
+    assert value(w, "duetime_dead_letters_total", task="flaky", owner="") == 1
+    assert value(w, "duetime_dead_letters_total", task="fatal", owner="") == 1
     assert value(w, "duetime_execution_duration_seconds_count", task="noop") == 5
     assert value(w, "duetime_execution_duration_seconds_bucket", task="noop", le="+Inf") == 5
     # first attempts: 5 noop + fatal + flaky + retry_later + the schedule's anoop runs
@@ -135,7 +135,7 @@ def test_every_documented_metric_is_exported_from_startup_by_its_own_role(app, p
     assert value(w, "duetime_runs_finished_total", task="noop", outcome="succeeded") == 0
     assert value(w, "duetime_runs_finished_total", task="fatal", outcome="dead") == 0
     assert value(w, "duetime_retries_total", task="flaky") == 0
-    assert value(w, "duetime_dead_letters_total", task="flaky") == 0
+    assert value(w, "duetime_dead_letters_total", task="flaky", owner="") == 0
     assert value(w, "duetime_execution_duration_seconds_count", task="noop") == 0
     assert value(w, "duetime_start_lateness_seconds_count", queue="default") == 0
     assert value(w, "duetime_queue_delay_seconds_count", queue="default") == 0

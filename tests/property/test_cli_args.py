@@ -59,6 +59,7 @@ schedule_add = joined(st.just(["schedule", "add"]), names.map(lambda n: [n]),
                                 st.tuples(crons, zones).map(lambda c: ["--cron", c[0], "--tz", c[1]]),
                                 instants.map(lambda t: ["--at", t])),
                       opt("--lateness", durations), opt("--jitter", durations),
+                      opt("--stagger", durations | st.sampled_from(["auto", "default", "AUTO"])),
                       opt("--max-catchup", ints), opt("--args", jsons))
 reads = st.one_of(
     joined(st.just(["runs", "list"]), opt("--state", names), opt("--limit", ints),
@@ -71,6 +72,9 @@ reads = st.one_of(
     joined(st.just(["top", "--once"]), opt("--interval", durations), opt("--window", durations)),
     joined(st.just(["schedule", "show"]), names.map(lambda n: [n])),
     joined(st.just(["schedule", "pause"]), names.map(lambda n: [n])),
+    joined(st.just(["schedule", "lint"]), opt("--horizon", durations),
+           opt("--max-per-second", ints), opt("--top", ints)),
+    joined(st.just(["schedule", "policy", "set"]), opt("--stagger", durations)),
 )
 
 

@@ -80,7 +80,8 @@ def test_dashboard_panels_use_real_metrics():
                    "duetime_retries_total", "duetime_dead_letters_total", "duetime_queue_backlog",
                    "duetime_queue_oldest_due_age_seconds", "duetime_leases_active",
                    "duetime_scheduler_partitions_owned", "duetime_runs_materialized_total",
-                   "duetime_runs_missed_total", "duetime_runs_skipped_total"):
+                   "duetime_runs_missed_total", "duetime_runs_skipped_total",
+                   "duetime_failed_attempt_seconds_total", "duetime_attempts_total"):
         assert family in used, family
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))

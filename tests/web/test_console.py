@@ -156,3 +156,21 @@ def test_an_uncertain_run_is_resolved_from_its_confirmation_page(console, wapp):
     # the same action again is refused with the reason, not a traceback
     res = c.post(f"/runs/{run_id}/resolve", data={"csrf": csrf, "verdict": "failed"})
     assert res.status_code == 409 and "not uncertain" in res.text
+
+
+def test_the_overview_shows_the_cost_of_retries_by_owner(console, wapp):
+    from duetime.common import retrycost
+
+    c = console()
+    assert 'id="retry-cost"' not in c.get("/").text  # no attempt counted yet: no section
+    r = wapp.store.ready()
+    now_ms = Inspector(r, wapp.keys, wapp.redis_url).now_ms()
+    for cmd in retrycost.commands(wapp.keys, {("send-invoice", "billing"): [3, 2, 1500]}, now_ms):
+        r.execute_command(*cmd)
+    html = c.get("/").text
+    row = re.search(r'<tr id="cost-send-invoice">(.*?)</tr>', html, re.S)
+    assert row, html[-2000:]
+    cells = [re.sub(r"<[^>]+>", "", x).strip()
+             for x in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
+    assert cells == ["send-invoice", "billing", "3", "2", "1.5s", "3", "2", "1.5s"], cells
+    assert '/dead?owner=billing' in row.group(1)
