@@ -226,7 +226,8 @@ class RunStore:
         if bad:
             cause = bad[0]
             self._incomplete(ids, done, [], refused(self.url, cause)
-                             if isinstance(cause, redis.ResponseError) else cause)
+                             if isinstance(cause, redis.ResponseError | redis.exceptions.ClusterError)
+                             else cause)
 
     def _incomplete(self, ids: list[str], done: list[list[str]], lost: list[list[str]],
                     cause: BaseException) -> None:

@@ -27,7 +27,7 @@ import pytest
 import redis
 from duetime.common import transitions as tr
 from duetime.common.connection import sync_client
-from duetime.common.errors import DuetimeError
+from duetime.common.errors import DuetimeError, EnqueueIncomplete, RedisRefused
 from duetime.common.scripts import Scripts, sha
 from redis.crc import key_slot
 
@@ -330,3 +330,40 @@ def test_no_script_runs_on_a_partly_moved_partition(cluster, capp):
     claimed = tr.parse_claim(Scripts(sync_client(capp.redis_url)).claim(keys=keys, args=args))
     assert {c.run_id for c in claimed.runs} >= {first, second}
     assert capp.get_run(first).state == capp.get_run(second).state == "running"
+
+
+def test_an_enqueue_into_a_moving_partition_is_a_clear_refusal_and_safe_to_repeat(cluster, capp):
+    """While a slot moves, the client's own retries of TRYAGAIN run out (redis-py then raises a
+    bare 'TTL exhausted.'): the application gets RedisRefused with code TRYAGAIN and advice,
+    or EnqueueIncomplete saying which runs were not created; the same keys later create each
+    run once."""
+    k = capp.keys
+    first = capp.enqueue(basic.noop, key="first")
+    p = k.partition_of_run(first)
+    keys = [f"k{i}" for i in range(200)]
+    slot = key_slot(k.prefix(p).encode())
+    src = cluster.primary_of(k.prefix(p))
+    dst = next(n for n in cluster.primaries() if n.port != src.port)
+    with redis.Redis(port=dst.port) as d:
+        d.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", node_id(src))
+    with redis.Redis(port=src.port) as s:
+        s.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", node_id(dst))
+
+    with pytest.raises(RedisRefused) as one:
+        for key in keys:  # the first key whose run lives in the moving partition
+            capp.enqueue(basic.noop, key=key)
+    assert one.value.code == "TRYAGAIN" and "resharding" in str(one.value)
+    with pytest.raises(EnqueueIncomplete) as many:
+        capp.enqueue_many([{"task": basic.noop, "key": key} for key in keys])
+    assert many.value.not_created and "resharding" in str(many.value)
+
+    with redis.Redis(port=src.port) as s:
+        while batch := s.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+            migrate(src, dst, batch)
+    for node in [dst, src, *[n for n in cluster.primaries() if n.port not in (src.port, dst.port)]]:
+        with redis.Redis(port=node.port) as c:
+            c.execute_command("CLUSTER SETSLOT", slot, "NODE", node_id(dst))
+    ids = capp.enqueue_many([{"task": basic.noop, "key": key} for key in keys])
+    assert len(set(ids)) == len(keys)
+    assert sum(capp.get_run(i).state == "scheduled" for i in ids) == len(keys)
+    assert capp.enqueue(basic.noop, key="first") == first
