@@ -6,8 +6,9 @@ MIGRATE in small batches, SETSLOT NODE on every node), so for a while some of th
 keys are on one node and some on the other: the window in which a script that found its
 declared keys could meet a moved (or not yet created) key halfway through and stop after some of
 its writes. Afterwards: every acknowledged enqueue ended, no run was executed twice without a
-lease expiry, the schedule has every occurrence once, and the processes that started before
-the move are the ones that finished the work (they followed MOVED/ASK, nobody restarted them).
+lease expiry, runs that held their leases across the move succeeded at their first attempt,
+the schedule has every occurrence once, and the processes that started before the move are the
+ones that finished the work (they followed MOVED/ASK, nobody restarted them).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import redis
 from duetime.common import transitions as tr
 from duetime.common.connection import sync_client
 from duetime.common.errors import DuetimeError, EnqueueIncomplete, RedisRefused
+from duetime.common.runs import keyed_run_id
 from duetime.common.scripts import Scripts, sha
 from redis.crc import key_slot
 
@@ -39,6 +41,7 @@ from tests.conftest import ROOT, wait_for
 KINDS = ["redis"] + (["valkey"] if valkey_available() else [])
 MIGRATE_BATCH = 10  # keys per MIGRATE, as `redis-cli --cluster reshard` pipelines them
 RUN_S = 0.05  # each run sleeps this long, so runs of the moving partition are in flight
+LONG_S = 8.0  # a few runs last longer than the move: heartbeats meet it
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -227,6 +230,13 @@ def moving(cluster, capp, fprocs, workers, scheduler, producer, p, slot, src, ds
         wait_for(lambda: s.execute_command("CLUSTER COUNTKEYSINSLOT", slot) >= 150, 30,
                  what="the partition to fill")
     wait_for(lambda: capp.get_schedule("tick").materialized_count >= 3, 15, what="the schedule")
+    # and runs that hold their leases across the whole move (their heartbeats are refused
+    # meanwhile): each must run once and succeed
+    keys = [key for key in (f"long-{i}" for i in range(1000))
+            if k.partition_of_run(keyed_run_id("aslow", key)) == p][:3]
+    long_ids = capp.enqueue_many([{"task": basic.aslow, "args": [LONG_S], "key": key}
+                                  for key in keys])
+    wait_for(lambda: all(i in executions(capp) for i in long_ids), 15, what="the long runs")
     before = {w.pid for w in workers} | {scheduler.pid}
 
     t0 = time.time() * 1000
@@ -242,7 +252,11 @@ def moving(cluster, capp, fprocs, workers, scheduler, producer, p, slot, src, ds
 
     ids = producer.acked
     assert len(ids) == len(set(ids)) and len(ids) > 300
+    ids += long_ids
     wait_succeeded(capp, ids, 30, "the acknowledged runs")
+    for i in long_ids:  # the attempt that ran across the move is the one that succeeded
+        [a] = attempts(capp, i)
+        assert a["start"] < t0 and a["end"] > t1 and a["outcome"] == "succeeded", (a, t0, t1)
     moved_ids = [i for i in ids if k.partition_of_run(i) == p]
     assert moved_ids, "no run of the load lived in the moved partition"
 
