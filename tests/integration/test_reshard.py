@@ -110,13 +110,20 @@ def move_slot(cluster: EmbeddedCluster, slot: int, src: EmbeddedServer, dst: Emb
         s.execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000, "KEYS", *keys)
         moved += len(keys)
         time.sleep(pause_s)
-    # the new owner first, then the old one (from then on it answers MOVED), then the rest
+    s.close()
+    d.close()
+    finish_move(cluster, slot, src, dst)
+    return moved
+
+
+def finish_move(cluster: EmbeddedCluster, slot: int, src: EmbeddedServer,
+                dst: EmbeddedServer) -> None:
+    """SETSLOT NODE: the new owner first, then the old one (from then on it answers MOVED),
+    then the others."""
+    did = node_id(dst)
     for node in [dst, src, *[n for n in cluster.primaries() if n.port not in (src.port, dst.port)]]:
         with redis.Redis(port=node.port) as c:
             c.execute_command("CLUSTER SETSLOT", slot, "NODE", did)
-    s.close()
-    d.close()
-    return moved
 
 
 class Producer(threading.Thread):
@@ -137,7 +144,7 @@ class Producer(threading.Thread):
             items = [{"task": basic.aslow, "args": [RUN_S], "key": f"load-{n + i}"}
                      for i in range(self.batch)]
             n += self.batch
-            while True:
+            while not self.stop.is_set():
                 try:
                     self.acked += self.app.enqueue_many(items)
                     break
@@ -341,9 +348,7 @@ def test_no_script_runs_on_a_partly_moved_partition(cluster, capp):
     assert asking(d, "ZSCORE", k.due(p, "default"), second) is not None
 
     migrate(src, dst, [k.run(p, second)])  # the record's own move is not blocked
-    for node in [dst, src, *[n for n in cluster.primaries() if n.port not in (src.port, dst.port)]]:
-        with redis.Redis(port=node.port) as c:
-            c.execute_command("CLUSTER SETSLOT", slot, "NODE", node_id(dst))
+    finish_move(cluster, slot, src, dst)
     capp.close()
     claimed = tr.parse_claim(Scripts(sync_client(capp.redis_url)).claim(keys=keys, args=args))
     assert {c.run_id for c in claimed.runs} >= {first, second}
@@ -378,9 +383,7 @@ def test_an_enqueue_into_a_moving_partition_is_a_clear_refusal_and_safe_to_repea
     with redis.Redis(port=src.port) as s:
         while batch := s.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
             migrate(src, dst, batch)
-    for node in [dst, src, *[n for n in cluster.primaries() if n.port not in (src.port, dst.port)]]:
-        with redis.Redis(port=node.port) as c:
-            c.execute_command("CLUSTER SETSLOT", slot, "NODE", node_id(dst))
+    finish_move(cluster, slot, src, dst)
     ids = capp.enqueue_many([{"task": basic.noop, "key": key} for key in keys])
     assert len(set(ids)) == len(keys)
     assert sum(capp.get_run(i).state == "scheduled" for i in ids) == len(keys)
