@@ -155,8 +155,8 @@ class Producer(threading.Thread):
 
 
 def executions(capp) -> dict[str, int]:
-    r = sync_client(capp.redis_url)
-    return {k.decode(): int(v) for k, v in r.hgetall(basic.count_key()).items()}
+    """run id -> how often the task body ran (counted by the task itself, outside duetime)."""
+    return {k.decode(): int(v) for k, v in basic.r().hgetall(basic.count_key()).items()}
 
 
 def occurrences(k, p: int, node: EmbeddedServer) -> list[int]:
@@ -168,7 +168,7 @@ def occurrences(k, p: int, node: EmbeddedServer) -> list[int]:
 def final_states(capp, ids: list[str]) -> dict[str, tuple[str, list[str]]]:
     """run id -> (state, attempt outcomes), read in one pipeline."""
     k = capp.keys
-    pipe = sync_client(capp.redis_url).pipeline(transaction=False)
+    pipe = basic.r().pipeline(transaction=False)
     for run_id in ids:
         p = k.partition_of_run(run_id)
         pipe.hget(k.run(p, run_id), "state")
@@ -180,7 +180,7 @@ def final_states(capp, ids: list[str]) -> dict[str, tuple[str, list[str]]]:
 
 def attempts(capp, run_id: str) -> list[dict]:
     k = capp.keys
-    raw = sync_client(capp.redis_url).lrange(k.attempts(k.partition_of_run(run_id), run_id), 0, -1)
+    raw = basic.r().lrange(k.attempts(k.partition_of_run(run_id), run_id), 0, -1)
     return [json.loads(a) for a in raw]
 
 
@@ -231,6 +231,7 @@ def test_moving_a_busy_partition_under_load(cluster, capp, fprocs):
 
 
 def moving(cluster, capp, fprocs, workers, scheduler, producer, p, slot, src, dst) -> None:
+    """The body of the test above, run while the producer enqueues."""
     k = capp.keys
     # busy: runs of the partition are due, running and finished when the move starts
     with redis.Redis(port=src.port) as s:
