@@ -159,10 +159,10 @@ def executions(capp) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in basic.r().hgetall(basic.count_key()).items()}
 
 
-def occurrences(k, p: int, node: EmbeddedServer) -> list[int]:
-    """The occurrences (ms) the `tick` schedule has runs for, from its partition's node."""
+def occurrences(k, p: int, node: EmbeddedServer, name: str = "tick") -> list[int]:
+    """The occurrences (ms) a schedule has runs for, from its partition's node."""
     with redis.Redis(port=node.port) as c:
-        return sorted(int(key.rsplit(b"@", 1)[1]) for key in c.keys(k.run(p, "tick@*")))
+        return sorted(int(key.rsplit(b"@", 1)[1]) for key in c.keys(k.run(p, f"{name}@*")))
 
 
 def final_states(capp, ids: list[str]) -> dict[str, tuple[str, list[str]]]:
@@ -213,6 +213,10 @@ def test_moving_a_busy_partition_under_load(cluster, capp, fprocs):
     # move make late runs, never a run standing for several (the default, "latest")
     capp.schedule("tick", duetime.Every(timedelta(seconds=1)), basic.noop, catchup="all")
     p = k.partition_of_schedule("tick")  # the schedule's partition: runs, schedule and all
+    # and one in a partition that stays put, with the default catch-up: the same scheduler
+    # evaluates both, and the move must not hold this one back
+    tock = next(n for n in (f"tock-{i}" for i in range(100)) if k.partition_of_schedule(n) != p)
+    capp.schedule(tock, duetime.Every(timedelta(seconds=1)), basic.noop)
     slot = key_slot(k.prefix(p).encode())
     assert key_slot(basic.count_key().encode()) != slot, "the test's own counter must stay put"
     src = cluster.primary_of(k.prefix(p))
@@ -224,13 +228,13 @@ def test_moving_a_busy_partition_under_load(cluster, capp, fprocs):
     producer = Producer(capp)
     producer.start()
     try:
-        moving(cluster, capp, fprocs, workers, scheduler, producer, p, slot, src, dst)
+        moving(cluster, capp, fprocs, workers, scheduler, producer, p, slot, src, dst, tock)
     finally:
         producer.stop.set()
         producer.join(10)
 
 
-def moving(cluster, capp, fprocs, workers, scheduler, producer, p, slot, src, dst) -> None:
+def moving(cluster, capp, fprocs, workers, scheduler, producer, p, slot, src, dst, tock) -> None:
     """The body of the test above, run while the producer enqueues."""
     k = capp.keys
     # busy: runs of the partition are due, running and finished when the move starts
@@ -276,6 +280,11 @@ def moving(cluster, capp, fprocs, workers, scheduler, producer, p, slot, src, ds
     assert len(set(occ)) == len(occ) and occ[0] < t0 - 1000 and occ[-1] > t1 + 1000, (occ, t0, t1)
     assert all(b - a == 1000 for a, b in zip(occ, occ[1:], strict=False)), occ
     wait_succeeded(capp, ticks, 10, "the ticks")
+    q = k.partition_of_schedule(tock)
+    tocks = occurrences(k, q, cluster.primary_of(k.prefix(q)), tock)
+    assert tocks[0] < t0 - 1000 and tocks[-1] > t1 + 1000, (tocks, t0, t1)
+    assert all(b - a == 1000 for a, b in zip(tocks, tocks[1:], strict=False)), tocks
+    assert capp.get_schedule(tock).skipped_count == 0
 
     counts = executions(capp)
     check_runs(capp, ids + ticks, counts)
@@ -389,3 +398,37 @@ def test_an_enqueue_into_a_moving_partition_is_a_clear_refusal_and_safe_to_repea
     assert len(set(ids)) == len(keys)
     assert sum(capp.get_run(i).state == "scheduled" for i in ids) == len(keys)
     assert capp.enqueue(basic.noop, key="first") == first
+
+
+def test_a_stuck_move_holds_back_only_its_own_partitions_schedules(cluster, capp, fprocs):
+    """A move left half done (an operator's reshard interrupted) keeps refusing its partition's
+    scripts. The scheduler that evaluates that partition and others goes on with the others,
+    every occurrence on time, and picks the stuck one up once the slot is settled."""
+    k = capp.keys
+    capp.schedule("stuck", duetime.Every(timedelta(seconds=1)), basic.noop)
+    p = k.partition_of_schedule("stuck")
+    other = next(n for n in (f"free-{i}" for i in range(100)) if k.partition_of_schedule(n) != p)
+    capp.schedule(other, duetime.Every(timedelta(seconds=1)), basic.noop)
+    q = k.partition_of_schedule(other)
+    fprocs.start("scheduler", "--lead", "300ms")
+    wait_for(lambda: capp.get_schedule(other).materialized_count >= 2, 15, what="the schedules")
+    slot = key_slot(k.prefix(p).encode())
+    src = cluster.primary_of(k.prefix(p))
+    dst = next(n for n in cluster.primaries() if n.port != src.port)
+    with redis.Redis(port=dst.port) as d:
+        d.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", node_id(src))
+    with redis.Redis(port=src.port) as s:
+        s.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", node_id(dst))
+    t0 = time.time() * 1000
+    time.sleep(6)  # the scheduler's back-off on the refusals grows to seconds meanwhile
+    t1 = time.time() * 1000
+    stuck_before = capp.get_schedule("stuck").materialized_count
+    for node in (src, dst):  # the operator settles the slot where it was
+        with redis.Redis(port=node.port) as c:
+            c.execute_command("CLUSTER SETSLOT", slot, "STABLE")
+    wait_for(lambda: capp.get_schedule("stuck").materialized_count > stuck_before, 15,
+             what="the stuck partition's schedule to fire again")
+    occ = [o for o in occurrences(k, q, cluster.primary_of(k.prefix(q)), other) if t0 <= o <= t1]
+    assert len(occ) >= 5 and all(b - a == 1000 for a, b in zip(occ, occ[1:], strict=False)), occ
+    assert capp.get_schedule(other).skipped_count == 0
+    assert "Traceback" not in fprocs.text()
