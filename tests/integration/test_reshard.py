@@ -41,7 +41,7 @@ from tests.conftest import ROOT, wait_for
 KINDS = ["redis"] + (["valkey"] if valkey_available() else [])
 MIGRATE_BATCH = 10  # keys per MIGRATE, as `redis-cli --cluster reshard` pipelines them
 RUN_S = 0.05  # each run sleeps this long, so runs of the moving partition are in flight
-LONG_S = 8.0  # a few runs last longer than the move: heartbeats meet it
+LONG_S = 6.0  # a few runs last longer than the move: heartbeats meet it
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -420,7 +420,7 @@ def test_a_stuck_move_holds_back_only_its_own_partitions_schedules(cluster, capp
     with redis.Redis(port=src.port) as s:
         s.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", node_id(dst))
     t0 = time.time() * 1000
-    time.sleep(6)  # the scheduler's back-off on the refusals grows to seconds meanwhile
+    time.sleep(5)  # the scheduler's back-off on the refusals grows to seconds meanwhile
     t1 = time.time() * 1000
     stuck_before = capp.get_schedule("stuck").materialized_count
     for node in (src, dst):  # the operator settles the slot where it was
@@ -429,6 +429,6 @@ def test_a_stuck_move_holds_back_only_its_own_partitions_schedules(cluster, capp
     wait_for(lambda: capp.get_schedule("stuck").materialized_count > stuck_before, 15,
              what="the stuck partition's schedule to fire again")
     occ = [o for o in occurrences(k, q, cluster.primary_of(k.prefix(q)), other) if t0 <= o <= t1]
-    assert len(occ) >= 5 and all(b - a == 1000 for a, b in zip(occ, occ[1:], strict=False)), occ
+    assert len(occ) >= 4 and all(b - a == 1000 for a, b in zip(occ, occ[1:], strict=False)), occ
     assert capp.get_schedule(other).skipped_count == 0
     assert "Traceback" not in fprocs.text()
