@@ -151,10 +151,11 @@ def _suffixes(text: str, where: str) -> str:
 # Redis checks only a script's declared KEYS before it starts; a key the script builds from the
 # partition prefix (a run hash, an attempt list, a run it creates) that is on the other node, or
 # not created yet, stops the script with an error halfway, after its first writes; and on the
-# new node, reached through ASK, a key not moved yet reads as missing (a run in the due set
-# without its record looks damaged). So every script first asks whether its slot is moving: two
-# keys that never exist, in one call, are refused by the node giving the slot away (ASK) and by
-# the node taking it (TRYAGAIN, under ASKING), answered (0) anywhere else. A moving slot gets a
+# new node, reached through ASK, a key not moved yet reads as missing (claim.lua drops a due
+# run whose record has not come over yet: the run is then in no index). So every script first
+# asks whether its slot is moving: two keys that never exist, in one call, are refused by the
+# node giving the slot away (ASK) and by the node taking it (TRYAGAIN, under ASKING), answered
+# (0) anywhere else. A moving slot gets a
 # TRYAGAIN before any write: clients call again, and once the move ends the new node holds every
 # key. Scripts whose first key has no partition tag touch only declared keys: Redis alone
 # handles them. It sits on script line 1 (the `#!lua` line moved to the top) so that no other
