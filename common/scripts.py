@@ -155,11 +155,11 @@ def _suffixes(text: str, where: str) -> str:
 # run whose record has not come over yet: the run is then in no index). So every script first
 # asks whether its slot is moving: two keys that never exist, in one call, are refused by the
 # node giving the slot away (ASK) and by the node taking it (TRYAGAIN, under ASKING), answered
-# (0) anywhere else. A moving slot gets a
-# TRYAGAIN before any write: clients call again, and once the move ends the new node holds every
-# key. Scripts whose first key has no partition tag touch only declared keys: Redis alone
-# handles them. It sits on script line 1 (the `#!lua` line moved to the top) so that no other
-# line moves; one EXISTS of two absent keys is its whole cost.
+# (0) anywhere else. A moving slot gets a TRYAGAIN before any write: clients call again, and
+# once the move ends the new node holds every key. Scripts whose first key has no partition tag
+# touch only declared keys: Redis alone handles them. It sits on script line 1 (the `#!lua`
+# line moved to the top) so that no other line moves; one EXISTS of two absent keys is its
+# whole cost.
 SLOT_GUARD = (
     "do local p = KEYS[1] and string.match(KEYS[1], '^[^{]*{[^}]+}:') if p then "
     "local r = redis.pcall('EXISTS', p .. '~moving:1', p .. '~moving:2') "
