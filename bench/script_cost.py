@@ -7,6 +7,8 @@ phase. Give several copies of `lua/` to compare script variants on one server, i
 
 `--results` instead compares completing with and without a stored result (a task's return
 value kept on its run for `wait`), interleaved on one server: Redis CPU and memory per run.
+`--guard` compares the claim and complete scripts with and without their resharding check
+(common/scripts.py SLOT_GUARD), interleaved; `--batch 1` shows its cost per script call.
 """
 
 from __future__ import annotations
@@ -95,10 +97,15 @@ def main() -> None:
     ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
     ap.add_argument("--results", action="store_true",
                     help="compare completing with and without a stored result")
+    ap.add_argument("--guard", action="store_true",
+                    help="compare the scripts with and without their resharding check")
     ap.add_argument("lua_dirs", nargs="*", type=Path, default=[LUA])
     args = ap.parse_args()
     if args.results:
         results(args)
+        return
+    if args.guard:
+        guard(args)
         return
     res: dict[Path, list[tuple[float, float, float]]] = {d: [] for d in args.lua_dirs}
     with EmbeddedServer(args.server) as server:
@@ -111,6 +118,22 @@ def main() -> None:
         enq, cl, co = (statistics.median(c) for c in zip(*rounds, strict=True))
         print(f"{str(d):40s} enqueue {enq:6.2f}  claim {cl:6.2f}  complete {co:6.2f}"
               f"  total {enq + cl + co:6.2f}")
+
+
+def guard(args: argparse.Namespace) -> None:
+    variants = {"with the guard": scripts.SLOT_GUARD, "without": ""}
+    res: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}
+    with EmbeddedServer(args.server) as server:
+        for _ in range(args.rounds):
+            for name, text in variants.items():  # `_source` assembles with the current guard
+                scripts.SLOT_GUARD = text
+                res[name].append(one_round(server.url, LUA, args.runs, args.batch))
+    scripts.SLOT_GUARD = variants["with the guard"]
+    print(f"server={args.server} runs={args.runs} batch={args.batch} rounds={args.rounds}"
+          " (Redis CPU µs per run, medians)")
+    for name, rounds in res.items():
+        _, cl, co = (statistics.median(c) for c in zip(*rounds, strict=True))
+        print(f"{name:16s} claim {cl:6.2f}  complete {co:6.2f}  claim + complete {cl + co:6.2f}")
 
 
 def results(args: argparse.Namespace) -> None:

@@ -32,6 +32,29 @@ def commandstats(r: redis.Redis) -> dict[str, float]:
     return out
 
 
+def wait_done(r: redis.Redis, done_keys: list[str], n: int, poll_s: float = 0.005) -> None:
+    """Until the done sets hold n runs (`r` may be a cluster client: the reads are pipelined
+    either way)."""
+    while True:
+        pipe = r.pipeline(transaction=False)
+        for k in done_keys:
+            pipe.zcard(k)
+        if sum(pipe.execute()) >= n:
+            return
+        time.sleep(poll_s)
+
+
+def drain_s(r: redis.Redis, done_keys: list[str]) -> float:
+    """First to last finish on the server clock (the done sets' scores): worker start-up is
+    left out, so it can be reported apart."""
+    pipe = r.pipeline(transaction=False)
+    for k in done_keys:
+        pipe.zrange(k, 0, 0, withscores=True)
+        pipe.zrange(k, -1, -1, withscores=True)
+    heads = [x[0][1] for x in pipe.execute() if x]
+    return (max(heads) - min(heads)) / 1000
+
+
 def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
     ns = f"bench{uuid.uuid4().hex[:6]}"
     app.configure(redis_url=url, namespace=ns)
@@ -47,21 +70,9 @@ def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
     proc = subprocess.Popen([sys.executable, "-m", "duetime", "--log-level", "WARNING", "worker",
                              "--app", "bench.apps:app", "--concurrency", str(concurrency)], env=env)
     done_keys = [app.keys.done(p) for p in range(app.keys.partitions)]
-    while True:
-        pipe = r.pipeline(transaction=False)
-        for k in done_keys:
-            pipe.zcard(k)
-        if sum(pipe.execute()) >= n:
-            break
-        time.sleep(0.005)
+    wait_done(r, done_keys, n)
     t_wall = time.perf_counter() - t1
-    # drain rate on the server clock, first to last finish: worker start-up is reported apart
-    pipe = r.pipeline(transaction=False)
-    for k in done_keys:
-        pipe.zrange(k, 0, 0, withscores=True)
-        pipe.zrange(k, -1, -1, withscores=True)
-    heads = [x[0][1] for x in pipe.execute() if x]
-    t_drain = (max(heads) - min(heads)) / 1000
+    t_drain = drain_s(r, done_keys)
     stats2 = commandstats(r)
     proc.terminate()
     proc.wait(30)

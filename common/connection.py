@@ -299,14 +299,23 @@ ADVICE = {
     "BUSY": "a script is running too long on the server: retry, and check the server's log",
     "MASTERDOWN": "the replica lost its primary: wait for the failover, then retry",
     "CLUSTERDOWN": "the cluster is down or resharding: wait for it, then retry",
+    "TRYAGAIN": "the cluster is moving this partition's slot to another node (resharding) and "
+                "the client's own retries ran out: retry in a moment (an enqueue with the same "
+                "key creates its run once)",
 }
 
+# redis-py's cluster client answers TRYAGAIN, ASK and MOVED itself, a bounded number of times;
+# when they run out it raises this, and the TRYAGAIN behind it is lost.
+_RETRIES_RAN_OUT = redis.exceptions.ClusterError
 
-def refused(url: str, exc: redis.ResponseError) -> RedisRefused:
+
+def refused(url: str, exc: redis.ResponseError | redis.exceptions.ClusterError) -> RedisRefused:
     """A refusal as a duetime error: Redis's words, then what to do."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     code = getattr(exc, "status_code", None) or (text.split(" ", 1)[0] if text[:1].isupper() else "")
-    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+    if not isinstance(exc, redis.ResponseError):  # ClusterDownError is both: it keeps its code
+        code = "TRYAGAIN"  # the client's redirections ran out: see _RETRIES_RAN_OUT
+    elif isinstance(exc, redis.exceptions.OutOfMemoryError):
         code = "OOM"
     elif isinstance(exc, redis.exceptions.ReadOnlyError):
         code = "READONLY"
@@ -324,7 +333,7 @@ def translated(url: str) -> Iterator[None]:
         yield
     except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
         raise unavailable(url, exc) from None
-    except redis.ResponseError as exc:
+    except (redis.ResponseError, _RETRIES_RAN_OUT) as exc:
         raise refused(url, exc) from None
 
 

@@ -365,7 +365,8 @@ class RunStore:
             # a call whose connection broke may have run: its runs are unknown, not absent
             lost = [c for c, r in zip(chunks, results, strict=True)
                     if isinstance(r, redis.ConnectionError | redis.TimeoutError)]
-            raise _Stopped(refused(self.url, cause) if isinstance(cause, redis.ResponseError)
+            raise _Stopped(refused(self.url, cause)
+                           if isinstance(cause, redis.ResponseError | redis.exceptions.ClusterError)
                            else unavailable(self.url, cause)
                            if isinstance(cause, redis.ConnectionError | redis.TimeoutError)
                            else cause, cause, lost=lost)

@@ -146,10 +146,36 @@ def _suffixes(text: str, where: str) -> str:
     return _KEY.sub(sub, text)
 
 
+# Resharding. While an operator moves a partition's slot to another node (CLUSTER SETSLOT
+# MIGRATING/IMPORTING, then MIGRATE a few keys at a time), its keys are split between the two.
+# Redis checks only a script's declared KEYS before it starts; a key the script builds from the
+# partition prefix (a run hash, an attempt list, a run it creates) that is on the other node, or
+# not created yet, stops the script with an error halfway, after its first writes; and on the
+# new node, reached through ASK, a key not moved yet reads as missing (claim.lua drops a due
+# run whose record has not come over yet: the run is then in no index). So every script first
+# asks whether its slot is moving: two keys that never exist, in one call, are refused by the
+# node giving the slot away (ASK) and by the node taking it (TRYAGAIN, under ASKING), answered
+# (0) anywhere else. A moving slot gets a TRYAGAIN before any write: clients call again, and
+# once the move ends the new node holds every key. Scripts whose first key has no partition tag
+# touch only declared keys: Redis alone handles them. It sits on script line 1 (the `#!lua`
+# line moved to the top) so that no other line moves; one EXISTS of two absent keys is its
+# whole cost.
+SLOT_GUARD = (
+    "do local p = KEYS[1] and string.match(KEYS[1], '^[^{]*{[^}]+}:') if p then "
+    "local r = redis.pcall('EXISTS', p .. '~moving:1', p .. '~moving:2') "
+    "if type(r) == 'table' and r.err then "
+    "if string.find(r.err, 'non local key', 1, true) or string.find(r.err, '^TRYAGAIN') "
+    "or string.find(r.err, '^ASK') then "
+    "return redis.error_reply('TRYAGAIN the partition is moving to another node: try again') "
+    "end return r end end end"
+)
+
+
 def assemble(name: str, lib_text: str, body_text: str) -> str:
     """_lib.lua with the definitions this script does not use blanked out, padded with empty
     lines, then the script's own lines from line `STRIDE * (its index + 1) + 1`: every line of
-    every script has a number of its own, so an error's line alone says where it is."""
+    every script has a number of its own, so an error's line alone says where it is. The
+    script's `#!lua` line goes first; its own line 1 becomes the SLOT_GUARD."""
     lib, body = lib_text.splitlines(), body_text.splitlines()
     if len(lib) >= STRIDE or len(body) >= STRIDE:
         raise ValueError(f"{LIB} and every script must stay under {STRIDE} lines")
@@ -158,7 +184,7 @@ def assemble(name: str, lib_text: str, body_text: str) -> str:
         keep.update(range(h.first, h.first + len(h.lines)))
     head = [lib[i - 1] if i in keep else "" for i in range(1, len(lib) + 1)]
     if body and body[0].startswith("#!"):  # the flags line must be the first line
-        head[0], body = body[0], ["", *body[1:]]
+        head[0], body = body[0], [SLOT_GUARD, *body[1:]]
     padding = "\n" * (STRIDE * (SCRIPT_NAMES.index(name) + 1) - len(head))
     return (_suffixes("\n".join(head), LIB) + "\n" + padding
             + _suffixes("\n".join(body), f"{name}.lua") + "\n")

@@ -131,3 +131,12 @@ def test_lua_knows_the_same_run_states_as_python():
     src = (LUA / "_lib.lua").read_text()
     block = re.search(r"local STATES = \{(.*?)\}", src, re.S).group(1)
     assert set(re.findall(r"(\w+) = true", block)) == set(STATES)
+
+
+def test_every_script_first_checks_whether_its_slot_is_moving():
+    """The resharding guard (scripts.SLOT_GUARD) runs before anything else in every script;
+    tests/integration/test_reshard.py shows what it prevents."""
+    for name in scripts.SCRIPT_NAMES:
+        lines = scripts.source(name).splitlines()
+        base = scripts.STRIDE * (scripts.SCRIPT_NAMES.index(name) + 1)
+        assert lines[base] == scripts.SLOT_GUARD, name  # its own line 1, before its code
