@@ -129,6 +129,21 @@ class Keyspace:
             return self.partition_of_schedule(run_id.rsplit("@", 1)[0])
         return stable_hash(run_id) % self.partitions
 
+    def partition_of_tenant(self, tenant: str) -> int:
+        """A tenant's home partition: its enqueued runs all live there, so its limits are
+        counted in one slot, atomically with the claim (docs/fairness.md)."""
+        return stable_hash("tenant\0" + tenant) % self.partitions
+
+    def pin_run_id(self, run_id: str, p: int) -> str:
+        """`run_id`, or the first `<run_id>t<n>` that falls in partition p: a tenant's run keeps
+        an id from which every tool finds its partition (same id for the same key)."""
+        n = 0
+        candidate = run_id
+        while self.partition_of_run(candidate) != p:
+            candidate = f"{run_id}t{n}"
+            n += 1
+        return candidate
+
     # -- per-partition keys (suffixes from SUFFIX) ------------------------------------------
     def due(self, p: int, queue: str) -> str:
         return self.prefix(p) + SUFFIX["due"] + queue

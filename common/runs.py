@@ -97,6 +97,7 @@ class EnqueueRequest:
     queue: str | None = None
     run_id: str | None = None
     extra: dict[str, str | int] = field(default_factory=dict)
+    tenant: str | None = None  # None: the task's default
 
 
 def task_fields(spec: TaskSpec, queue: str) -> list[Any]:
@@ -148,6 +149,7 @@ class RunStore:
         reqs = list(reqs)
         entropy = os.urandom(10 * len(reqs)).hex()
         queues_ok: set[str] = set()
+        tenants_ok: dict[str, int] = {}  # tenant -> its home partition
         partition_of_run, limit = self.keys.partition_of_run, self.max_payload
         out = []
         for i, req in enumerate(reqs):
@@ -165,6 +167,12 @@ class RunStore:
                 run_id = keyed_run_id(spec.name, req.key)
             else:
                 run_id = entropy[20 * i : 20 * i + 20]
+            tenant = req.tenant if req.tenant is not None else spec.tenant
+            if tenant is not None:
+                if tenant not in tenants_ok:
+                    tenants_ok[check_name("tenant", tenant)] = self.keys.partition_of_tenant(tenant)
+                if not req.run_id:  # an explicit id (a replay) already chose its partition
+                    run_id = self.keys.pin_run_id(run_id, tenants_ok[tenant])
             due, delay_ms = "", 0
             if req.at is not None:
                 if req.delay is not None:
@@ -177,6 +185,8 @@ class RunStore:
             fields: list[Any] = ["payload", payload]
             if req.key:
                 fields += ["key", req.key]
+            if tenant is not None:
+                fields += ["tenant", tenant]
             for k, v in req.extra.items():
                 fields += [k, v]
             out.append(Prepared(run_id, partition_of_run(run_id), queue, spec, due, delay_ms,

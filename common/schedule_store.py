@@ -183,6 +183,8 @@ class ScheduleStore:
                 flat: list[Any] = []
                 for k, v in d.fields().items():
                     flat += [k, v]
+                if not d.tenant:  # a tenant removed from the definition is cleared
+                    flat += ["tenant", ""]
                 keys, args = tr.schedule_upsert(self.keys, p, d.name, def_hash, version,
                                                 None if nxt is None else to_ms(nxt, ceil=True), paused,
                                                 flat)

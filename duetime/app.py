@@ -26,7 +26,7 @@ from duetime.common.timespec import Trigger
 P = ParamSpec("P")
 R = TypeVar("R")
 # what an enqueue_many dict item may hold: enqueue's own arguments, nothing internal
-ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue"})
+ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue", "tenant"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
 CATALOGUE_TTL_S = 60.0  # how long a producer trusts the task options it read by name
 log = get_logger("duetime.app")
@@ -98,6 +98,7 @@ class App:
         idempotent: bool = True,
         owner: str | None = None,
         store_result: bool = True,
+        tenant: str | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -113,6 +114,7 @@ class App:
         idempotent: bool = True,
         owner: str | None = None,
         store_result: bool = True,
+        tenant: str | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task: `@app.task` or `@app.task(name=..., retries=...)`.
 
@@ -121,13 +123,14 @@ class App:
         function's signature), `.aenqueue(...)` from asyncio code. The name defaults to
         `module.qualname`; name it explicitly if the code may move (runs store the name).
         The return value is stored on the run (msgpack, capped like payloads, kept for the
-        retention period) for `app.wait`; `store_result=False` skips that."""
+        retention period) for `app.wait`; `store_result=False` skips that. `tenant` is the
+        default tenant of its runs (limits and fair share, docs/fairness.md)."""
 
         def register(f: Callable[P, R]) -> Task[P, R]:
             spec = TaskSpec(
                 name=f"{f.__module__}.{f.__qualname__}" if name is None else name, fn=f, queue=queue,
                 retries=retries, backoff=backoff, timeout=timeout, idempotent=idempotent,
-                owner=owner, store_result=store_result,
+                owner=owner, store_result=store_result, tenant=tenant,
             )
             self.registry.add(spec)
             # the raw function stays resolvable too (`app.task(fn)` without keeping the result)
@@ -159,6 +162,7 @@ class App:
         delay: timedelta | float | str | None = None,
         key: str | None = None,
         queue: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Create one run; returns its id. A repeated `key` returns the first run's id.
 
@@ -167,8 +171,11 @@ class App:
         from what a worker published for that name (see `publish_tasks`), else the defaults.
         Where the task is registered here, the arguments are checked against its signature.
         `at`: an aware datetime or ISO-8601 string (1970..9999); `delay`: a timedelta, seconds
-        or a string like "1h30m" (at most 100 years). Out of range: InvalidInput."""
-        req = EnqueueRequest(self._resolve(task), args, kwargs or {}, at, delay, key, queue)
+        or a string like "1h30m" (at most 100 years). Out of range: InvalidInput.
+        `tenant` (default: the task's) names who the run is for: tenant limits and fair share
+        apply to it, and it lives in its tenant's partition (docs/fairness.md)."""
+        req = EnqueueRequest(self._resolve(task), args, kwargs or {}, at, delay, key, queue,
+                             tenant=tenant)
         run_id = self.store.enqueue(req)
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
@@ -182,10 +189,11 @@ class App:
         delay: timedelta | float | None = None,
         key: str | None = None,
         queue: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
         spec = await self._aresolve(task)
-        req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue)
+        req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue, tenant=tenant)
         [run_id] = await (await self._astore()).aenqueue_many([req])
         await self._aremember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
@@ -351,6 +359,7 @@ class App:
         owner: str | None = None,
         paused: bool = False,
         miss_tolerance: timedelta | float | str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Create or update a schedule; → 'created', 'updated' or 'unchanged'.
 
@@ -362,9 +371,10 @@ class App:
         Durations (`lateness`, `jitter`, `miss_tolerance`) take a timedelta, seconds, or a
         string like "90s", "1h30m", "PT1H30M". `miss_tolerance` (default 60 s): an occurrence
         evaluated later than this after its instant counts as missed and follows `catchup`;
-        one whose successor is already due is missed in any case."""
+        one whose successor is already due is missed in any case. `tenant` (default: the
+        task's) is given to every run the schedule creates."""
         d = self.schedule_def(name, trigger, task, args, kwargs, queue, catchup, max_catchup,
-                              lateness, overlap, jitter, owner, miss_tolerance)
+                              lateness, overlap, jitter, owner, miss_tolerance, tenant)
         status = self.schedules.upsert(d, paused)[0]
         self._remember_queues({d.queue})
         return status
@@ -388,9 +398,12 @@ class App:
         jitter: timedelta | float | str | None = None,
         owner: str | None = None,
         miss_tolerance: timedelta | float | str | None = None,
+        tenant: str | None = None,
     ) -> ScheduleDef:
         """A validated schedule definition (see `schedule` for the arguments)."""
         spec = self._resolve(task, published=True)
+        if tenant is not None:
+            check_name("tenant", tenant)
         lateness_ms, jitter_ms, tolerance_ms = ScheduleDef.durations(lateness, jitter,
                                                                      miss_tolerance)
         return ScheduleDef(
@@ -399,6 +412,7 @@ class App:
             payload=pack_payload(args, kwargs or {}, self.max_payload), catchup=catchup,
             max_catchup=max_catchup, lateness_ms=lateness_ms, overlap=overlap,
             jitter_ms=jitter_ms, owner=owner or spec.owner or "", miss_tolerance_ms=tolerance_ms,
+            tenant=tenant or spec.tenant or "",
             task_options={
                 "max_attempts": spec.max_attempts, "backoff_base": int(spec.backoff[0] * 1000),
                 "backoff_max": int(spec.backoff[1] * 1000), "timeout": int((spec.timeout or 0) * 1000),

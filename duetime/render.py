@@ -35,6 +35,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "retry_at": _iso(run.retry_at), "replay_of": run.replay_of, "replayed_by": run.replayed_by,
         "cancel_requested": _iso(run.cancel_requested), "resolved_as": run.resolved_as,
         "heartbeat": _iso(run.heartbeat), "lease_expires": _iso(run.lease_expires),
+        "tenant": run.tenant, "limited_by": run.limited_by,
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
              "started": _iso(a.started), "ended": _iso(a.ended), "outcome": a.outcome,
@@ -50,8 +51,8 @@ def run_to_text(run: Run, now: datetime | None = None) -> str:
     d = run_to_dict(run)
     lines = [f"run {run.id}  {run.state}  task={run.task} queue={run.queue}"]
     for k in ("due", "started", "finished", "start_lateness_s", "attempt", "max_attempts",
-              "owner", "schedule", "reason", "retry_at", "replay_of", "replayed_by",
-              "cancel_requested", "resolved_as", "heartbeat"):
+              "owner", "tenant", "limited_by", "schedule", "reason", "retry_at", "replay_of",
+              "replayed_by", "cancel_requested", "resolved_as", "heartbeat"):
         if d[k] not in (None, ""):
             text = str(d[k]).splitlines()[0]
             if k in _TIMES and now is not None:
@@ -75,7 +76,7 @@ def summary_to_dict(s: RunSummary) -> dict[str, Any]:
         "finished": _iso(s.finished), "attempt": s.attempt, "max_attempts": s.max_attempts,
         "worker": s.worker, "error": s.error, "reason": s.reason, "owner": s.owner,
         "retry_at": _iso(s.retry_at), "replay_of": s.replay_of, "replayed_by": s.replayed_by,
-        "cancel_requested": s.cancel_requested,
+        "cancel_requested": s.cancel_requested, "tenant": s.tenant,
     }
 
 
