@@ -61,6 +61,14 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "uncertain": KeyKind("uncertain", "zset", "uncertain run id -> time (ms): an operator decides"),
     "done": KeyKind("done", "zset", "finished run id -> time (ms), for listing and retention"),
     "events": KeyKind("events", "stream", "capped lifecycle events, for audit"),
+    "limits": KeyKind("limits", "hash", "this partition's share of the namespace's limits: "
+                      "'<kind>:<name>:c' -> concurrency, '<kind>:<name>:r' -> 'tokens per ms, "
+                      "burst' (absent: no limit; claim.lua reads it)"),
+    "limrun": KeyKind("limrun:", "zset", "runs holding a concurrency slot of a limit -> lease "
+                      "expiry hint (ms); an entry whose lease is gone frees its slot",
+                      "kind:name"),
+    "bucket": KeyKind("bucket:", "hash", "a rate limit's token bucket: tokens, ts (server ms); "
+                      "expires once full again", "kind:name"),
 }
 SUFFIX: dict[str, str] = {name: kind.suffix for name, kind in PARTITION_KEYS.items()}
 
@@ -80,6 +88,8 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
     "tasks": KeyKind("tasks", "hash", "task name -> its options as JSON, published by workers, so "
                      "a producer without the task's code enqueues it with the right options"),
     "wake": KeyKind("wake", "channel", "pub/sub: '<partition>|<queue>|<due ms>' wakes idle workers"),
+    "limits": KeyKind("limits", "hash", "the limits set for the namespace (duetime limits set): "
+                      "'<kind>:<name>' -> JSON; copied as per-partition shares into T:limits"),
     "series": KeyKind("series:", "stream", "per-queue numbers (backlog, running, finished/s, "
                       "start lateness p50/p99, dead) sampled by schedulers at a fixed step, capped; "
                       "entry id = the sample's time: what the web console plots", "step"),
@@ -193,6 +203,16 @@ class Keyspace:
     def schedules(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["schedules"]
 
+    def limits(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["limits"]
+
+    def limrun(self, p: int, scope: str) -> str:
+        """Runs holding a concurrency slot of `scope` ('tenant:acme', 'queue:default')."""
+        return self.prefix(p) + SUFFIX["limrun"] + scope
+
+    def bucket(self, p: int, scope: str) -> str:
+        return self.prefix(p) + SUFFIX["bucket"] + scope
+
     # -- global keys (`<ns>:` + GLOBAL[...]) ----------------------------------------------
     def _global(self, name: str) -> str:
         return f"{self.namespace}:{GLOBAL[name]}"
@@ -224,6 +244,11 @@ class Keyspace:
     @cached_property
     def tasks(self) -> str:
         return self._global("tasks")
+
+    @cached_property
+    def limit_config(self) -> str:
+        """HASH '<kind>:<name>' -> the limit as set (JSON), for listing and re-sharing."""
+        return self._global("limits")
 
     @cached_property
     def wake_channel(self) -> str:

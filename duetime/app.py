@@ -14,6 +14,7 @@ from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import DEFAULT_URL, translated
 from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.keys import Keyspace
+from duetime.common.limits import Limit, Limits, make_limit
 from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
 from duetime.common.names import check_name
@@ -341,6 +342,21 @@ class App:
         """A new run doing a finished run's work again, linked to it → its id. A succeeded run
         needs `force`; a run replayed before gives that replay's id."""
         return RunAdmin(self.store.client, self.keys, self.redis_url).replay(run_id, force)[0]
+
+    # -- limits ---------------------------------------------------------------------------
+    def set_limit(self, kind: str, name: str, concurrency: int | None = None,
+                  rate: float | None = None, per: timedelta | float | str = 1.0,
+                  burst: float | None = None) -> None:
+        """Limit the runs of a tenant, queue or task (`kind`): at most `concurrency` running
+        at once, at most `rate` starts per `per` (bursts up to `burst`, default `rate`).
+        Replaces the previous limit of that name; neither given clears it. Every worker
+        obeys it from its next claim (docs/fairness.md)."""
+        Limits(self.store.ready(), self.keys, self.redis_url).set(
+            make_limit(kind, name, concurrency, rate, per, burst))
+
+    def limits(self) -> list[Limit]:
+        """The limits set in this namespace."""
+        return Limits(self.store.ready(), self.keys, self.redis_url).list()
 
     # -- schedules ------------------------------------------------------------------------
     def schedule(

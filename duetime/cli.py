@@ -262,12 +262,14 @@ def demo(ctx: click.Context, count: int, workers: int) -> None:
 def _register() -> None:
     """The operator command groups live in their own modules (duetime/cli_*.py)."""
     from duetime.cli_dev import dev
+    from duetime.cli_limits import limits
     from duetime.cli_ops import doctor, keys, leases, top, workers
     from duetime.cli_runs import dead, runs, uncertain
     from duetime.cli_schedule import schedule
     from duetime.cli_web import web
 
-    for command in (schedule, runs, dead, uncertain, leases, workers, top, doctor, keys, dev, web):
+    for command in (schedule, runs, dead, uncertain, leases, workers, top, doctor, keys, dev, web,
+                    limits):
         main.add_command(command)
 
 

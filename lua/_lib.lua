@@ -171,3 +171,16 @@ local function finish_unstarted(prefix, run_id, state, reason, now, done_key, de
   emit(events_key, run_id, state, reason)
   wake_waiters(prefix, run_key, run_id, state)
 end
+
+-- An attempt ends (any outcome): free the concurrency slots its claim took (the run's `held`
+-- field: the limit scopes, space separated; see claim.lua). Returns true when it held any, so
+-- the caller wakes the workers a full limit was holding back. One field read otherwise.
+local function free_limits(prefix, run_key, run_id, held)
+  if held == nil then held = redis.call('HGET', run_key, 'held') end
+  if not held or held == '' then return false end
+  for scope in string.gmatch(held, '%S+') do
+    redis.call('ZREM', prefix .. K.limrun .. scope, run_id)
+  end
+  redis.call('HDEL', run_key, 'held')
+  return true
+end

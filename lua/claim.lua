@@ -8,7 +8,7 @@
 -- KEYS[1] due zset     T:due:<queue>       KEYS[2] retry zset   T:retry:<queue>
 -- KEYS[3] leases zset  T:leases            KEYS[4] done zset    T:done
 -- KEYS[5] deadlines    T:deadlines         KEYS[6] events       T:events
--- KEYS[7] dead zset    T:dead
+-- KEYS[7] dead zset    T:dead              KEYS[8] limits hash  T:limits
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash) and per-schedule keys
 --         (schedule hash, its running set) are built from it; they carry the same hash tag,
 --         so they live in this partition's slot
@@ -18,13 +18,24 @@
 --         start is not delayed by the claim's round trip. Attempt start = max(now, due).
 -- ARGV[6] scheduler wake channel   ARGV[7] partition index (a first lease, or one earlier than
 --         the set's head, is told to the reapers, which sleep until the earliest expiry)
+-- ARGV[8] queue name (the limits of a queue are looked up by it)
+-- Limits (docs/fairness.md): when T:limits exists (one EXISTS when none is set: the hot path),
+-- each candidate is checked against the concurrency and rate limits of its tenant, queue and
+-- task before it is claimed. A run held back stays in its set, records `limited_by`, and the
+-- reply's next time is when a limit may let it through (a slot's lease expiry or the next
+-- token, at most 1 s away), so the worker sleeps instead of spinning. Concurrency slots are
+-- T:limrun:<scope> entries scored with the lease expiry: the scripts that end an attempt free
+-- them (run field `held`), and an entry whose lease has gone (a SIGKILLed worker) is pruned
+-- here, so a slot can never leak past its lease.
 -- A run with a pending cancel request (its worker died before honouring it) is cancelled.
 -- A run record without a known state, or marked running without a lease, is dead-lettered
 -- with the reason (never dropped); an index entry whose record is gone, or is in another
 -- state, is stale and only removed.
--- Returns {next_due_ms or -1, missed, skipped, run fields...}: 11 fields per run (see
--- common/transitions.py). next_due_ms is the earliest due/retry time left in this partition
--- and queue; missed/skipped count the runs this call finished instead of starting.
+-- Returns {next_due_ms or -1, missed, skipped, held_concurrency, held_rate, run fields...}:
+-- 12 fields per run (see common/transitions.py). next_due_ms is the earliest due/retry time
+-- left in this partition and queue (or when a limit frees); missed/skipped count the runs
+-- this call finished instead of starting; held_* count runs a limit held back for the first
+-- time (per limit).
 local due_key, retry_key, leases_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local deadlines_key, events_key, dead_key = KEYS[5], KEYS[6], KEYS[7]
 local prefix, worker = ARGV[1], ARGV[2]
@@ -33,14 +44,25 @@ local now = now_ms()
 local horizon = now + (tonumber(ARGV[5]) or 0)
 -- numbers sent to Redis as strings built once per call, not once per run (see int_s)
 local now_s, until_s = int_s(now), int_s(now + lease)
+local queue = ARGV[8] or ''
 
-local d = redis.call('ZRANGE', due_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
-local r = redis.call('ZRANGE', retry_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, limit,
+-- the limits of this partition, if any are set (the only cost when none is)
+local lims = nil
+local scan = limit
+if redis.call('EXISTS', KEYS[8]) == 1 then
+  lims = {}
+  local flat = redis.call('HGETALL', KEYS[8])
+  for x = 1, #flat, 2 do lims[flat[x]] = flat[x + 1] end
+  scan = limit * 4 + 32  -- look past runs a limit holds back, to others that may start
+end
+
+local d = redis.call('ZRANGE', due_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, scan, 'WITHSCORES')
+local r = redis.call('ZRANGE', retry_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, scan,
   'WITHSCORES')
 
 -- merge the two sorted lists, earliest first (parallel arrays: no table per run)
 local ids, froms, scores, i, j = {}, {}, {}, 1, 1
-while #ids < limit and (i <= #d or j <= #r) do
+while #ids < scan and (i <= #d or j <= #r) do
   local n = #ids + 1
   if j > #r or (i <= #d and tonumber(d[i + 1]) <= tonumber(r[j + 1])) then
     ids[n], froms[n], scores[n] = d[i], true, d[i + 1]; i = i + 2
@@ -85,14 +107,116 @@ local function overlap_allows(id, run_key, sched, overlap)
   return false
 end
 
-local out = {-1, 0, 0}
+-- Limit state, read once per call and per scope. conc[scope] = {max, count} or false (no
+-- concurrency limit); bucket[scope] = {tokens, rate per ms, burst} or false (no rate limit).
+local conc, bucket, free_at = {}, {}, nil
+local held_c, held_r = 0, 0
+
+local function hold_until(t)
+  if free_at == nil or t < free_at then free_at = t end
+end
+
+local function conc_of(scope)
+  local c = conc[scope]
+  if c ~= nil then return c end
+  local max = tonumber(lims[scope .. ':c'])
+  if not max then conc[scope] = false; return false end
+  local key = prefix .. K.limrun .. scope
+  -- entries past their lease hint: kept (re-scored) while the run's lease lives, else freed
+  for _, m in ipairs(redis.call('ZRANGE', key, '-inf', now, 'BYSCORE')) do
+    local ls = tonumber(redis.call('ZSCORE', leases_key, m))
+    if ls and ls > now then redis.call('ZADD', key, ls, m) else redis.call('ZREM', key, m) end
+  end
+  c = {max, redis.call('ZCARD', key), key}
+  conc[scope] = c
+  return c
+end
+
+local function bucket_of(scope)
+  local b = bucket[scope]
+  if b ~= nil then return b end
+  local spec = lims[scope .. ':r']
+  if not spec then bucket[scope] = false; return false end
+  local rate, burst = string.match(spec, '^(%S+) (%S+)$')
+  rate, burst = tonumber(rate), tonumber(burst)
+  if not rate or not burst or rate <= 0 then bucket[scope] = false; return false end
+  local key = prefix .. K.bucket .. scope
+  local st = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens, ts = tonumber(st[1]), tonumber(st[2])
+  if not tokens or not ts then tokens, ts = burst, now end
+  tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+  b = {tokens, rate, burst, key, false}
+  bucket[scope] = b
+  return b
+end
+
+-- The scopes a run is limited by: its tenant, this queue, its task.
+local function scopes_of(tenant, task)
+  local s = {'queue:' .. queue, 'task:' .. (task or '')}
+  if tenant and tenant ~= '' then s[3] = 'tenant:' .. tenant end
+  return s
+end
+
+-- nil when every limit lets the run start now, else the limit that holds it back
+-- ('tenant:acme:concurrency') and its kind ('c' or 'r').
+local function blocked_by(scopes)
+  for _, scope in ipairs(scopes) do
+    local c = conc_of(scope)
+    if c and c[2] >= c[1] then
+      local first = redis.call('ZRANGE', c[3], 0, 0, 'WITHSCORES')
+      hold_until(tonumber(first[2]) or (now + 1000))
+      return scope .. ':concurrency', 'c'
+    end
+    local b = bucket_of(scope)
+    if b and b[1] < 1 then
+      hold_until(now + math.ceil((1 - b[1]) / b[2]))
+      return scope .. ':rate', 'r'
+    end
+  end
+  return nil
+end
+
+-- The run starts: take a slot of each concurrency limit and a token of each rate limit.
+-- Returns the concurrency scopes it holds (freed when the attempt ends), space separated.
+local function take(scopes, id)
+  local held = ''
+  for _, scope in ipairs(scopes) do
+    local c = conc[scope]
+    if c then
+      c[2] = c[2] + 1
+      redis.call('ZADD', c[3], until_s, id)
+      held = held .. (held == '' and '' or ' ') .. scope
+    end
+    local b = bucket[scope]
+    if b then b[1] = b[1] - 1; b[5] = true end
+  end
+  return held
+end
+
+local out = {-1, 0, 0, 0, 0}
 local leased, from_due, from_retry = {}, {}, {}
+local taken = 0
 for n, id in ipairs(ids) do
-  if froms[n] then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
+  if taken >= limit then break end
   local run_key = prefix .. K.run .. id
   local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
-    'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested')
-  local state, deadline, sched = f[1], tonumber(f[2]), f[3]
+    'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested',
+    'tenant', 'limited_by')
+  local state = f[1]
+  local scopes, why, kind = nil, nil, nil
+  if lims and (state == 'scheduled' or state == 'retrying') and not f[13] then
+    scopes = scopes_of(f[14], f[7])
+    why, kind = blocked_by(scopes)
+  end
+  if why then
+    -- held back: it stays in its set; say which limit held it (counted once per limit)
+    if f[15] ~= why then
+      redis.call('HSET', run_key, 'limited_by', why)
+      if kind == 'c' then held_c = held_c + 1 else held_r = held_r + 1 end
+    end
+    state = nil  -- skip it below
+  elseif froms[n] then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
+  local deadline, sched = tonumber(f[2]), f[3]
   local fence, attempt = tonumber(f[5]) or 0, tonumber(f[6]) or 0
   if fence > 0 then deadline = nil end  -- a starting deadline: retries are not late starts
   if state == 'scheduled' or state == 'retrying' then
@@ -104,6 +228,7 @@ for n, id in ipairs(ids) do
         done_key, deadlines_key, events_key)
       out[2] = out[2] + 1
     elseif not sched or sched == '' or overlap_allows(id, run_key, sched, f[4] or '') then
+      taken = taken + 1
       fence, attempt = fence + 1, attempt + 1
       local fence_s = int_s(fence)
       -- claimed ahead of its due time: the attempt starts at the due time (the score)
@@ -111,6 +236,10 @@ for n, id in ipairs(ids) do
       if tonumber(scores[n]) > now then started = scores[n] end
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt', int_s(attempt),
         'worker', worker, 'started', started)
+      if scopes then
+        local held = take(scopes, id)
+        if held ~= '' then redis.call('HSET', run_key, 'held', held) end
+      end
       if deadline then redis.call('ZREM', deadlines_key, id) end
       leased[#leased + 1] = until_s
       leased[#leased + 1] = id
@@ -126,7 +255,10 @@ for n, id in ipairs(ids) do
       out[o + 9] = f[12] or ''
       out[o + 10] = sched or ''
       out[o + 11] = scores[n]
+      out[o + 12] = f[15] or ''
     end
+  elseif why then
+    -- held back by a limit (above): left where it is
   elseif state == 'running' and not redis.call('ZSCORE', leases_key, id) then
     -- waiting in a due set, yet marked running with no lease: nothing would ever finish or
     -- recover it (a state written by hand); claimed running runs always hold a lease
@@ -147,11 +279,25 @@ if #leased > 0 then
   redis.call('ZADD', leases_key, unpack(leased))
 end
 
+for _, b in pairs(bucket) do
+  if b and b[5] then
+    redis.call('HSET', b[4], 'tokens', tostring(b[1]), 'ts', now_s)
+    -- an idle bucket is full again after burst / rate: it may vanish then
+    redis.call('PEXPIRE', b[4], math.ceil(b[3] / b[2]) + 1000)
+  end
+end
+
 local nd = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local nr = redis.call('ZRANGE', retry_key, 0, 0, 'WITHSCORES')
 local nxt = -1
 if nd[2] then nxt = tonumber(nd[2]) end
 if nr[2] and (nxt == -1 or tonumber(nr[2]) < nxt) then nxt = tonumber(nr[2]) end
+if free_at and nxt ~= -1 and nxt <= horizon then
+  -- runs a limit holds back are still at the head: come back when a limit may free
+  nxt = math.max(math.min(free_at, now + 1000), now + 1)
+end
 out[1] = nxt
 out[3] = skipped
+out[4] = held_c
+out[5] = held_r
 return out

@@ -164,4 +164,8 @@ class Claimer:
                 metrics.MISSED.inc(reply.missed)
             if reply.skipped:
                 metrics.SKIPPED.inc(reply.skipped)
+            if reply.held_concurrency:
+                metrics.child(metrics.RUNS_LIMITED, "concurrency").inc(reply.held_concurrency)
+            if reply.held_rate:
+                metrics.child(metrics.RUNS_LIMITED, "rate").inc(reply.held_rate)
         return claimed
