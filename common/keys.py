@@ -66,9 +66,9 @@ PARTITION_KEYS: dict[str, KeyKind] = {
                       "burst' (absent: no limit; claim.lua reads it)"),
     "limrun": KeyKind("limrun:", "zset", "runs holding a concurrency slot of a limit -> lease "
                       "expiry hint (ms); an entry whose lease is gone frees its slot",
-                      "kind:name"),
+                      "scope"),
     "bucket": KeyKind("bucket:", "hash", "a rate limit's token bucket: tokens, ts (server ms); "
-                      "expires once full again", "kind:name"),
+                      "expires once full again", "scope"),
 }
 SUFFIX: dict[str, str] = {name: kind.suffix for name, kind in PARTITION_KEYS.items()}
 

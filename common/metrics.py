@@ -125,8 +125,10 @@ def preset(tasks: Iterable[str] = (), queues: Iterable[str] = ()) -> None:
     """Create the labelled series a worker will report at 0, so a rate() or an absent() alert
     has a series to read before the first run (unlabelled ones start at 0 by themselves)."""
     for q in queues:
-        for metric in (CLAIMED, START_LATENESS, QUEUE_DELAY):
+        for metric in (CLAIMED, START_LATENESS, QUEUE_DELAY, LIMITED_DELAY):
             child(metric, q)
+    for kind in ("concurrency", "rate"):
+        child(RUNS_LIMITED, kind)
     for t in tasks:
         for metric in (EXECUTION, RETRIES, DEAD_LETTERS):
             child(metric, t)
