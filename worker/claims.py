@@ -126,7 +126,8 @@ class Claimer:
             self.wake.set()
 
     async def claim(self, keys: list[Key], free: int) -> int:
-        """One pipelined claim over `keys` (earliest-due first) for up to `free` runs; returns
+        """One pipelined claim over `keys` (fair order, see DueTimes.due_now) for up to `free`
+        runs; returns
         how many were claimed and started. Each key gets at least CLAIM_MIN_SHARE, so a
         backlog spread over many partitions is claimed in a few calls, not one per partition."""
         share = max(min(free, CLAIM_MIN_SHARE), -(-free // len(keys)))
@@ -140,6 +141,8 @@ class Claimer:
             left -= n
         seq = self.due.seq
         cfg = self.cfg
+        for key, _ in plan:
+            self.due.served(key)
         pipe = self.client.pipeline(transaction=False)
         for (p, q), n in plan:
             ks, args = tr.claim(self.keys, p, q, cfg.worker_id, n, cfg.lease_ms, cfg.claim_ahead_ms)
@@ -155,6 +158,7 @@ class Claimer:
                 continue
             reply = tr.parse_claim(res)
             self.due.set((p, q), reply.next_due_ms, seq)
+            self.due.account((p, q), len(reply.runs))
             for c in reply.runs:
                 start(p, q, c, now)
             claimed += len(reply.runs)

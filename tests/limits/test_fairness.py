@@ -1,0 +1,52 @@
+"""Fair share: a tenant's backlog does not hold back another tenant's runs, and weighted
+queues (`--queues high:5,low:1`) never starve the lighter queue."""
+
+from __future__ import annotations
+
+from duetime.common.connection import sync_client
+from duetime.common.models import to_ms
+from duetime.worker.config import parse_queues
+
+from tests.apps import basic
+from tests.conftest import wait_for
+
+BOUND_MS = 1000  # docs/fairness.md
+
+
+def _succeeded(app, ids) -> int:
+    return sum(app.get_run(i).state == "succeeded" for i in ids)
+
+
+def test_a_20000_run_backlog_does_not_delay_another_tenant(app, procs):
+    k = app.keys
+    assert k.partition_of_tenant("acme") != k.partition_of_tenant("globex")
+    backlog = app.enqueue_many([{"task": basic.anoop, "args": [i], "tenant": "acme"}
+                                for i in range(20_000)])
+    procs.worker("--concurrency", "16")
+    r = sync_client(app.redis_url)
+    wait_for(lambda: r.hlen(basic.count_key()) >= 200, 30, what="the backlog to drain a bit")
+    small = [app.enqueue(basic.anoop, [i], tenant="globex") for i in range(10)]
+    wait_for(lambda: _succeeded(app, small) == 10, 20, what="the small tenant's runs")
+    waits = [to_ms(run.started) - to_ms(run.created) for run in map(app.get_run, small)]
+    assert max(waits) <= BOUND_MS, waits
+    assert r.hlen(basic.count_key()) < 20_000  # the backlog was still there meanwhile
+    assert app.get_run(backlog[-1]).state == "scheduled"
+
+
+def test_weighted_queues_drain_the_light_queue_under_load_on_the_heavy_one(app, procs):
+    heavy = app.enqueue_many([{"task": basic.anoop, "args": [i], "queue": "high"}
+                              for i in range(6000)])
+    light = app.enqueue_many([{"task": basic.anoop, "args": [i], "queue": "low"}
+                              for i in range(20)])
+    procs.worker("--queues", "high:5,low:1", "--concurrency", "8")
+    wait_for(lambda: _succeeded(app, light) == 20, 30, what="the light queue to drain")
+    r = sync_client(app.redis_url)
+    done_heavy = sum(1 for i in heavy if r.hexists(basic.count_key(), i))
+    assert done_heavy < 6000  # the heavy queue still had work: the light one was not starved
+    assert done_heavy >= 20  # and it got the larger share meanwhile
+
+
+def test_queue_weights_parse():
+    assert parse_queues("a,b") == (["a", "b"], None)
+    assert parse_queues("high:5, low") == (["high", "low"], {"high": 5, "low": 1})
+    assert parse_queues("x:y:3") == (["x:y"], {"x:y": 3})
