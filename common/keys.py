@@ -61,6 +61,9 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "uncertain": KeyKind("uncertain", "zset", "uncertain run id -> time (ms): an operator decides"),
     "done": KeyKind("done", "zset", "finished run id -> time (ms), for listing and retention"),
     "events": KeyKind("events", "stream", "capped lifecycle events, for audit"),
+    "prio": KeyKind("prio:", "zset", "run id -> -priority * 1e13 + due ms, for runs enqueued "
+                    "with a priority: claimed first (highest, then earliest) once due; an entry "
+                    "whose run is no longer scheduled is dropped by the claim", "queue"),
     "limits": KeyKind("limits", "hash", "this partition's share of the namespace's limits: "
                       "'<kind>:<name>:c' -> concurrency, '<kind>:<name>:r' -> 'tokens per ms, "
                       "burst' (absent: no limit; claim.lua reads it)"),
@@ -202,6 +205,9 @@ class Keyspace:
 
     def schedules(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["schedules"]
+
+    def prio(self, p: int, queue: str) -> str:
+        return self.prefix(p) + SUFFIX["prio"] + queue
 
     def limits(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["limits"]

@@ -33,6 +33,7 @@ from duetime.common.scripts import Scripts
 from duetime.common.tasks import TaskSpec
 from duetime.common.timeparse import DELAY, duration_ms, parse_instant, to_ms
 
+MAX_PRIORITY = 100
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call
 ASYNC_SLICE = 100  # requests validated between two yields to the event loop
 WAIT_CHUNK_S = 5.0  # a waiter re-reads the run at least this often
@@ -98,6 +99,7 @@ class EnqueueRequest:
     run_id: str | None = None
     extra: dict[str, str | int] = field(default_factory=dict)
     tenant: str | None = None  # None: the task's default
+    priority: int = 0  # 1..100: claimed before the queue's other due runs (higher first)
 
 
 def task_fields(spec: TaskSpec, queue: str) -> list[Any]:
@@ -187,6 +189,12 @@ class RunStore:
                 fields += ["key", req.key]
             if tenant is not None:
                 fields += ["tenant", tenant]
+            if req.priority:
+                if (isinstance(req.priority, bool) or not isinstance(req.priority, int)
+                        or not 0 <= req.priority <= MAX_PRIORITY):
+                    raise InvalidInput(f"priority must be an integer in 0..{MAX_PRIORITY}, "
+                                       f"got {req.priority!r}")
+                fields += ["priority", req.priority]
             for k, v in req.extra.items():
                 fields += [k, v]
             out.append(Prepared(run_id, partition_of_run(run_id), queue, spec, due, delay_ms,

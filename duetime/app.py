@@ -27,7 +27,8 @@ from duetime.common.timespec import Trigger
 P = ParamSpec("P")
 R = TypeVar("R")
 # what an enqueue_many dict item may hold: enqueue's own arguments, nothing internal
-ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue", "tenant"})
+ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue", "tenant",
+                            "priority"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
 CATALOGUE_TTL_S = 60.0  # how long a producer trusts the task options it read by name
 log = get_logger("duetime.app")
@@ -164,6 +165,7 @@ class App:
         key: str | None = None,
         queue: str | None = None,
         tenant: str | None = None,
+        priority: int = 0,
     ) -> str:
         """Create one run; returns its id. A repeated `key` returns the first run's id.
 
@@ -174,9 +176,10 @@ class App:
         `at`: an aware datetime or ISO-8601 string (1970..9999); `delay`: a timedelta, seconds
         or a string like "1h30m" (at most 100 years). Out of range: InvalidInput.
         `tenant` (default: the task's) names who the run is for: tenant limits and fair share
-        apply to it, and it lives in its tenant's partition (docs/fairness.md)."""
+        apply to it, and it lives in its tenant's partition (docs/fairness.md). `priority`
+        (1..100) puts it ahead of the queue's other due runs, higher first (its first attempt)."""
         req = EnqueueRequest(self._resolve(task), args, kwargs or {}, at, delay, key, queue,
-                             tenant=tenant)
+                             tenant=tenant, priority=priority)
         run_id = self.store.enqueue(req)
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
@@ -191,10 +194,12 @@ class App:
         key: str | None = None,
         queue: str | None = None,
         tenant: str | None = None,
+        priority: int = 0,
     ) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
         spec = await self._aresolve(task)
-        req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue, tenant=tenant)
+        req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue, tenant=tenant,
+                             priority=priority)
         [run_id] = await (await self._astore()).aenqueue_many([req])
         await self._aremember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id

@@ -9,6 +9,8 @@
 -- KEYS[3] leases zset  T:leases            KEYS[4] done zset    T:done
 -- KEYS[5] deadlines    T:deadlines         KEYS[6] events       T:events
 -- KEYS[7] dead zset    T:dead              KEYS[8] limits hash  T:limits
+-- KEYS[9] priority index T:prio:<queue> (runs enqueued with a priority: taken first once due;
+--         an entry whose run is no longer waiting in the due set is dropped here)
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash) and per-schedule keys
 --         (schedule hash, its running set) are built from it; they carry the same hash tag,
 --         so they live in this partition's slot
@@ -46,26 +48,48 @@ local horizon = now + (tonumber(ARGV[5]) or 0)
 local now_s, until_s = int_s(now), int_s(now + lease)
 local queue = ARGV[8] or ''
 
--- the limits of this partition, if any are set (the only cost when none is)
-local lims = nil
+-- the limits of this partition and the queue's priority runs, if any: one EXISTS when there
+-- are none (the hot path)
+local lims, prio = nil, false
 local scan = limit
-if redis.call('EXISTS', KEYS[8]) == 1 then
-  lims = {}
-  local flat = redis.call('HGETALL', KEYS[8])
-  for x = 1, #flat, 2 do lims[flat[x]] = flat[x + 1] end
-  scan = limit * 4 + 32  -- look past runs a limit holds back, to others that may start
+local extras = redis.call('EXISTS', KEYS[8], KEYS[9])
+if extras > 0 then
+  prio = redis.call('EXISTS', KEYS[9]) == 1
+  if extras == 2 or not prio then
+    lims = {}
+    local flat = redis.call('HGETALL', KEYS[8])
+    for x = 1, #flat, 2 do lims[flat[x]] = flat[x + 1] end
+    scan = limit * 4 + 32  -- look past runs a limit holds back, to others that may start
+  end
 end
 
 local d = redis.call('ZRANGE', due_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, scan, 'WITHSCORES')
 local r = redis.call('ZRANGE', retry_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, scan,
   'WITHSCORES')
 
--- merge the two sorted lists, earliest first (parallel arrays: no table per run)
+-- priority runs first: highest priority, then earliest due, among those due by the horizon
 local ids, froms, scores, i, j = {}, {}, {}, 1, 1
+local seen, from_prio = {}, {}
+if prio then
+  local stale = {}
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[9], 0, scan * 2 + 31)) do
+    local due = tonumber(redis.call('ZSCORE', due_key, id))
+    if not due or redis.call('HGET', prefix .. K.run .. id, 'state') ~= 'scheduled' then
+      stale[#stale + 1] = id  -- claimed, retried, cancelled, held by its schedule: gone
+    elseif due <= horizon then
+      local n = #ids + 1
+      ids[n], froms[n], scores[n], seen[id] = id, true, int_s(due), true
+      if n >= scan then break end
+    end
+  end
+  if #stale > 0 then redis.call('ZREM', KEYS[9], unpack(stale)) end
+end
+-- then merge the two sorted lists, earliest first (parallel arrays: no table per run)
 while #ids < scan and (i <= #d or j <= #r) do
   local n = #ids + 1
   if j > #r or (i <= #d and tonumber(d[i + 1]) <= tonumber(r[j + 1])) then
-    ids[n], froms[n], scores[n] = d[i], true, d[i + 1]; i = i + 2
+    if not seen[d[i]] then ids[n], froms[n], scores[n] = d[i], true, d[i + 1] end
+    i = i + 2
   else
     ids[n], froms[n], scores[n] = r[j], false, r[j + 1]; j = j + 2
   end
@@ -215,7 +239,10 @@ for n, id in ipairs(ids) do
       if kind == 'c' then held_c = held_c + 1 else held_r = held_r + 1 end
     end
     state = nil  -- skip it below
-  elseif froms[n] then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
+  elseif froms[n] then
+    from_due[#from_due + 1] = id
+    if seen[id] then from_prio[#from_prio + 1] = id end
+  else from_retry[#from_retry + 1] = id end
   local deadline, sched = tonumber(f[2]), f[3]
   local fence, attempt = tonumber(f[5]) or 0, tonumber(f[6]) or 0
   if fence > 0 then deadline = nil end  -- a starting deadline: retries are not late starts
@@ -274,6 +301,7 @@ for n, id in ipairs(ids) do
 end
 if #from_due > 0 then redis.call('ZREM', due_key, unpack(from_due)) end
 if #from_retry > 0 then redis.call('ZREM', retry_key, unpack(from_retry)) end
+if #from_prio > 0 then redis.call('ZREM', KEYS[9], unpack(from_prio)) end
 if #leased > 0 then
   tell_schedulers(ARGV[6], 'l', ARGV[7], leases_key, until_s)
   redis.call('ZADD', leases_key, unpack(leased))
