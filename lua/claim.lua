@@ -59,7 +59,7 @@ if extras > 0 then
     lims = {}
     local flat = redis.call('HGETALL', KEYS[8])
     for x = 1, #flat, 2 do lims[flat[x]] = flat[x + 1] end
-    scan = limit * 4 + 32  -- look past runs a limit holds back, to others that may start
+    scan = limit + 32  -- look past runs a limit holds back (HELD_SCAN), to others that may start
   end
 end
 
@@ -133,6 +133,7 @@ end
 
 -- Limit state, read once per call and per scope. conc[scope] = {max, count} or false (no
 -- concurrency limit); bucket[scope] = {tokens, rate per ms, burst} or false (no rate limit).
+local HELD_SCAN = 32  -- the `scan` window above is limit + HELD_SCAN
 local conc, bucket, free_at = {}, {}, nil
 local held_c, held_r = 0, 0
 
@@ -187,8 +188,11 @@ local function blocked_by(scopes)
   for _, scope in ipairs(scopes) do
     local c = conc_of(scope)
     if c and c[2] >= c[1] then
-      local first = redis.call('ZRANGE', c[3], 0, 0, 'WITHSCORES')
-      hold_until(tonumber(first[2]) or (now + 1000))
+      if not c[4] then  -- once per scope: its earliest slot expiry
+        local first = redis.call('ZRANGE', c[3], 0, 0, 'WITHSCORES')
+        c[4] = true
+        hold_until(tonumber(first[2]) or (now + 1000))
+      end
       return scope .. ':concurrency', 'c'
     end
     local b = bucket_of(scope)
@@ -219,30 +223,41 @@ end
 
 local out = {-1, 0, 0, 0, 0}
 local leased, from_due, from_retry = {}, {}, {}
-local taken = 0
+local taken, held_n = 0, 0
 for n, id in ipairs(ids) do
-  if taken >= limit then break end
+  -- past HELD_SCAN held runs in one call, the rest waits for the next (bounded cost while a
+  -- limit is full; other partitions are not affected, see docs/fairness.md)
+  if taken >= limit or held_n >= HELD_SCAN then break end
   local run_key = prefix .. K.run .. id
-  local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
-    'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested',
-    'tenant', 'limited_by')
-  local state = f[1]
-  local scopes, why, kind = nil, nil, nil
-  if lims and (state == 'scheduled' or state == 'retrying') and not f[13] then
-    scopes = scopes_of(f[14], f[7])
-    why, kind = blocked_by(scopes)
-  end
-  if why then
-    -- held back: it stays in its set; say which limit held it (counted once per limit)
-    if f[15] ~= why then
-      redis.call('HSET', run_key, 'limited_by', why)
-      if kind == 'c' then held_c = held_c + 1 else held_r = held_r + 1 end
+  local why, kind, scopes = nil, nil, nil
+  if lims then
+    -- a light read first: a run a limit holds back costs five short fields
+    local g = redis.call('HMGET', run_key, 'state', 'tenant', 'task', 'limited_by',
+      'cancel_requested')
+    if (g[1] == 'scheduled' or g[1] == 'retrying') and not g[5] then
+      scopes = scopes_of(g[2], g[3])
+      why, kind = blocked_by(scopes)
     end
-    state = nil  -- skip it below
-  elseif froms[n] then
-    from_due[#from_due + 1] = id
-    if seen[id] then from_prio[#from_prio + 1] = id end
-  else from_retry[#from_retry + 1] = id end
+    if why then
+      held_n = held_n + 1
+      -- it stays in its set; say which limit held it (counted once per run and limit)
+      if g[4] ~= why then
+        redis.call('HSET', run_key, 'limited_by', why)
+        if kind == 'c' then held_c = held_c + 1 else held_r = held_r + 1 end
+      end
+    end
+  end
+  local f, state = {}, nil
+  if not why then
+    f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
+      'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested',
+      'limited_by')
+    state = f[1]
+    if froms[n] then
+      from_due[#from_due + 1] = id
+      if seen[id] then from_prio[#from_prio + 1] = id end
+    else from_retry[#from_retry + 1] = id end
+  end
   local deadline, sched = tonumber(f[2]), f[3]
   local fence, attempt = tonumber(f[5]) or 0, tonumber(f[6]) or 0
   if fence > 0 then deadline = nil end  -- a starting deadline: retries are not late starts
@@ -282,7 +297,7 @@ for n, id in ipairs(ids) do
       out[o + 9] = f[12] or ''
       out[o + 10] = sched or ''
       out[o + 11] = scores[n]
-      out[o + 12] = f[15] or ''
+      out[o + 12] = f[14] or ''
     end
   elseif why then
     -- held back by a limit (above): left where it is

@@ -1,0 +1,224 @@
+"""What limits cost at claim time, and the fair-share bound under a backlog.
+
+1. Script cost, driven directly (no worker): enqueue N runs, claim them all in batches, then
+   complete them all; Redis CPU inside EVALSHA (INFO commandstats usec) per run, per phase,
+   for each scenario. Limits are set high enough never to hold a run back, so what is measured
+   is the price of checking and counting them. `held` measures instead one claim call that
+   finds a tenant's concurrency limit full (it scans and leaves the runs).
+2. Drain rate: one `duetime worker` process (async no-op task) drains N runs, per scenario,
+   first to last finish on the server clock.
+3. Fair share: tenant A enqueues a backlog; once a worker drains it, tenant B enqueues 10 runs;
+   B's wait = attempt start - creation (server clock), while A still has thousands left.
+
+    .venv/bin/python -m bench.limits [--runs 20000] [--backlog 100000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from duetime.common import transitions as tr
+from duetime.common.models import to_ms
+from duetime.common.scripts import Scripts
+
+from bench.apps import app, noop
+from duetime.embedded import EmbeddedServer
+
+TENANTS = [f"t{i}" for i in range(8)]
+BATCH = 50
+
+
+def _evalsha_us(r: redis.Redis) -> float:
+    return float(r.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+
+
+def _items(scenario: str, n: int) -> list[dict[str, Any]]:
+    tenant = scenario in ("concurrency", "tenants")
+    return [{"task": noop, "args": [i],
+             **({"tenant": TENANTS[i % len(TENANTS)]} if tenant else {}),
+             **({"priority": 1 + i % 10} if scenario == "priority" else {})}
+            for i in range(n)]
+
+
+def _limits(scenario: str) -> None:
+    if scenario == "concurrency":
+        for t in TENANTS:
+            app.set_limit("tenant", t, concurrency=1_000_000)
+    elif scenario == "rate":
+        app.set_limit("task", noop.name, rate=1e9, per=1.0, burst=1e9)
+
+
+SCENARIOS = ("none", "concurrency", "rate", "tenants", "priority")
+
+
+def script_round(url: str, scenario: str, n: int) -> dict[str, float]:
+    app.configure(redis_url=url, namespace=f"bl{uuid.uuid4().hex[:6]}")
+    r = redis.Redis.from_url(url)
+    app.store.ready()
+    scripts, k = Scripts(r), app.keys
+    _limits(scenario)
+    app.enqueue_many(_items(scenario, n))
+    u0 = _evalsha_us(r)
+    held: dict[int, list[tuple[str, int]]] = {}
+    for p in range(k.partitions):
+        while True:
+            keys, args = tr.claim(k, p, "default", "bench:1", BATCH, 600_000)
+            runs = tr.parse_claim(scripts.claim(keys=keys, args=args)).runs
+            if not runs:
+                break
+            held.setdefault(p, []).extend((c.run_id, c.fence) for c in runs)
+    u1 = _evalsha_us(r)
+    assert sum(len(v) for v in held.values()) == n, "not every run was claimed"
+    for p, items in held.items():
+        for i in range(0, len(items), BATCH):
+            keys, args = tr.complete(k, p, items[i : i + BATCH])
+            scripts.complete(keys=keys, args=args)
+    u2 = _evalsha_us(r)
+    r.close()
+    app.close()
+    # each claim loop ends with one empty call per partition: negligible next to n runs
+    return {"claim_us": (u1 - u0) / n, "complete_us": (u2 - u1) / n}
+
+
+def held_round(url: str, n: int = 10_000, calls: int = 200) -> float:
+    """µs of one claim call that finds tenant t0's concurrency limit (10) full."""
+    app.configure(redis_url=url, namespace=f"bh{uuid.uuid4().hex[:6]}")
+    r = redis.Redis.from_url(url)
+    app.store.ready()
+    scripts, k = Scripts(r), app.keys
+    app.set_limit("tenant", "t0", concurrency=10)
+    app.enqueue_many([{"task": noop, "args": [i], "tenant": "t0"} for i in range(n)])
+    p = k.partition_of_tenant("t0")
+    keys, args = tr.claim(k, p, "default", "bench:1", BATCH, 600_000)
+    assert len(tr.parse_claim(scripts.claim(keys=keys, args=args)).runs) == 10
+    u0 = _evalsha_us(r)
+    for _ in range(calls):
+        assert not tr.parse_claim(scripts.claim(keys=keys, args=args)).runs
+    u1 = _evalsha_us(r)
+    r.close()
+    app.close()
+    return (u1 - u0) / calls
+
+
+def _worker(url: str, ns: str, concurrency: int = 100) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns}
+    return subprocess.Popen([sys.executable, "-m", "duetime", "--log-level", "WARNING", "worker",
+                             "--app", "bench.apps:app", "--concurrency", str(concurrency)],
+                            env=env)
+
+
+def _done(r: redis.Redis) -> int:
+    pipe = r.pipeline(transaction=False)
+    for p in range(app.keys.partitions):
+        pipe.zcard(app.keys.done(p))
+    return sum(pipe.execute())
+
+
+def _wait(pred: Callable[[], bool], timeout: float = 300.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise TimeoutError("bench round did not finish")
+        time.sleep(0.005)
+
+
+def drain_round(url: str, scenario: str, n: int) -> float:
+    ns = f"bd{uuid.uuid4().hex[:6]}"
+    app.configure(redis_url=url, namespace=ns)
+    r = redis.Redis.from_url(url)
+    app.store.ready()
+    _limits(scenario)
+    app.enqueue_many(_items(scenario, n))
+    proc = _worker(url, ns)
+    try:
+        _wait(lambda: _done(r) >= n)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    pipe = r.pipeline(transaction=False)
+    for p in range(app.keys.partitions):
+        pipe.zrange(app.keys.done(p), 0, 0, withscores=True)
+        pipe.zrange(app.keys.done(p), -1, -1, withscores=True)
+    heads = [x[0][1] for x in pipe.execute() if x]
+    r.close()
+    app.close()
+    return n / ((max(heads) - min(heads)) / 1000)
+
+
+def fair_round(url: str, backlog: int) -> dict[str, float]:
+    ns = f"bf{uuid.uuid4().hex[:6]}"
+    app.configure(redis_url=url, namespace=ns)
+    r = redis.Redis.from_url(url)
+    app.store.ready()
+    assert app.keys.partition_of_tenant("big") != app.keys.partition_of_tenant("small")
+    for i in range(0, backlog, 20_000):
+        app.enqueue_many([{"task": noop, "args": [j], "tenant": "big"}
+                          for j in range(i, min(backlog, i + 20_000))])
+    proc = _worker(url, ns)
+    try:
+        _wait(lambda: _done(r) >= 1000)
+        small = [app.enqueue(noop, [i], tenant="small") for i in range(10)]
+        _wait(lambda: all(app.get_run(i).state == "succeeded" for i in small), 60)
+        left = backlog - _done(r) + 10
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    waits = [to_ms(run.started) - to_ms(run.created) for run in map(app.get_run, small)]
+    r.flushdb()
+    r.close()
+    app.close()
+    return {"max_wait_ms": max(waits), "median_wait_ms": statistics.median(waits),
+            "big_left": left}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=20_000)
+    ap.add_argument("--backlog", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
+    args = ap.parse_args()
+    cost: dict[str, list[dict[str, float]]] = {s: [] for s in SCENARIOS}
+    drain: dict[str, list[float]] = {s: [] for s in SCENARIOS}
+    held: list[float] = []
+    fair: list[dict[str, float]] = []
+    with EmbeddedServer(args.server) as server:
+        for _ in range(args.rounds):
+            for s in SCENARIOS:  # interleaved: the machine's noise hits every scenario
+                cost[s].append(script_round(server.url, s, args.runs))
+            held.append(held_round(server.url))
+        for _ in range(args.rounds):
+            for s in SCENARIOS:
+                drain[s].append(drain_round(server.url, s, args.runs))
+        for _ in range(args.rounds):
+            fair.append(fair_round(server.url, args.backlog))
+    print(f"server={args.server} runs={args.runs} batch={BATCH} rounds={args.rounds} (medians)")
+    base = statistics.median(x["claim_us"] for x in cost["none"])
+    base_drain = statistics.median(drain["none"])
+    print(f"{'scenario':12s} {'claim µs/run':>13s} {'vs none':>8s} {'complete µs/run':>16s}"
+          f" {'drain runs/s':>13s} {'vs none':>8s}")
+    for s in SCENARIOS:
+        c = statistics.median(x["claim_us"] for x in cost[s])
+        co = statistics.median(x["complete_us"] for x in cost[s])
+        d = statistics.median(drain[s])
+        print(f"{s:12s} {c:13.2f} {c / base:8.2f} {co:16.2f} {d:13,.0f} {d / base_drain:8.2f}")
+    print(f"claim call finding a tenant's concurrency limit full: {statistics.median(held):.1f} µs")
+    rounds = ", ".join(f"{x['max_wait_ms']:.0f}" for x in fair)
+    print(f"fair share, backlog {args.backlog:,} of tenant big, 10 runs of tenant small: "
+          f"max wait {statistics.median(x['max_wait_ms'] for x in fair):.0f} ms "
+          f"(rounds: {rounds}), median wait "
+          f"{statistics.median(x['median_wait_ms'] for x in fair):.0f} ms, big still had "
+          f"{statistics.median(x['big_left'] for x in fair):,.0f} runs waiting")
+
+
+if __name__ == "__main__":
+    main()
