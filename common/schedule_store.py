@@ -88,6 +88,7 @@ class ScheduleInfo:
     updated: datetime | None
     # set aside by the evaluator, with the reason (registering the schedule again clears it)
     quarantined: str | None = None
+    tenant: str | None = None  # given to every run it creates
     problem: str | None = None  # what this process could not read in the stored record
 
     @classmethod
@@ -129,7 +130,7 @@ class ScheduleInfo:
             skipped_count=i("skipped_count"), missed_count=i("missed_count"),
             materialized_count=i("materialized_count"),
             created=stored_ms(s("created") or None), updated=stored_ms(s("updated") or None),
-            quarantined=s("quarantined") or None,
+            quarantined=s("quarantined") or None, tenant=s("tenant") or None,
         )
         if s("next_ms") and info.next_fire is None:
             problems.append(f"next_ms {s('next_ms')!r} is not a time")

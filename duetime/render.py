@@ -130,7 +130,8 @@ def schedule_to_dict(info: ScheduleInfo) -> dict[str, Any]:
         "kwargs": info.kwargs, "catchup": info.catchup, "max_catchup": info.max_catchup,
         "miss_tolerance_s": info.miss_tolerance_s, "lateness_s": info.lateness_s,
         "overlap": info.overlap, "jitter_s": info.jitter_s,
-        "owner": info.owner, "paused": info.paused, "pause_note": info.pause_note,
+        "owner": info.owner, "tenant": info.tenant, "paused": info.paused,
+        "pause_note": info.pause_note,
         "version": info.version, "next_fire": _iso(info.next_fire),
         "last_occurrence": _iso(info.last_occurrence), "skipped_count": info.skipped_count,
         "missed_count": info.missed_count, "materialized_count": info.materialized_count,
@@ -162,7 +163,8 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
     instants = {"next_fire": info.next_fire, "last_occurrence": info.last_occurrence,
                 "created": info.created, "updated": info.updated}
     for k in ("task", "queue", "args", "kwargs", "catchup", "max_catchup", "miss_tolerance_s",
-              "lateness_s", "overlap", "jitter_s", "owner", "pause_note", "version", "next_fire",
+              "lateness_s", "overlap", "jitter_s", "owner", "tenant", "pause_note", "version",
+              "next_fire",
               "last_occurrence", "materialized_count", "skipped_count", "missed_count", "created",
               "updated"):
         if d[k] in (None, "", [], {}):

@@ -276,11 +276,13 @@ for n, id in ipairs(ids) do
       -- claimed ahead of its due time: the attempt starts at the due time (the score)
       local started = now_s
       if tonumber(scores[n]) > now then started = scores[n] end
-      redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt', int_s(attempt),
-        'worker', worker, 'started', started)
-      if scopes then
-        local held = take(scopes, id)
-        if held ~= '' then redis.call('HSET', run_key, 'held', held) end
+      local held = scopes and take(scopes, id) or ''
+      if held == '' then
+        redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt',
+          int_s(attempt), 'worker', worker, 'started', started)
+      else  -- the concurrency slots it took, freed when the attempt ends
+        redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt',
+          int_s(attempt), 'worker', worker, 'started', started, 'held', held)
       end
       if deadline then redis.call('ZREM', deadlines_key, id) end
       leased[#leased + 1] = until_s

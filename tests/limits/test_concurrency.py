@@ -119,3 +119,37 @@ def test_limits_cli_and_bad_input(app):
         app.set_limit("planet", "mars", concurrency=1)
     with pytest.raises(duetime.InvalidInput):
         app.set_limit("tenant", "acme", rate=-1)
+
+
+def _sample(metric, label: str, suffix: str = "") -> float:
+    for fam in metric.collect():
+        for s in fam.samples:
+            if s.name.endswith(suffix) and label in s.labels.values():
+                return s.value
+    return 0.0
+
+
+def test_limited_runs_are_counted_and_their_delay_kept_apart(app):
+    import asyncio
+
+    from duetime.common import metrics
+
+    from tests.integration.inproc import serving, until
+
+    app.set_limit("tenant", "acme", concurrency=1)
+    held0 = _sample(metrics.RUNS_LIMITED, "concurrency", "_total")
+    delayed0 = _sample(metrics.LIMITED_DELAY, "default", "_count")
+    queue0 = _sample(metrics.QUEUE_DELAY, "default", "_count")
+    ids = app.enqueue_many([(basic.limited, [0.05]) for _ in range(4)])
+
+    async def main() -> None:
+        async with serving(app, concurrency=4):
+            await until(lambda: all(app.get_run(i).state == "succeeded" for i in ids),
+                        what="the runs to succeed")
+
+    asyncio.run(main())
+    held = [i for i in ids if app.get_run(i).limited_by]
+    assert len(held) >= 2  # with one slot, most of the four waited
+    assert _sample(metrics.RUNS_LIMITED, "concurrency", "_total") - held0 == len(held)
+    assert _sample(metrics.LIMITED_DELAY, "default", "_count") - delayed0 == len(held)
+    assert _sample(metrics.QUEUE_DELAY, "default", "_count") - queue0 == 4 - len(held)

@@ -51,7 +51,7 @@ def test_bad_tenant_names_are_refused_before_anything_is_written(app, bad):
 def test_scheduled_runs_inherit_the_schedules_tenant(app):
     app.schedule("nightly", duetime.Every(timedelta(hours=1)), basic.noop, tenant="acme")
     run = app.get_run(app.trigger("nightly"))
-    assert run.tenant == "acme"
+    assert run.tenant == "acme" and app.get_schedule("nightly").tenant == "acme"
     # a schedule of a task with a default tenant inherits it; removing the override clears it
     app.schedule("j", duetime.Every(timedelta(hours=1)), basic.limited, [0])
     assert app.get_run(app.trigger("j")).tenant == "acme"
