@@ -337,8 +337,9 @@ local nr = redis.call('ZRANGE', retry_key, 0, 0, 'WITHSCORES')
 local nxt = -1
 if nd[2] then nxt = tonumber(nd[2]) end
 if nr[2] and (nxt == -1 or tonumber(nr[2]) < nxt) then nxt = tonumber(nr[2]) end
-if free_at and nxt ~= -1 and nxt <= horizon then
-  -- runs a limit holds back are still at the head: come back when a limit may free
+if free_at and taken < limit and nxt ~= -1 and nxt <= horizon then
+  -- runs a limit holds back are still at the head: come back when a limit may free (a call
+  -- that filled its batch says "due now" instead: others may be claimable behind them)
   nxt = math.max(math.min(free_at, now + 1000), now + 1)
 end
 out[1] = nxt

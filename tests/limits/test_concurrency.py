@@ -7,7 +7,7 @@ import signal
 
 import pytest
 from duetime.common import transitions as tr
-from duetime.common.connection import sync_client
+from duetime.common.connection import server_time_ms, sync_client
 from duetime.common.scripts import Scripts
 
 import duetime
@@ -153,3 +153,23 @@ def test_limited_runs_are_counted_and_their_delay_kept_apart(app):
     assert _sample(metrics.RUNS_LIMITED, "concurrency", "_total") - held0 == len(held)
     assert _sample(metrics.LIMITED_DELAY, "default", "_count") - delayed0 == len(held)
     assert _sample(metrics.QUEUE_DELAY, "default", "_count") - queue0 == 4 - len(held)
+
+
+def test_runs_behind_held_ones_are_claimed_and_a_full_batch_says_come_back_now(app):
+    r = sync_client(app.redis_url)
+    k, scripts = app.keys, Scripts(r)
+    p = k.partition_of_tenant("acme")
+    other = next(f"t{i}" for i in range(10_000) if k.partition_of_tenant(f"t{i}") == p)
+    app.set_limit("tenant", "acme", concurrency=1)
+    a = [app.enqueue(basic.noop, tenant="acme") for _ in range(3)]
+    b = [app.enqueue(basic.noop, tenant=other) for _ in range(5)]
+    keys, args = tr.claim(k, p, "default", "w1", 3, 60_000)
+    now = server_time_ms(r)
+    first = tr.parse_claim(scripts.claim(keys=keys, args=args))
+    assert [c.run_id for c in first.runs][0] == a[0] and len(first.runs) == 3
+    assert first.next_due_ms is not None and first.next_due_ms <= now  # more may be claimable
+    keys, args = tr.claim(k, p, "default", "w1", 10, 60_000)
+    now = server_time_ms(r)
+    second = tr.parse_claim(scripts.claim(keys=keys, args=args))
+    assert {c.run_id for c in second.runs} | {c.run_id for c in first.runs[1:]} == set(b)
+    assert second.next_due_ms is not None and second.next_due_ms > now  # only held runs left
