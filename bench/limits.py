@@ -11,6 +11,10 @@
    B's wait = attempt start - creation (server clock), while A still has thousands left.
 
     .venv/bin/python -m bench.limits [--runs 20000] [--backlog 100000] [--rounds 3]
+
+`--before LUA_DIR` instead compares the hot path (no limit, no tenant, no priority) of the
+claim and complete scripts of LUA_DIR (e.g. `git archive main lua`) with the current ones,
+interleaved on one server: what the limit checks cost runs that use none.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -30,6 +35,7 @@ from duetime.common import transitions as tr
 from duetime.common.models import to_ms
 from duetime.common.scripts import Scripts
 
+from bench import script_cost
 from bench.apps import app, noop
 from duetime.embedded import EmbeddedServer
 
@@ -180,13 +186,67 @@ def fair_round(url: str, backlog: int) -> dict[str, float]:
             "big_left": left}
 
 
+def hot_round(url: str, lua_dir: Path, n: int) -> tuple[float, float]:
+    """(claim, complete) EVALSHA µs per run of runs without limits, with `lua_dir`'s scripts."""
+    app.configure(redis_url=url, namespace=f"bo{uuid.uuid4().hex[:6]}")
+    r = redis.Redis.from_url(url)
+    app.store.ready()
+    k = app.keys
+    claim = r.register_script(script_cost._source(lua_dir, "claim"))
+    complete = r.register_script(script_cost._source(lua_dir, "complete"))
+    # the reply's header is 3 values before limits (then 11 per run), 5 since (12 per run)
+    header, width = ((tr.CLAIM_HEADER, tr.CLAIM_FIELDS) if lua_dir.resolve() == script_cost.LUA
+                     else (3, 11))
+    app.enqueue_many([(noop, [i]) for i in range(n)])
+    u0 = _evalsha_us(r)
+    held: dict[int, list[tuple[str, int]]] = {}
+    for p in range(k.partitions):
+        while True:
+            keys, args = tr.claim(k, p, "default", "bench:1", BATCH, 600_000)
+            res = claim(keys=keys, args=args)
+            runs = [(res[i].decode(), int(res[i + 1])) for i in range(header, len(res), width)]
+            if not runs:
+                break
+            held.setdefault(p, []).extend(runs)
+    u1 = _evalsha_us(r)
+    assert sum(len(v) for v in held.values()) == n, "not every run was claimed"
+    for p, items in held.items():
+        for i in range(0, len(items), BATCH):
+            keys, args = tr.complete(k, p, items[i : i + BATCH])
+            complete(keys=keys, args=args)
+    u2 = _evalsha_us(r)
+    r.flushdb()
+    r.close()
+    app.close()
+    return (u1 - u0) / n, (u2 - u1) / n
+
+
+def hot_path(args: argparse.Namespace) -> None:
+    dirs = [args.before, script_cost.LUA]
+    res: dict[Path, list[tuple[float, float]]] = {d: [] for d in dirs}
+    with EmbeddedServer(args.server) as server:
+        for _ in range(args.rounds):
+            for d in dirs:
+                res[d].append(hot_round(server.url, d, args.runs))
+    print(f"server={args.server} runs={args.runs} batch={BATCH} rounds={args.rounds} "
+          "(EVALSHA µs per run, medians; no limit, no tenant, no priority)")
+    for d, rounds in res.items():
+        cl, co = (statistics.median(x) for x in zip(*rounds, strict=True))
+        print(f"{str(d):40s} claim {cl:6.2f}  complete {co:6.2f}  total {cl + co:6.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20_000)
     ap.add_argument("--backlog", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="a copy of lua/ to compare the no-limit hot path with")
     args = ap.parse_args()
+    if args.before is not None:
+        hot_path(args)
+        return
     cost: dict[str, list[dict[str, float]]] = {s: [] for s in SCENARIOS}
     drain: dict[str, list[float]] = {s: [] for s in SCENARIOS}
     held: list[float] = []

@@ -88,7 +88,7 @@ end
 while #ids < scan and (i <= #d or j <= #r) do
   local n = #ids + 1
   if j > #r or (i <= #d and tonumber(d[i + 1]) <= tonumber(r[j + 1])) then
-    if not seen[d[i]] then ids[n], froms[n], scores[n] = d[i], true, d[i + 1] end
+    if not (prio and seen[d[i]]) then ids[n], froms[n], scores[n] = d[i], true, d[i + 1] end
     i = i + 2
   else
     ids[n], froms[n], scores[n] = r[j], false, r[j + 1]; j = j + 2
@@ -134,6 +134,7 @@ end
 -- Limit state, read once per call and per scope. conc[scope] = {max, count} or false (no
 -- concurrency limit); bucket[scope] = {tokens, rate per ms, burst} or false (no rate limit).
 local HELD_SCAN = 32  -- the `scan` window above is limit + HELD_SCAN
+local NONE = {}  -- the fields of a held run: none read
 local conc, bucket, free_at = {}, {}, nil
 local held_c, held_r = 0, 0
 
@@ -247,7 +248,7 @@ for n, id in ipairs(ids) do
       end
     end
   end
-  local f, state = {}, nil
+  local f, state = NONE, nil
   if not why then
     f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
       'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested',
