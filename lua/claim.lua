@@ -131,8 +131,9 @@ local function overlap_allows(id, run_key, sched, overlap)
   return false
 end
 
--- Limit state, read once per call and per scope. conc[scope] = {max, count} or false (no
--- concurrency limit); bucket[scope] = {tokens, rate per ms, burst} or false (no rate limit).
+-- Limit state, read once per call and per scope. conc[scope] = {max, count, key, hold told}
+-- or false (no concurrency limit); bucket[scope] = {tokens, rate per ms, burst, key, taken}
+-- or false (no rate limit).
 local HELD_SCAN = 32  -- the `scan` window above is limit + HELD_SCAN
 local NONE = {}  -- the fields of a held run: none read
 local conc, bucket, free_at = {}, {}, nil
