@@ -173,3 +173,19 @@ def test_runs_behind_held_ones_are_claimed_and_a_full_batch_says_come_back_now(a
     second = tr.parse_claim(scripts.claim(keys=keys, args=args))
     assert {c.run_id for c in second.runs} | {c.run_id for c in first.runs[1:]} == set(b)
     assert second.next_due_ms is not None and second.next_due_ms > now  # only held runs left
+
+
+def test_a_long_run_keeps_its_slot_past_its_first_lease(app, procs):
+    """The slot entry is scored with the lease at claim time; heartbeats extend the lease, and
+    a claim that meets the old score re-scores the entry instead of freeing the slot."""
+    app.set_limit("tenant", "acme", concurrency=1)
+    long_run = app.enqueue(basic.limited, [3.0])
+    procs.worker("--concurrency", "4", "--lease", "600ms")
+    r = sync_client(app.redis_url)
+    wait_for(lambda: len(entries(r)) >= 1, 20, what="the long run to start")
+    short = [app.enqueue(basic.limited, [0]) for _ in range(3)]
+    wait_for(lambda: app.get_run(long_run).state == "succeeded", 20, what="the long run")
+    wait_for(lambda: all(app.get_run(i).state == "succeeded" for i in short), 20,
+             what="the short runs")
+    assert max_running(r) == 1  # nothing started beside it over five lease lengths
+    assert app.get_run(long_run).attempt == 1
