@@ -107,6 +107,8 @@ class KeyGuide:
         if kind.item == "scope":  # a limit's scope: '<kind>:<name>'
             return self._first_existing([build(p, "queue:" + s["queue"])
                                          for p in range(k.partitions)])
+        if kind.item == "lane":  # '<queue>|<tenant>'
+            return self._first_existing([build(p, s["queue"], "") for p in range(k.partitions)])
         return self._first_existing([build(p) for p in range(k.partitions)])
 
     def _first_existing(self, candidates: list[str]) -> str:

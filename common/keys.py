@@ -64,6 +64,13 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "prio": KeyKind("prio:", "zset", "run id -> -priority * 1e13 + due ms, for runs enqueued "
                     "with a priority: claimed first (highest, then earliest) once due; an entry "
                     "whose run is no longer scheduled is dropped by the claim", "queue"),
+    "lane": KeyKind("lane:", "zset", "run id -> due ms: one tenant's first attempts waiting in a "
+                    "queue ('<queue>|<tenant>'; '<queue>|' for runs without a tenant), claimed "
+                    "round-robin between tenants", "lane"),
+    "lanes": KeyKind("lanes:", "zset", "tenant -> when the claim last took from its lane (ms; 0 "
+                     "= never): least recently served first", "queue"),
+    "laned": KeyKind("laned:", "zset", "run id -> due ms: the runs of the queue's due set that "
+                     "wait in a lane (the claim's due-order path skips them)", "queue"),
     "limits": KeyKind("limits", "hash", "this partition's share of the namespace's limits: "
                       "'<kind>:<name>:c' -> concurrency, '<kind>:<name>:r' -> 'tokens per ms, "
                       "burst' (absent: no limit; claim.lua reads it)"),
@@ -208,6 +215,15 @@ class Keyspace:
 
     def prio(self, p: int, queue: str) -> str:
         return self.prefix(p) + SUFFIX["prio"] + queue
+
+    def lane(self, p: int, queue: str, tenant: str) -> str:
+        return self.prefix(p) + SUFFIX["lane"] + queue + "|" + tenant
+
+    def lanes(self, p: int, queue: str) -> str:
+        return self.prefix(p) + SUFFIX["lanes"] + queue
+
+    def laned(self, p: int, queue: str) -> str:
+        return self.prefix(p) + SUFFIX["laned"] + queue
 
     def limits(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["limits"]

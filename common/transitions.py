@@ -56,7 +56,8 @@ def _s(b: bytes | None) -> str:
 def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms: int,
           ahead_ms: int = 0) -> Call:
     return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.deadlines(p),
-             k.events(p), k.dead(p), k.limits(p), k.prio(p, queue)],
+             k.events(p), k.dead(p), k.limits(p), k.prio(p, queue), k.lanes(p, queue),
+             k.laned(p, queue)],
             [k.prefix(p), worker_id, limit, lease_ms, ahead_ms, k.sched_wake, p, queue])
 
 
@@ -104,7 +105,7 @@ def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
     args: list[Any] = [k.prefix(p), k.wake_channel, f"{p}|{queue}", len(shared), *shared]
     for run_id, due, delay_ms, fields in runs:
         args += [run_id, due, delay_ms, len(fields), *fields]
-    return [k.due(p, queue), k.prio(p, queue)], args
+    return [k.due(p, queue), k.prio(p, queue), k.laned(p, queue), k.lanes(p, queue)], args
 
 
 def fail(k: Keyspace, p: int, queue: str, run_id: str, fence: int, error: str, mode: str,

@@ -11,6 +11,11 @@
 -- KEYS[7] dead zset    T:dead              KEYS[8] limits hash  T:limits
 -- KEYS[9] priority index T:prio:<queue> (runs enqueued with a priority: taken first once due;
 --         an entry whose run is no longer waiting in the due set is dropped here)
+-- KEYS[10] lanes zset T:lanes:<queue>   KEYS[11] laned zset T:laned:<queue>
+-- Tenant lanes (docs/fairness.md): when the queue has lanes here, runs are taken round-robin
+-- from the lanes T:lane:<queue>|<tenant>, least recently served tenant first, an equal share
+-- of the batch each; the due-order path then skips laned runs (retries, releases, replays and
+-- schedule runs are not laned and keep their due order).
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash) and per-schedule keys
 --         (schedule hash, its running set) are built from it; they carry the same hash tag,
 --         so they live in this partition's slot
@@ -48,14 +53,14 @@ local horizon = now + (tonumber(ARGV[5]) or 0)
 local now_s, until_s = int_s(now), int_s(now + lease)
 local queue = ARGV[8] or ''
 
--- the limits of this partition and the queue's priority runs, if any: one EXISTS when there
--- are none (the hot path)
-local lims, prio = nil, false
+-- the limits of this partition, the queue's priority runs and tenant lanes, if any: one
+-- EXISTS when there are none (the hot path)
+local lims, prio, lanes = nil, false, false
 local scan = limit
-local extras = redis.call('EXISTS', KEYS[8], KEYS[9])
-if extras > 0 then
+if redis.call('EXISTS', KEYS[8], KEYS[9], KEYS[10]) > 0 then
   prio = redis.call('EXISTS', KEYS[9]) == 1
-  if extras == 2 or not prio then
+  lanes = redis.call('EXISTS', KEYS[10]) == 1
+  if redis.call('EXISTS', KEYS[8]) == 1 then
     lims = {}
     local flat = redis.call('HGETALL', KEYS[8])
     for x = 1, #flat, 2 do lims[flat[x]] = flat[x + 1] end
@@ -69,7 +74,7 @@ local r = redis.call('ZRANGE', retry_key, '-inf', horizon, 'BYSCORE', 'LIMIT', 0
 
 -- priority runs first: highest priority, then earliest due, among those due by the horizon
 local ids, froms, scores, i, j = {}, {}, {}, 1, 1
-local seen, from_prio = {}, {}
+local seen, from_prio, from_lane = {}, {}, {}
 if prio then
   local stale = {}
   for _, id in ipairs(redis.call('ZRANGE', KEYS[9], 0, scan * 2 + 31)) do
@@ -84,11 +89,56 @@ if prio then
   end
   if #stale > 0 then redis.call('ZREM', KEYS[9], unpack(stale)) end
 end
+-- then the tenant lanes, round-robin
+local lane_of = {}  -- run id -> its lane key, for runs taken from a lane
+local skip = seen
+if lanes then
+  local tenants = redis.call('ZRANGE', KEYS[10], 0, 31)
+  local quantum = math.max(1, math.ceil((scan - #ids) / #tenants))
+  local served, stale = {}, {}
+  for _, t in ipairs(tenants) do
+    if #ids >= scan then break end
+    local lane = prefix .. K.lane .. queue .. '|' .. t
+    local got = redis.call('ZRANGE', lane, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, quantum,
+      'WITHSCORES')
+    if #got == 0 then
+      if redis.call('EXISTS', lane) == 0 then redis.call('ZREM', KEYS[10], t) end
+    else
+      served[#served + 1] = now_s
+      served[#served + 1] = t
+      for x = 1, #got, 2 do
+        local id = got[x]
+        if not seen[id] then
+          if redis.call('ZSCORE', due_key, id)
+              and redis.call('HGET', prefix .. K.run .. id, 'state') == 'scheduled' then
+            local n = #ids + 1
+            ids[n], froms[n], scores[n], seen[id], lane_of[id] = id, true, got[x + 1], true, lane
+          else  -- cancelled, finished or claimed by another path meanwhile
+            redis.call('ZREM', lane, id)
+            stale[#stale + 1] = id
+          end
+        end
+      end
+    end
+  end
+  if #served > 0 then redis.call('ZADD', KEYS[10], unpack(served)) end
+  if #stale > 0 then redis.call('ZREM', KEYS[11], unpack(stale)) end
+  -- laned runs wait for their lane: the due-order path below passes them by
+  if #d > 0 then
+    local ds = {}
+    for x = 1, #d, 2 do ds[#ds + 1] = d[x] end
+    local sc = redis.call('ZMSCORE', KEYS[11], unpack(ds))
+    skip = {}
+    for id in pairs(seen) do skip[id] = true end
+    for x = 1, #ds do if sc[x] then skip[ds[x]] = true end end
+  end
+end
 -- then merge the two sorted lists, earliest first (parallel arrays: no table per run)
+local check = prio or lanes
 while #ids < scan and (i <= #d or j <= #r) do
   local n = #ids + 1
   if j > #r or (i <= #d and tonumber(d[i + 1]) <= tonumber(r[j + 1])) then
-    if not (prio and seen[d[i]]) then ids[n], froms[n], scores[n] = d[i], true, d[i + 1] end
+    if not (check and skip[d[i]]) then ids[n], froms[n], scores[n] = d[i], true, d[i + 1] end
     i = i + 2
   else
     ids[n], froms[n], scores[n] = r[j], false, r[j + 1]; j = j + 2
@@ -257,7 +307,13 @@ for n, id in ipairs(ids) do
     state = f[1]
     if froms[n] then
       from_due[#from_due + 1] = id
-      if seen[id] then from_prio[#from_prio + 1] = id end
+      if prio then from_prio[#from_prio + 1] = id end
+      if lane_of[id] then
+        redis.call('ZREM', lane_of[id], id)
+        from_lane[#from_lane + 1] = id
+      elseif lanes then  -- laned once, but met in due order (its lane was gone): tidy up
+        from_lane[#from_lane + 1] = id
+      end
     else from_retry[#from_retry + 1] = id end
   end
   local deadline, sched = tonumber(f[2]), f[3]
@@ -321,6 +377,7 @@ end
 if #from_due > 0 then redis.call('ZREM', due_key, unpack(from_due)) end
 if #from_retry > 0 then redis.call('ZREM', retry_key, unpack(from_retry)) end
 if #from_prio > 0 then redis.call('ZREM', KEYS[9], unpack(from_prio)) end
+if #from_lane > 0 then redis.call('ZREM', KEYS[11], unpack(from_lane)) end
 if #leased > 0 then
   tell_schedulers(ARGV[6], 'l', ARGV[7], leases_key, until_s)
   redis.call('ZADD', leases_key, unpack(leased))

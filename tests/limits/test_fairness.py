@@ -50,3 +50,44 @@ def test_queue_weights_parse():
     assert parse_queues("a,b") == (["a", "b"], None)
     assert parse_queues("high:5, low") == (["high", "low"], {"high": 5, "low": 1})
     assert parse_queues("x:y:3") == (["x:y"], {"x:y": 3})
+
+
+def _same_home(app, tenant: str) -> str:
+    k = app.keys
+    return next(f"t{i}" for i in range(10_000)
+                if k.partition_of_tenant(f"t{i}") == k.partition_of_tenant(tenant))
+
+
+def test_tenants_sharing_a_partition_are_claimed_round_robin(app):
+    from duetime.common import transitions as tr
+    from duetime.common.scripts import Scripts
+
+    r = sync_client(app.redis_url)
+    k, scripts = app.keys, Scripts(r)
+    other = _same_home(app, "acme")
+    p = k.partition_of_tenant("acme")
+    app.enqueue_many([{"task": basic.noop, "args": [i], "tenant": "acme"} for i in range(100)])
+    small = [app.enqueue(basic.noop, tenant=other) for _ in range(3)]
+    plain = app.enqueue(basic.noop)  # no tenant, placed by its id
+    keys, args = tr.claim(k, p, "default", "w1", 10, 60_000)
+    got = [c.run_id for c in tr.parse_claim(scripts.claim(keys=keys, args=args)).runs]
+    assert len(got) >= 8 and set(small) <= set(got)  # not behind the 100 earlier runs
+    assert k.partition_of_run(plain) != p or plain in got
+    # lanes and the laned index hold exactly the runs still waiting
+    left = r.zcard(k.due(p, "default"))
+    assert r.zcard(k.laned(p, "default")) == left
+    assert r.zcard(k.lane(p, "default", "acme")) == left
+
+
+def test_a_backlog_does_not_delay_a_tenant_sharing_its_partition(app, procs):
+    other = _same_home(app, "acme")
+    app.enqueue_many([{"task": basic.anoop, "args": [i], "tenant": "acme"}
+                      for i in range(20_000)])
+    procs.worker("--concurrency", "16")
+    r = sync_client(app.redis_url)
+    wait_for(lambda: r.hlen(basic.count_key()) >= 200, 30, what="the backlog to drain a bit")
+    small = [app.enqueue(basic.anoop, [i], tenant=other) for i in range(10)]
+    wait_for(lambda: _succeeded(app, small) == 10, 20, what="the small tenant's runs")
+    waits = [to_ms(run.started) - to_ms(run.created) for run in map(app.get_run, small)]
+    assert max(waits) <= BOUND_MS, waits
+    assert r.hlen(basic.count_key()) < 20_000
