@@ -95,7 +95,7 @@ local skip = seen
 if lanes then
   local tenants = redis.call('ZRANGE', KEYS[10], 0, 31)
   local quantum = math.max(1, math.ceil((scan - #ids) / #tenants))
-  local served, stale = {}, {}
+  local served = {}
   for _, t in ipairs(tenants) do
     if #ids >= scan then break end
     local lane = prefix .. K.lane .. queue .. '|' .. t
@@ -106,23 +106,18 @@ if lanes then
     else
       served[#served + 1] = now_s
       served[#served + 1] = t
+      -- a lane entry whose run left the due set (cancelled, say) is met below like any stale
+      -- index entry, and removed from its lane there
       for x = 1, #got, 2 do
         local id = got[x]
         if not seen[id] then
-          if redis.call('ZSCORE', due_key, id)
-              and redis.call('HGET', prefix .. K.run .. id, 'state') == 'scheduled' then
-            local n = #ids + 1
-            ids[n], froms[n], scores[n], seen[id], lane_of[id] = id, true, got[x + 1], true, lane
-          else  -- cancelled, finished or claimed by another path meanwhile
-            redis.call('ZREM', lane, id)
-            stale[#stale + 1] = id
-          end
+          local n = #ids + 1
+          ids[n], froms[n], scores[n], seen[id], lane_of[id] = id, true, got[x + 1], true, lane
         end
       end
     end
   end
   if #served > 0 then redis.call('ZADD', KEYS[10], unpack(served)) end
-  if #stale > 0 then redis.call('ZREM', KEYS[11], unpack(stale)) end
   -- laned runs wait for their lane: the due-order path below passes them by
   if #d > 0 then
     local ds = {}

@@ -91,3 +91,22 @@ def test_a_backlog_does_not_delay_a_tenant_sharing_its_partition(app, procs):
     waits = [to_ms(run.started) - to_ms(run.created) for run in map(app.get_run, small)]
     assert max(waits) <= BOUND_MS, waits
     assert r.hlen(basic.count_key()) < 20_000
+
+
+def test_a_cancelled_laned_run_leaves_its_lane_at_the_next_claim(app):
+    from duetime.common import transitions as tr
+    from duetime.common.scripts import Scripts
+
+    r = sync_client(app.redis_url)
+    k, scripts = app.keys, Scripts(r)
+    p = k.partition_of_tenant("acme")
+    gone, kept = app.enqueue(basic.noop, tenant="acme"), app.enqueue(basic.noop, tenant="acme")
+    app.cancel(gone)
+    keys, args = tr.claim(k, p, "default", "w1", 10, 60_000)
+    got = [c.run_id for c in tr.parse_claim(scripts.claim(keys=keys, args=args)).runs]
+    assert got == [kept] and app.get_run(gone).state == "cancelled"
+    assert r.zcard(k.lane(p, "default", "acme")) == 0 and r.zcard(k.laned(p, "default")) == 0
+    # an emptied lane leaves the tenant index at the next claim
+    tr_keys, tr_args = tr.claim(k, p, "default", "w1", 10, 60_000)
+    scripts.claim(keys=tr_keys, args=tr_args)
+    assert not r.exists(k.lanes(p, "default"))
