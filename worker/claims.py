@@ -127,8 +127,7 @@ class Claimer:
 
     async def claim(self, keys: list[Key], free: int) -> int:
         """One pipelined claim over `keys` (fair order, see DueTimes.due_now) for up to `free`
-        runs; returns
-        how many were claimed and started. Each key gets at least CLAIM_MIN_SHARE, so a
+        runs; returns how many were claimed and started. Each key gets at least CLAIM_MIN_SHARE, so a
         backlog spread over many partitions is claimed in a few calls, not one per partition."""
         share = max(min(free, CLAIM_MIN_SHARE), -(-free // len(keys)))
         plan: list[tuple[Key, int]] = []
