@@ -216,8 +216,10 @@ class Keyspace:
     def prio(self, p: int, queue: str) -> str:
         return self.prefix(p) + SUFFIX["prio"] + queue
 
-    def lane(self, p: int, queue: str, tenant: str) -> str:
-        return self.prefix(p) + SUFFIX["lane"] + queue + "|" + tenant
+    def lane(self, p: int, queue: str, tenant: str | None = None) -> str:
+        """A tenant's lane in a queue ('' = runs without a tenant); with tenant None, `queue`
+        is the whole item, '<queue>|<tenant>'."""
+        return self.prefix(p) + SUFFIX["lane"] + queue + ("" if tenant is None else "|" + tenant)
 
     def lanes(self, p: int, queue: str) -> str:
         return self.prefix(p) + SUFFIX["lanes"] + queue
