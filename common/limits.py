@@ -42,6 +42,7 @@ class Limit:
     rate: float | None = None
     per_ms: int = 1000
     burst: float | None = None
+    weight: int | None = None  # a tenant's share of claims against others in its lanes
 
     @property
     def scope(self) -> str:
@@ -49,7 +50,8 @@ class Limit:
 
     def to_json(self) -> str:
         return json.dumps({"concurrency": self.concurrency, "rate": self.rate,
-                           "per_ms": self.per_ms, "burst": self.burst}, sort_keys=True)
+                           "per_ms": self.per_ms, "burst": self.burst, "weight": self.weight},
+                          sort_keys=True)
 
     @classmethod
     def from_json(cls, scope: str, raw: bytes | str) -> Limit:
@@ -59,7 +61,7 @@ class Limit:
         except ValueError:
             o = {}
         return cls(kind, name, o.get("concurrency"), o.get("rate"), int(o.get("per_ms") or 1000),
-                   o.get("burst"))
+                   o.get("burst"), o.get("weight"))
 
     def shares(self, partitions: int) -> list[dict[str, str]]:
         """This limit's T:limits fields in each partition (see the module docstring)."""
@@ -78,12 +80,15 @@ class Limit:
                 if not whole:
                     per_ms, burst = per_ms / partitions, max(1.0, burst / partitions)
                 f[f"{self.scope}:r"] = f"{per_ms!r} {burst!r}"
+            if self.weight is not None:
+                f[f"{self.scope}:w"] = str(self.weight)
             out.append(f)
         return out
 
 
 def make_limit(kind: str, name: str, concurrency: int | None = None, rate: float | None = None,
-               per: timedelta | float | str = 1.0, burst: float | None = None) -> Limit:
+               per: timedelta | float | str = 1.0, burst: float | None = None,
+               weight: int | None = None) -> Limit:
     """A validated limit (InvalidInput says what is wrong)."""
     if kind not in KINDS:
         raise InvalidInput(f"limit kind must be one of {', '.join(KINDS)}; got {kind!r}")
@@ -101,8 +106,13 @@ def make_limit(kind: str, name: str, concurrency: int | None = None, rate: float
         raise InvalidInput("burst needs a rate")
     if burst is not None and burst < 1:
         raise InvalidInput(f"burst must be at least 1, got {burst!r}")
+    if weight is not None:
+        if kind != "tenant":
+            raise InvalidInput("a weight applies to a tenant (its share in the claim's round robin)")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_WEIGHT:
+            raise InvalidInput(f"weight must be an integer in 1..{MAX_WEIGHT}, got {weight!r}")
     return Limit(kind, name, concurrency, None if rate is None else float(rate), per_ms,
-                 None if burst is None else float(burst))
+                 None if burst is None else float(burst), weight)
 
 
 class Limits:
@@ -112,11 +122,11 @@ class Limits:
         self.client, self.keys, self.url = client, keys, url
 
     def set(self, limit: Limit) -> None:
-        """Replace the limit of (kind, name); one with neither concurrency nor rate clears it.
+        """Replace the limit of (kind, name); one with no concurrency, rate or weight clears it.
         Every partition's share is written in one pipeline; each partition's claims see the
         old or the new share, never a mix within one claim."""
         k = self.keys
-        fields = (f"{limit.scope}:c", f"{limit.scope}:r")
+        fields = (f"{limit.scope}:c", f"{limit.scope}:r", f"{limit.scope}:w")
         pipe = self.client.pipeline(transaction=False)
         for p, share in enumerate(limit.shares(k.partitions)):
             gone = [f for f in fields if f not in share]
@@ -124,7 +134,7 @@ class Limits:
                 pipe.hset(k.limits(p), mapping=share)
             if gone:
                 pipe.hdel(k.limits(p), *gone)
-        if limit.concurrency is None and limit.rate is None:
+        if limit.concurrency is None and limit.rate is None and limit.weight is None:
             pipe.hdel(k.limit_config, limit.scope)
         else:
             pipe.hset(k.limit_config, limit.scope, limit.to_json())

@@ -351,13 +351,14 @@ class App:
     # -- limits ---------------------------------------------------------------------------
     def set_limit(self, kind: str, name: str, concurrency: int | None = None,
                   rate: float | None = None, per: timedelta | float | str = 1.0,
-                  burst: float | None = None) -> None:
+                  burst: float | None = None, weight: int | None = None) -> None:
         """Limit the runs of a tenant, queue or task (`kind`): at most `concurrency` running
         at once, at most `rate` starts per `per` (bursts up to `burst`, default `rate`).
-        Replaces the previous limit of that name; neither given clears it. Every worker
-        obeys it from its next claim (docs/fairness.md)."""
+        A tenant's `weight` (1..1000, default 1) is its share of claims against the other
+        tenants of its partition. Replaces the previous limit of that name; none given clears
+        it. Every worker obeys it from its next claim (docs/fairness.md)."""
         Limits(self.store.ready(), self.keys, self.redis_url).set(
-            make_limit(kind, name, concurrency, rate, per, burst))
+            make_limit(kind, name, concurrency, rate, per, burst, weight))
 
     def limits(self) -> list[Limit]:
         """The limits set in this namespace."""

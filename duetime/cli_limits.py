@@ -22,7 +22,8 @@ def _store(ctx: click.Context) -> Limits:
 
 def _to_dict(lim: Limit) -> dict[str, object]:
     return {"kind": lim.kind, "name": lim.name, "concurrency": lim.concurrency,
-            "rate": lim.rate, "per_s": lim.per_ms / 1000, "burst": lim.burst}
+            "rate": lim.rate, "per_s": lim.per_ms / 1000, "burst": lim.burst,
+            "weight": lim.weight}
 
 
 @limits.command("set")
@@ -35,17 +36,22 @@ def _to_dict(lim: Limit) -> dict[str, object]:
                  help="The interval --rate counts over.")
 @click.option("--burst", type=float, default=None,
               help="Starts allowed at once after an idle spell (default: --rate).")
+@click.option("--weight", type=int, default=None,
+              help="A tenant's share of claims against the other tenants of its partition "
+                   "(1..1000, default 1).")
 @click.pass_context
 @fail_cleanly
 def set_limit(ctx: click.Context, kind: str, name: str, concurrency: int | None,
-              rate: float | None, per: timedelta, burst: float | None) -> None:
+              rate: float | None, per: timedelta, burst: float | None,
+              weight: int | None) -> None:
     """Set (replace) the limit of a tenant, queue or task; no option clears it."""
-    lim = make_limit(kind, name, concurrency, rate, per, burst)
+    lim = make_limit(kind, name, concurrency, rate, per, burst, weight)
     _store(ctx).set(lim)
     click.echo(f"{lim.scope}: " + (
         ", ".join(x for x in (
             f"concurrency {lim.concurrency}" if lim.concurrency is not None else "",
-            f"rate {lim.rate:g} per {lim.per_ms / 1000:g}s" if lim.rate is not None else "") if x)
+            f"rate {lim.rate:g} per {lim.per_ms / 1000:g}s" if lim.rate is not None else "",
+            f"weight {lim.weight}" if lim.weight is not None else "") if x)
         or "cleared"))
 
 
@@ -70,7 +76,8 @@ def list_limits(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         echo_json([_to_dict(lim) for lim in found])
         return
-    click.echo(table(("KIND", "NAME", "CONCURRENCY", "RATE", "PER", "BURST"), [
+    click.echo(table(("KIND", "NAME", "CONCURRENCY", "RATE", "PER", "BURST", "WEIGHT"), [
         (lim.kind, lim.name, lim.concurrency or "", "" if lim.rate is None else f"{lim.rate:g}",
-         f"{lim.per_ms / 1000:g}s", "" if lim.burst is None else f"{lim.burst:g}")
+         f"{lim.per_ms / 1000:g}s", "" if lim.burst is None else f"{lim.burst:g}",
+         lim.weight or "")
         for lim in found]))

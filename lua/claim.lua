@@ -94,11 +94,17 @@ local lane_of = {}  -- run id -> its lane key, for runs taken from a lane
 local skip = seen
 if lanes then
   local tenants = redis.call('ZRANGE', KEYS[10], 0, 31)
-  local quantum = math.max(1, math.ceil((scan - #ids) / #tenants))
-  local served = {}
-  for _, t in ipairs(tenants) do
-    if #ids >= scan then break end
+  -- each tenant's share of this batch, by weight (T:limits 'tenant:<name>:w', default 1)
+  local weights, total = {}, 0
+  for x, t in ipairs(tenants) do
+    weights[x] = (lims and tonumber(lims['tenant:' .. t .. ':w'])) or 1
+    total = total + weights[x]
+  end
+  local want = math.max(limit - #ids, 1)
+  local served, picked, most = {}, {}, 0
+  for x, t in ipairs(tenants) do
     local lane = prefix .. K.lane .. queue .. '|' .. t
+    local quantum = math.max(1, math.ceil(want * weights[x] / total))
     local got = redis.call('ZRANGE', lane, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, quantum,
       'WITHSCORES')
     if #got == 0 then
@@ -106,14 +112,19 @@ if lanes then
     else
       served[#served + 1] = now_s
       served[#served + 1] = t
-      -- a lane entry whose run left the due set (cancelled, say) is met below like any stale
-      -- index entry, and removed from its lane there
-      for x = 1, #got, 2 do
-        local id = got[x]
-        if not seen[id] then
-          local n = #ids + 1
-          ids[n], froms[n], scores[n], seen[id], lane_of[id] = id, true, got[x + 1], true, lane
-        end
+      picked[#picked + 1] = {lane, got}
+      if #got > most then most = #got end
+    end
+  end
+  -- interleaved (first of each lane, then second, ...), so a batch smaller than the shares
+  -- still splits fairly; a lane entry whose run left the due set (cancelled, say) is met
+  -- below like any stale index entry, and removed from its lane there
+  for x = 1, most, 2 do
+    for _, lg in ipairs(picked) do
+      local id = lg[2][x]
+      if id and not seen[id] and #ids < scan then
+        local n = #ids + 1
+        ids[n], froms[n], scores[n], seen[id], lane_of[id] = id, true, lg[2][x + 1], true, lg[1]
       end
     end
   end

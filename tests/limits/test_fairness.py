@@ -110,3 +110,27 @@ def test_a_cancelled_laned_run_leaves_its_lane_at_the_next_claim(app):
     tr_keys, tr_args = tr.claim(k, p, "default", "w1", 10, 60_000)
     scripts.claim(keys=tr_keys, args=tr_args)
     assert not r.exists(k.lanes(p, "default"))
+
+
+def test_tenant_weights_split_a_claim_between_lanes(app):
+    from duetime.common import transitions as tr
+    from duetime.common.scripts import Scripts
+
+    r = sync_client(app.redis_url)
+    k, scripts = app.keys, Scripts(r)
+    other = _same_home(app, "acme")
+    p = k.partition_of_tenant("acme")
+    app.set_limit("tenant", "acme", weight=3)
+    heavy = set(app.enqueue_many([{"task": basic.noop, "tenant": "acme"} for _ in range(50)]))
+    light = set(app.enqueue_many([{"task": basic.noop, "tenant": other} for _ in range(50)]))
+    for _ in range(3):
+        keys, args = tr.claim(k, p, "default", "w1", 8, 60_000)
+        got = {c.run_id for c in tr.parse_claim(scripts.claim(keys=keys, args=args)).runs}
+        assert (len(got & heavy), len(got & light)) == (6, 2)
+    assert [x["weight"] for x in app_limits(app)] == [3]
+
+
+def app_limits(app):
+    from tests.integration.opkit import as_json, cli
+
+    return as_json(cli(app.redis_url, app.keys.namespace, "limits", "list", "--json"))
