@@ -27,7 +27,7 @@ from duetime.common.stats import percentile
 SUMMARY_FIELDS = (
     "state", "task", "queue", "schedule", "due", "created", "started", "finished",
     "attempt", "max_attempts", "worker", "error", "reason", "owner", "retry_at", "replay_of",
-    "replayed_by", "cancel_requested",
+    "replayed_by", "cancel_requested", "tenant",
 )
 # Listing order: what needs attention or is about to happen first, then finished runs.
 # (index, states it holds, newest first?)
@@ -68,6 +68,7 @@ class RunSummary:
     replay_of: str | None
     replayed_by: str | None
     cancel_requested: bool
+    tenant: str | None = None
 
     @classmethod
     def decode(cls, run_id: str, values: list[bytes | None]) -> RunSummary:
@@ -92,6 +93,7 @@ class RunSummary:
             worker=v["worker"], error=err.splitlines()[0] if err else None, reason=v["reason"],
             owner=v["owner"], retry_at=from_ms(v["retry_at"]), replay_of=v["replay_of"],
             replayed_by=v["replayed_by"], cancel_requested=v["cancel_requested"] is not None,
+            tenant=v["tenant"],
         )
 
 

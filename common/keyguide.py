@@ -105,6 +105,11 @@ class KeyGuide:
             return build(k.partition_of_schedule(sched) if sched != NAME else 0, sched)
         if kind.item == "queue":
             return self._first_existing([build(p, s["queue"]) for p in range(k.partitions)])
+        if kind.item == "scope":  # a limit's scope: '<kind>:<name>'
+            return self._first_existing([build(p, "queue:" + s["queue"])
+                                         for p in range(k.partitions)])
+        if kind.item == "lane":  # '<queue>|<tenant>'
+            return self._first_existing([build(p, s["queue"], "") for p in range(k.partitions)])
         return self._first_existing([build(p) for p in range(k.partitions)])
 
     def _first_existing(self, candidates: list[str]) -> str:

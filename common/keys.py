@@ -61,6 +61,24 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "uncertain": KeyKind("uncertain", "zset", "uncertain run id -> time (ms): an operator decides"),
     "done": KeyKind("done", "zset", "finished run id -> time (ms), for listing and retention"),
     "events": KeyKind("events", "stream", "capped lifecycle events, for audit"),
+    "prio": KeyKind("prio:", "zset", "run id -> -priority * 1e13 + due ms, for runs enqueued "
+                    "with a priority: claimed first (highest, then earliest) once due; an entry "
+                    "whose run is no longer scheduled is dropped by the claim", "queue"),
+    "lane": KeyKind("lane:", "zset", "run id -> due ms: one tenant's first attempts waiting in a "
+                    "queue ('<queue>|<tenant>'; '<queue>|' for runs without a tenant), claimed "
+                    "round-robin between tenants", "lane"),
+    "lanes": KeyKind("lanes:", "zset", "tenant -> when the claim last took from its lane (ms; 0 "
+                     "= never): least recently served first", "queue"),
+    "laned": KeyKind("laned:", "zset", "run id -> due ms: the runs of the queue's due set that "
+                     "wait in a lane (the claim's due-order path skips them)", "queue"),
+    "limits": KeyKind("limits", "hash", "this partition's share of the namespace's limits: "
+                      "'<kind>:<name>:c' -> concurrency, '<kind>:<name>:r' -> 'tokens per ms, "
+                      "burst' (absent: no limit; claim.lua reads it)"),
+    "limrun": KeyKind("limrun:", "zset", "runs holding a concurrency slot of a limit -> lease "
+                      "expiry hint (ms); an entry whose lease is gone frees its slot",
+                      "scope"),
+    "bucket": KeyKind("bucket:", "hash", "a rate limit's token bucket: tokens, ts (server ms); "
+                      "expires once full again", "scope"),
 }
 SUFFIX: dict[str, str] = {name: kind.suffix for name, kind in PARTITION_KEYS.items()}
 
@@ -81,6 +99,8 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
     "tasks": KeyKind("tasks", "hash", "task name -> its options as JSON, published by workers, so "
                      "a producer without the task's code enqueues it with the right options"),
     "wake": KeyKind("wake", "channel", "pub/sub: '<partition>|<queue>|<due ms>' wakes idle workers"),
+    "limits": KeyKind("limits", "hash", "the limits set for the namespace (duetime limits set): "
+                      "'<kind>:<name>' -> JSON; copied as per-partition shares into T:limits"),
     "series": KeyKind("series:", "stream", "per-queue numbers (backlog, running, finished/s, "
                       "start lateness p50/p99, dead) sampled by schedulers at a fixed step, capped; "
                       "entry id = the sample's time: what the web console plots", "step"),
@@ -134,6 +154,21 @@ class Keyspace:
             return self.partition_of_schedule(run_id.rsplit("@", 1)[0])
         return stable_hash(run_id) % self.partitions
 
+    def partition_of_tenant(self, tenant: str) -> int:
+        """A tenant's home partition: its enqueued runs all live there, so its limits are
+        counted in one slot, atomically with the claim (docs/fairness.md)."""
+        return stable_hash("tenant\0" + tenant) % self.partitions
+
+    def pin_run_id(self, run_id: str, p: int) -> str:
+        """`run_id`, or the first `<run_id>t<n>` that falls in partition p: a tenant's run keeps
+        an id from which every tool finds its partition (same id for the same key)."""
+        n = 0
+        candidate = run_id
+        while self.partition_of_run(candidate) != p:
+            candidate = f"{run_id}t{n}"
+            n += 1
+        return candidate
+
     # -- per-partition keys (suffixes from SUFFIX) ------------------------------------------
     def due(self, p: int, queue: str) -> str:
         return self.prefix(p) + SUFFIX["due"] + queue
@@ -183,6 +218,30 @@ class Keyspace:
     def schedules(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["schedules"]
 
+    def prio(self, p: int, queue: str) -> str:
+        return self.prefix(p) + SUFFIX["prio"] + queue
+
+    def lane(self, p: int, queue: str, tenant: str | None = None) -> str:
+        """A tenant's lane in a queue ('' = runs without a tenant); with tenant None, `queue`
+        is the whole item, '<queue>|<tenant>'."""
+        return self.prefix(p) + SUFFIX["lane"] + queue + ("" if tenant is None else "|" + tenant)
+
+    def lanes(self, p: int, queue: str) -> str:
+        return self.prefix(p) + SUFFIX["lanes"] + queue
+
+    def laned(self, p: int, queue: str) -> str:
+        return self.prefix(p) + SUFFIX["laned"] + queue
+
+    def limits(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["limits"]
+
+    def limrun(self, p: int, scope: str) -> str:
+        """Runs holding a concurrency slot of `scope` ('tenant:acme', 'queue:default')."""
+        return self.prefix(p) + SUFFIX["limrun"] + scope
+
+    def bucket(self, p: int, scope: str) -> str:
+        return self.prefix(p) + SUFFIX["bucket"] + scope
+
     # -- global keys (`<ns>:` + GLOBAL[...]) ----------------------------------------------
     def _global(self, name: str) -> str:
         return f"{self.namespace}:{GLOBAL[name]}"
@@ -214,6 +273,11 @@ class Keyspace:
     @cached_property
     def tasks(self) -> str:
         return self._global("tasks")
+
+    @cached_property
+    def limit_config(self) -> str:
+        """HASH '<kind>:<name>' -> the limit as set (JSON), for listing and re-sharing."""
+        return self._global("limits")
 
     @cached_property
     def wake_channel(self) -> str:

@@ -61,6 +61,18 @@ QUEUE_DELAY = Histogram(
     "Attempt start minus the time the attempt became claimable (due time; retry time for retries)",
     ["queue"], buckets=LATENCY_BUCKETS,
 )
+RUNS_LIMITED = Counter(
+    "duetime_runs_limited_total",
+    "Runs a limit held back at claim time, by kind of limit (concurrency or rate); a run "
+    "counts once per limit it waits on",
+    ["limit"],
+)
+LIMITED_DELAY = Histogram(
+    "duetime_limited_delay_seconds",
+    "Attempt start minus the time it became claimable, for runs a limit held back (kept out "
+    "of duetime_queue_delay_seconds and duetime_start_lateness_seconds)",
+    ["queue"], buckets=LATENCY_BUCKETS,
+)
 RETRIES = Counter("duetime_retries_total", "Failed attempts a worker reported that will be retried",
                   ["task"])
 DEAD_LETTERS = Counter("duetime_dead_letters_total",
@@ -102,7 +114,8 @@ REFUSING_WRITES = Gauge(
 # worker), nor a worker the namespace gauges. In-process, all are in the default registry.
 WORKER_METRICS = (RUNS_FINISHED, START_LATENESS, QUEUE_DELAY, EXECUTION, CLAIMED, LEASES_LOST,
                   LATE_REJECTED, INFLIGHT, RETRIES, DEAD_LETTERS, MISSED, SKIPPED, ATTEMPTS,
-                  FAILED_ATTEMPT_SECONDS)
+                  FAILED_ATTEMPT_SECONDS, RUNS_LIMITED,
+                  LIMITED_DELAY)
 REAPER_METRICS = (REAPED, MISSED, REFUSING_WRITES)
 SCHEDULER_METRICS = (*REAPER_METRICS, SKIPPED, MATERIALIZED, QUARANTINED, PARTITIONS_OWNED,
                      QUEUE_BACKLOG, QUEUE_OLDEST_DUE, QUEUE_SCHEDULED, QUEUE_RETRYING,
@@ -129,8 +142,10 @@ def preset(tasks: Iterable[str] = (), queues: Iterable[str] = (),
     has a series to read before the first run (unlabelled ones start at 0 by themselves).
     `owners`: task -> its owner ('' when it has none), the owner label of the cost series."""
     for q in queues:
-        for metric in (CLAIMED, START_LATENESS, QUEUE_DELAY):
+        for metric in (CLAIMED, START_LATENESS, QUEUE_DELAY, LIMITED_DELAY):
             child(metric, q)
+    for kind in ("concurrency", "rate"):
+        child(RUNS_LIMITED, kind)
     for t in tasks:
         for metric in (EXECUTION, RETRIES):
             child(metric, t)

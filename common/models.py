@@ -97,6 +97,9 @@ class Run:
     # its result, or has not succeeded); result_error says why a stored one cannot be read
     result: Any = None
     result_error: str | None = None
+    # who the run is for, and the limit it last waited on (docs/fairness.md)
+    tenant: str | None = None
+    limited_by: str | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -164,4 +167,6 @@ class Run:
             lease_expires=from_ms(lease_expiry) if s("state") == "running" else None,
             result=result,
             result_error=result_error,
+            tenant=s("tenant"),
+            limited_by=s("limited_by"),
         )

@@ -48,6 +48,7 @@ from duetime.common.scripts import Scripts
 from duetime.common.tasks import TaskSpec
 from duetime.common.timeparse import DELAY, duration_ms, parse_instant, to_ms
 
+MAX_PRIORITY = 100
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call
 ASYNC_SLICE = 100  # requests validated between two yields to the event loop
 WAIT_CHUNK_S = 5.0  # a waiter re-reads the run at least this often
@@ -112,6 +113,8 @@ class EnqueueRequest:
     queue: str | None = None
     run_id: str | None = None
     extra: dict[str, str | int] = field(default_factory=dict)
+    tenant: str | None = None  # None: the task's default
+    priority: int = 0  # 1..100: claimed before the queue's other due runs (higher first)
 
 
 def task_fields(spec: TaskSpec, queue: str) -> list[Any]:
@@ -268,6 +271,7 @@ class RunStore:
         reqs = list(reqs)
         entropy = os.urandom(10 * len(reqs)).hex()
         queues_ok: set[str] = set()
+        tenants_ok: dict[str, int] = {}  # tenant -> its home partition
         partition_of_run, limit = self.keys.partition_of_run, self.max_payload
         out = []
         for i, req in enumerate(reqs):
@@ -285,6 +289,12 @@ class RunStore:
                 run_id = keyed_run_id(spec.name, req.key)
             else:
                 run_id = entropy[20 * i : 20 * i + 20]
+            tenant = req.tenant if req.tenant is not None else spec.tenant
+            if tenant is not None:
+                if tenant not in tenants_ok:
+                    tenants_ok[check_name("tenant", tenant)] = self.keys.partition_of_tenant(tenant)
+                if not req.run_id:  # an explicit id (a replay) already chose its partition
+                    run_id = self.keys.pin_run_id(run_id, tenants_ok[tenant])
             due, delay_ms = "", 0
             if req.at is not None:
                 if req.delay is not None:
@@ -297,6 +307,14 @@ class RunStore:
             fields: list[Any] = ["payload", payload]
             if req.key:
                 fields += ["key", req.key]
+            if tenant is not None:
+                fields += ["tenant", tenant]
+            if req.priority:
+                if (isinstance(req.priority, bool) or not isinstance(req.priority, int)
+                        or not 0 <= req.priority <= MAX_PRIORITY):
+                    raise InvalidInput(f"priority must be an integer in 0..{MAX_PRIORITY}, "
+                                       f"got {req.priority!r}")
+                fields += ["priority", req.priority]
             for k, v in req.extra.items():
                 fields += [k, v]
             out.append(Prepared(run_id, partition_of_run(run_id), queue, spec, due, delay_ms,

@@ -97,6 +97,7 @@ class ScheduleInfo:
     updated: datetime | None
     # set aside by the evaluator, with the reason (registering the schedule again clears it)
     quarantined: str | None = None
+    tenant: str | None = None  # given to every run it creates
     problem: str | None = None  # what this process could not read in the stored record
     stagger_s: float | None = None  # its own stagger; None: the namespace policy
 
@@ -139,7 +140,7 @@ class ScheduleInfo:
             skipped_count=i("skipped_count"), missed_count=i("missed_count"),
             materialized_count=i("materialized_count"),
             created=stored_ms(s("created") or None), updated=stored_ms(s("updated") or None),
-            quarantined=s("quarantined") or None,
+            quarantined=s("quarantined") or None, tenant=s("tenant") or None,
             stagger_s=None if (st := stored_stagger(h.get(b"stagger_ms"))) is None else st / 1000,
         )
         if s("next_ms") and info.next_fire is None:
@@ -206,6 +207,8 @@ class ScheduleStore:
                 flat: list[Any] = []
                 for k, v in d.fields().items():
                     flat += [k, v]
+                if not d.tenant:  # a tenant removed from the definition is cleared
+                    flat += ["tenant", ""]
                 keys, args = tr.schedule_upsert(self.keys, p, d.name, def_hash, version,
                                                 None if nxt is None else to_ms(nxt, ceil=True), paused,
                                                 flat)

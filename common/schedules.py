@@ -141,10 +141,13 @@ class ScheduleDef:
     task_options: dict[str, int] = field(default_factory=dict)
     miss_tolerance_ms: int = MISS_TOLERANCE_MS
     stagger_ms: int | None = None  # None: the namespace's stagger policy (`schedule policy`)
+    tenant: str = ""  # given to every run it creates ('' = none)
 
     def __post_init__(self) -> None:
         check_name("schedule name", self.name)
         check_name("queue", self.queue)
+        if self.tenant:
+            check_name("tenant", self.tenant)
         if self.catchup not in CATCHUP:
             raise InvalidSchedule(f"catchup must be one of {', '.join(CATCHUP)}; got {self.catchup!r}")
         if self.overlap not in OVERLAP:
@@ -176,6 +179,8 @@ class ScheduleDef:
             "owner": self.owner, **self.task_options, "miss_tolerance_ms": self.miss_tolerance_ms,
             "stagger_ms": "auto" if self.stagger_ms is None else self.stagger_ms,
         }
+        if self.tenant:  # absent when unset (the store writes '' then, clearing an old one)
+            f["tenant"] = self.tenant
         return f
 
     def def_hash(self) -> str:

@@ -37,10 +37,13 @@ class TaskSpec:
     idempotent: bool = True
     owner: str | None = None
     store_result: bool = True
+    tenant: str | None = None  # runs' default tenant (limits and fair share, docs/fairness.md)
 
     def __post_init__(self) -> None:
         check_name("task name", self.name)
         check_name("queue", self.queue)
+        if self.tenant is not None:
+            check_name("tenant", self.tenant)
         if self.retries < 0:
             raise InvalidInput(f"task {self.name!r}: retries must be >= 0, got {self.retries}")
         # durations in any accepted form (seconds, timedelta, "5m"), bounded, kept as seconds
@@ -103,7 +106,8 @@ class TaskSpec:
         return json.dumps({"queue": self.queue, "retries": self.retries,
                            "backoff": list(self.backoff), "timeout": self.timeout,
                            "idempotent": self.idempotent, "owner": self.owner,
-                           "store_result": self.store_result}, sort_keys=True)
+                           "store_result": self.store_result, "tenant": self.tenant},
+                          sort_keys=True)
 
     @classmethod
     def by_name(cls, name: str, options_json: str | bytes | None) -> TaskSpec:
@@ -118,7 +122,8 @@ class TaskSpec:
                    retries=int(o.get("retries", 3)),
                    backoff=tuple(o.get("backoff", (1.0, 300.0))),  # type: ignore[arg-type]
                    timeout=o.get("timeout"), idempotent=bool(o.get("idempotent", True)),
-                   owner=o.get("owner"), store_result=bool(o.get("store_result", True)))
+                   owner=o.get("owner"), store_result=bool(o.get("store_result", True)),
+                   tenant=o.get("tenant") or None)
 
 
 P = ParamSpec("P")

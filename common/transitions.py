@@ -16,8 +16,8 @@ from typing import Any
 from duetime.common.keys import Keyspace
 
 Call = tuple[list[str], list[Any]]
-CLAIM_FIELDS = 11
-CLAIM_HEADER = 3
+CLAIM_FIELDS = 12
+CLAIM_HEADER = 5
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Claimed:
     schedule: str | None
     ready_ms: int  # when it became claimable: its due time, or its retry time
     damaged: str = ""  # why the run record cannot be read (the worker dead-letters the run)
+    limited_by: str = ""  # the limit it waited on before this claim, if any
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class ClaimReply:
     runs: list[Claimed]
     missed: int  # runs this claim found past their starting deadline
     skipped: int  # runs this claim skipped by their schedule's overlap policy
+    held_concurrency: int = 0  # runs a concurrency limit held back (first time per limit)
+    held_rate: int = 0  # runs a rate limit held back (first time per limit)
 
 
 def _s(b: bytes | None) -> str:
@@ -53,8 +56,9 @@ def _s(b: bytes | None) -> str:
 def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms: int,
           ahead_ms: int = 0) -> Call:
     return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.deadlines(p),
-             k.events(p), k.dead(p)],
-            [k.prefix(p), worker_id, limit, lease_ms, ahead_ms, k.sched_wake, p])
+             k.events(p), k.dead(p), k.limits(p), k.prio(p, queue), k.lanes(p, queue),
+             k.laned(p, queue)],
+            [k.prefix(p), worker_id, limit, lease_ms, ahead_ms, k.sched_wake, p, queue])
 
 
 def parse_claim(res: list[Any]) -> ClaimReply:
@@ -70,7 +74,7 @@ def parse_claim(res: list[Any]) -> ClaimReply:
                 run_id=run_id, fence=fence, attempt=attempt, task=_s(f[3]),
                 payload=f[4] or b"", due_ms=int(f[5] or 0), timeout_ms=int(f[6] or 0),
                 idempotent=f[7] != b"0", key=_s(f[8]) or None, schedule=_s(f[9]) or None,
-                ready_ms=ready_ms,
+                ready_ms=ready_ms, limited_by=_s(f[11]),
             ))
         except (ValueError, UnicodeDecodeError) as exc:
             runs.append(Claimed(
@@ -79,7 +83,8 @@ def parse_claim(res: list[Any]) -> ClaimReply:
                 due_ms=ready_ms, timeout_ms=0, idempotent=True, key=None, schedule=None,
                 ready_ms=ready_ms, damaged=f"run record unreadable: {exc}",
             ))
-    return ClaimReply(None if nxt < 0 else nxt, runs, int(res[1]), int(res[2]))
+    return ClaimReply(None if nxt < 0 else nxt, runs, int(res[1]), int(res[2]), int(res[3]),
+                      int(res[4]))
 
 
 def complete(k: Keyspace, p: int, done: list[tuple[str, int]] | list[tuple[str, int, bytes]]
@@ -100,7 +105,7 @@ def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
     args: list[Any] = [k.prefix(p), k.wake_channel, f"{p}|{queue}", len(shared), *shared]
     for run_id, due, delay_ms, fields in runs:
         args += [run_id, due, delay_ms, len(fields), *fields]
-    return [k.due(p, queue)], args
+    return [k.due(p, queue), k.prio(p, queue), k.laned(p, queue), k.lanes(p, queue)], args
 
 
 def fail(k: Keyspace, p: int, queue: str, run_id: str, fence: int, error: str, mode: str,

@@ -15,6 +15,7 @@ from duetime.common.connection import DEFAULT_URL, translated
 from duetime.common.durability import Durability
 from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.keys import Keyspace
+from duetime.common.limits import Limit, Limits, make_limit
 from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
 from duetime.common.names import check_name
@@ -27,7 +28,8 @@ from duetime.common.timespec import Trigger
 P = ParamSpec("P")
 R = TypeVar("R")
 # what an enqueue_many dict item may hold: enqueue's own arguments, nothing internal
-ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue"})
+ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue", "tenant",
+                            "priority"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
 CATALOGUE_TTL_S = 60.0  # how long a producer trusts the task options it read by name
 log = get_logger("duetime.app")
@@ -120,6 +122,7 @@ class App:
         idempotent: bool = True,
         owner: str | None = None,
         store_result: bool = True,
+        tenant: str | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -135,6 +138,7 @@ class App:
         idempotent: bool = True,
         owner: str | None = None,
         store_result: bool = True,
+        tenant: str | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task: `@app.task` or `@app.task(name=..., retries=...)`.
 
@@ -143,13 +147,14 @@ class App:
         function's signature), `.aenqueue(...)` from asyncio code. The name defaults to
         `module.qualname`; name it explicitly if the code may move (runs store the name).
         The return value is stored on the run (msgpack, capped like payloads, kept for the
-        retention period) for `app.wait`; `store_result=False` skips that."""
+        retention period) for `app.wait`; `store_result=False` skips that. `tenant` is the
+        default tenant of its runs (limits and fair share, docs/fairness.md)."""
 
         def register(f: Callable[P, R]) -> Task[P, R]:
             spec = TaskSpec(
                 name=f"{f.__module__}.{f.__qualname__}" if name is None else name, fn=f, queue=queue,
                 retries=retries, backoff=backoff, timeout=timeout, idempotent=idempotent,
-                owner=owner, store_result=store_result,
+                owner=owner, store_result=store_result, tenant=tenant,
             )
             self.registry.add(spec)
             # the raw function stays resolvable too (`app.task(fn)` without keeping the result)
@@ -181,6 +186,8 @@ class App:
         delay: timedelta | float | str | None = None,
         key: str | None = None,
         queue: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
     ) -> str:
         """Create one run; returns its id. A repeated `key` returns the first run's id.
 
@@ -189,8 +196,12 @@ class App:
         from what a worker published for that name (see `publish_tasks`), else the defaults.
         Where the task is registered here, the arguments are checked against its signature.
         `at`: an aware datetime or ISO-8601 string (1970..9999); `delay`: a timedelta, seconds
-        or a string like "1h30m" (at most 100 years). Out of range: InvalidInput."""
-        req = EnqueueRequest(self._resolve(task), args, kwargs or {}, at, delay, key, queue)
+        or a string like "1h30m" (at most 100 years). Out of range: InvalidInput.
+        `tenant` (default: the task's) names who the run is for: tenant limits and fair share
+        apply to it, and it lives in its tenant's partition (docs/fairness.md). `priority`
+        (1..100) puts it ahead of the queue's other due runs, higher first (its first attempt)."""
+        req = EnqueueRequest(self._resolve(task), args, kwargs or {}, at, delay, key, queue,
+                             tenant=tenant, priority=priority)
         run_id = self.store.enqueue(req)
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
@@ -204,10 +215,13 @@ class App:
         delay: timedelta | float | None = None,
         key: str | None = None,
         queue: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
     ) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
         spec = await self._aresolve(task)
-        req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue)
+        req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue, tenant=tenant,
+                             priority=priority)
         [run_id] = await (await self._astore()).aenqueue_many([req])
         await self._aremember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
@@ -356,6 +370,22 @@ class App:
         needs `force`; a run replayed before gives that replay's id."""
         return RunAdmin(self.store.client, self.keys, self.redis_url).replay(run_id, force)[0]
 
+    # -- limits ---------------------------------------------------------------------------
+    def set_limit(self, kind: str, name: str, concurrency: int | None = None,
+                  rate: float | None = None, per: timedelta | float | str = 1.0,
+                  burst: float | None = None, weight: int | None = None) -> None:
+        """Limit the runs of a tenant, queue or task (`kind`): at most `concurrency` running
+        at once, at most `rate` starts per `per` (bursts up to `burst`, default `rate`).
+        A tenant's `weight` (1..1000, default 1) is its share of claims against the other
+        tenants of its partition. Replaces the previous limit of that name; none given clears
+        it. Every worker obeys it from its next claim (docs/fairness.md)."""
+        Limits(self.store.ready(), self.keys, self.redis_url).set(
+            make_limit(kind, name, concurrency, rate, per, burst, weight))
+
+    def limits(self) -> list[Limit]:
+        """The limits set in this namespace."""
+        return Limits(self.store.ready(), self.keys, self.redis_url).list()
+
     # -- schedules ------------------------------------------------------------------------
     def schedule(
         self,
@@ -374,6 +404,7 @@ class App:
         paused: bool = False,
         miss_tolerance: timedelta | float | str | None = None,
         stagger: timedelta | float | str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Create or update a schedule; → 'created', 'updated' or 'unchanged'.
 
@@ -385,14 +416,15 @@ class App:
         Durations (`lateness`, `jitter`, `miss_tolerance`) take a timedelta, seconds, or a
         string like "90s", "1h30m", "PT1H30M". `miss_tolerance` (default 60 s): an occurrence
         evaluated later than this after its instant counts as missed and follows `catchup`;
-        one whose successor is already due is missed in any case.
+        one whose successor is already due is missed in any case. `tenant` (default: the
+        task's) is given to every run the schedule creates.
 
         `stagger` shifts every run of the schedule by a stable offset in [0, stagger) derived
         from its name, so schedules written alike do not all fire in the same second. Not
         given (or "default"/"auto"): the namespace's policy (`duetime schedule policy set
         --stagger 30s`, none unless set); 0: exactly on its instants whatever the policy."""
         d = self.schedule_def(name, trigger, task, args, kwargs, queue, catchup, max_catchup,
-                              lateness, overlap, jitter, owner, miss_tolerance, stagger)
+                              lateness, overlap, jitter, owner, miss_tolerance, stagger, tenant)
         status = self.schedules.upsert(d, paused)[0]
         self._remember_queues({d.queue})
         return status
@@ -417,9 +449,12 @@ class App:
         owner: str | None = None,
         miss_tolerance: timedelta | float | str | None = None,
         stagger: timedelta | float | str | None = None,
+        tenant: str | None = None,
     ) -> ScheduleDef:
         """A validated schedule definition (see `schedule` for the arguments)."""
         spec = self._resolve(task, published=True)
+        if tenant is not None:
+            check_name("tenant", tenant)
         lateness_ms, jitter_ms, tolerance_ms = ScheduleDef.durations(lateness, jitter,
                                                                      miss_tolerance)
         return ScheduleDef(
@@ -429,6 +464,7 @@ class App:
             max_catchup=max_catchup, lateness_ms=lateness_ms, overlap=overlap,
             jitter_ms=jitter_ms, owner=owner or spec.owner or "", miss_tolerance_ms=tolerance_ms,
             stagger_ms=parse_stagger(stagger),
+            tenant=tenant or spec.tenant or "",
             task_options={
                 "max_attempts": spec.max_attempts, "backoff_base": int(spec.backoff[0] * 1000),
                 "backoff_max": int(spec.backoff[1] * 1000), "timeout": int((spec.timeout or 0) * 1000),

@@ -88,7 +88,8 @@ METRICS_HOST_HELP = "Address the metrics port listens on (0.0.0.0 in a container
 @main.command()
 @click.option("--app", "app_ref", required=True, help="module:attribute of your App.")
 @click.option("--queues", default=None, help="Comma-separated, highest priority first "
-              "(default: the queues of the app's tasks).")
+              "(default: the queues of the app's tasks); or with weights, high:5,low:1, to share "
+              "claims in proportion without starving any queue.")
 @click.option("--concurrency", default=16, show_default=True, type=click.IntRange(1, 10_000),
               help="Runs executed at once by each process.")
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1, 256),
@@ -115,12 +116,9 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     from duetime.worker.runtime import Worker, WorkerConfig
 
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
-    qs = [q.strip() for q in (queues or ",".join(app.registry.queues() or ["default"])).split(",")
-          if q.strip()]
-    for q in qs:
-        from duetime.common.names import check_name
+    from duetime.worker.config import parse_queues
 
-        check_name("queue", q)
+    qs, weights = parse_queues(queues or ",".join(app.registry.queues() or ["default"]))
     client = app.store.ready()  # clear error now if Redis is down
     try:
         client.sadd(app.keys.queues, *qs)  # the queue list `top` and the gauges read
@@ -138,7 +136,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     metrics.serve(metrics_port, metrics_host, role="worker")
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
                        grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),
-                       max_result=app.max_payload)
+                       max_result=app.max_payload, queue_weights=weights)
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
     asyncio.run(w.run())
     # threads of sync tasks that outlived the grace period were released; do not wait for them
@@ -274,12 +272,14 @@ def demo(ctx: click.Context, count: int, workers: int) -> None:
 def _register() -> None:
     """The operator command groups live in their own modules (duetime/cli_*.py)."""
     from duetime.cli_dev import dev
+    from duetime.cli_limits import limits
     from duetime.cli_ops import doctor, keys, leases, top, workers
     from duetime.cli_runs import dead, runs, uncertain
     from duetime.cli_schedule import schedule
     from duetime.cli_web import web
 
-    for command in (schedule, runs, dead, uncertain, leases, workers, top, doctor, keys, dev, web):
+    for command in (schedule, runs, dead, uncertain, leases, workers, top, doctor, keys, dev, web,
+                    limits):
         main.add_command(command)
 
 

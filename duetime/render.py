@@ -36,6 +36,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "retry_at": _iso(run.retry_at), "replay_of": run.replay_of, "replayed_by": run.replayed_by,
         "cancel_requested": _iso(run.cancel_requested), "resolved_as": run.resolved_as,
         "heartbeat": _iso(run.heartbeat), "lease_expires": _iso(run.lease_expires),
+        "tenant": run.tenant, "limited_by": run.limited_by,
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
              "started": _iso(a.started), "ended": _iso(a.ended), "outcome": a.outcome,
@@ -51,8 +52,8 @@ def run_to_text(run: Run, now: datetime | None = None) -> str:
     d = run_to_dict(run)
     lines = [f"run {run.id}  {run.state}  task={run.task} queue={run.queue}"]
     for k in ("due", "started", "finished", "start_lateness_s", "attempt", "max_attempts",
-              "owner", "schedule", "reason", "retry_at", "replay_of", "replayed_by",
-              "cancel_requested", "resolved_as", "heartbeat"):
+              "owner", "tenant", "limited_by", "schedule", "reason", "retry_at", "replay_of",
+              "replayed_by", "cancel_requested", "resolved_as", "heartbeat"):
         if d[k] not in (None, ""):
             text = str(d[k]).splitlines()[0]
             if k in _TIMES and now is not None:
@@ -76,7 +77,7 @@ def summary_to_dict(s: RunSummary) -> dict[str, Any]:
         "finished": _iso(s.finished), "attempt": s.attempt, "max_attempts": s.max_attempts,
         "worker": s.worker, "error": s.error, "reason": s.reason, "owner": s.owner,
         "retry_at": _iso(s.retry_at), "replay_of": s.replay_of, "replayed_by": s.replayed_by,
-        "cancel_requested": s.cancel_requested,
+        "cancel_requested": s.cancel_requested, "tenant": s.tenant,
     }
 
 
@@ -130,7 +131,7 @@ def schedule_to_dict(info: ScheduleInfo) -> dict[str, Any]:
         "kwargs": info.kwargs, "catchup": info.catchup, "max_catchup": info.max_catchup,
         "miss_tolerance_s": info.miss_tolerance_s, "lateness_s": info.lateness_s,
         "overlap": info.overlap, "jitter_s": info.jitter_s, "stagger_s": info.stagger_s,
-        "owner": info.owner, "paused": info.paused, "pause_note": info.pause_note,
+        "owner": info.owner, "tenant": info.tenant, "paused": info.paused, "pause_note": info.pause_note,
         "version": info.version, "next_fire": _iso(info.next_fire),
         "last_occurrence": _iso(info.last_occurrence), "skipped_count": info.skipped_count,
         "missed_count": info.missed_count, "materialized_count": info.materialized_count,
@@ -162,7 +163,7 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
     instants = {"next_fire": info.next_fire, "last_occurrence": info.last_occurrence,
                 "created": info.created, "updated": info.updated}
     for k in ("task", "queue", "args", "kwargs", "catchup", "max_catchup", "miss_tolerance_s",
-              "lateness_s", "overlap", "jitter_s", "stagger_s", "owner", "pause_note", "version",
+              "lateness_s", "overlap", "jitter_s", "stagger_s", "owner", "tenant", "pause_note", "version",
               "next_fire",
               "last_occurrence", "materialized_count", "skipped_count", "missed_count", "created",
               "updated"):

@@ -171,3 +171,22 @@ local function finish_unstarted(prefix, run_id, state, reason, now, done_key, de
   emit(events_key, run_id, state, reason)
   wake_waiters(prefix, run_key, run_id, state)
 end
+
+-- An attempt ends (any outcome): free the concurrency slots its claim took (the run's `held`
+-- field: the limit scopes, space separated; see claim.lua). Returns true when one of those
+-- limits was full, so the caller wakes the workers it may have been holding back. One field
+-- read for a run that held none.
+local function free_limits(prefix, run_key, run_id, held)
+  if held == nil then held = redis.call('HGET', run_key, 'held') end
+  if not held or held == '' then return false end
+  local was_full = false
+  for scope in string.gmatch(held, '%S+') do
+    local key = prefix .. K.limrun .. scope
+    if redis.call('ZREM', key, run_id) == 1 then
+      local max = tonumber(redis.call('HGET', prefix .. K.limits, scope .. ':c'))
+      if max and redis.call('ZCARD', key) + 1 >= max then was_full = true end
+    end
+  end
+  redis.call('HDEL', run_key, 'held')
+  return was_full
+end

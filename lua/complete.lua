@@ -19,13 +19,14 @@ local prefix, channel, partition = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local now_s = int_s(now)  -- one number-to-string per call, not per run
 local out, finished, unleased = {}, {}, {}
+local freed = {}  -- queues where a limit slot was freed: their workers are woken once
 
 for i = 4, #ARGV, 3 do
   local run_id, fence, result_value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local run_key = prefix .. K.run .. run_id
   local attempts_key = prefix .. K.attempts .. run_id
   local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
-    'schedule', 'queue', 'overlap', 'waited')
+    'schedule', 'queue', 'overlap', 'waited', 'held')
   local state = f[1]
   local result
   if not state then
@@ -47,6 +48,7 @@ for i = 4, #ARGV, 3 do
     if f[3] ~= '1' then redis.call('HDEL', run_key, 'error', 'reason') end
     push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now_s, nil)
     if f[8] and f[8] ~= 'allow' then leave_running(prefix, run_key, run_id, now, channel, partition) end
+    if f[10] and free_limits(prefix, run_key, run_id, f[10]) then freed[f[7] or ''] = true end
     result = 'succeeded'
   else
     -- late success of a reaped attempt that nobody claimed again: it finishes the run
@@ -68,4 +70,5 @@ for i = 4, #ARGV, 3 do
 end
 if #unleased > 0 then redis.call('ZREM', leases_key, unpack(unleased)) end
 if #finished > 0 then redis.call('ZADD', done_key, unpack(finished)) end
+for q in pairs(freed) do redis.call('PUBLISH', channel, partition .. '|' .. q .. '|' .. now_s) end
 return out

@@ -3,7 +3,8 @@
 -- A run id that exists already is left alone: an idempotency key's second use, and a call
 -- sent again after its reply was lost (the client retries on a broken connection), create
 -- nothing the second time.
--- KEYS[1] due zset  T:due:<queue>
+-- KEYS[1] due zset  T:due:<queue>    KEYS[2] priority index  T:prio:<queue>
+-- KEYS[3] laned zset  T:laned:<queue>  KEYS[4] lanes zset  T:lanes:<queue>
 -- ARGV[1] partition prefix 'ns:{tag}:' -- each run's hash T:run:<id> is built from it (same
 --         hash tag, so the same slot), as in the other batch scripts
 -- ARGV[2] wake channel   ARGV[3] wake tag '<partition>|<queue>'
@@ -13,9 +14,17 @@
 --         then F values: the run's own field, value pairs (payload, key, ...)
 -- Fields left at their defaults are not stored: attempt/fence absent = 0, idempotent absent =
 -- yes, timeout absent = none; the id is the key's suffix.
+-- A run with a `priority` field (1..100) is also indexed in T:prio:<queue> (score
+-- -priority * 1e13 + due): claim.lua takes due runs from there first.
+-- A run with a tenant also waits in its tenant's lane T:lane:<queue>|<tenant> (and in
+-- T:laned:<queue>; the tenant in T:lanes:<queue>), so claim.lua can take runs round-robin
+-- between tenants (docs/fairness.md); while the queue has lanes in this partition, a run
+-- without a tenant gets the lane '<queue>|' so it is not left behind them.
 -- Refused as a whole at maxmemory (no allow-oom flag): a call creates all its runs or none.
 -- Returns how many runs were created (the others existed already).
 local due_key, prefix = KEYS[1], ARGV[1]
+local queue = string.match(ARGV[3], '|(.*)$') or ''
+local lanes = redis.call('EXISTS', KEYS[4]) == 1
 local now = now_ms()
 local created = 0
 local shared_n = tonumber(ARGV[4])
@@ -47,6 +56,21 @@ while i <= #ARGV do
     local n = base_n
     for j = i + 4, i + 3 + nf do n = n + 1; fields[n] = ARGV[j] end
     redis.call('HSET', run_key, unpack(fields, 1, n))
+    local tenant = nil
+    for j = i + 4, i + 3 + nf, 2 do
+      if ARGV[j] == 'priority' then
+        redis.call('ZADD', KEYS[2], -tonumber(ARGV[j + 1]) * 1e13 + due, run_id)
+      elseif ARGV[j] == 'tenant' then
+        tenant = ARGV[j + 1]
+      end
+    end
+    if tenant or lanes then
+      tenant = tenant or ''
+      redis.call('ZADD', prefix .. K.lane .. queue .. '|' .. tenant, due, run_id)
+      redis.call('ZADD', KEYS[3], due, run_id)
+      redis.call('ZADD', KEYS[4], 'NX', 0, tenant)
+      lanes = true
+    end
     added[#added + 1] = due_s
     added[#added + 1] = run_id
     if earliest == nil or due < earliest then earliest = due end

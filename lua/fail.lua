@@ -41,6 +41,9 @@ end
 
 redis.call('ZREM', leases_key, run_id)
 leave_running(prefix, run_key, run_id, now, channel, partition)
+if free_limits(prefix, run_key, run_id) then
+  redis.call('PUBLISH', channel, partition .. '|' .. queue .. '|' .. int_s(now))
+end
 if mode == 'cancel' then
   push_attempt(attempts_key, f[3], fence, f[4], f[5], 'cancelled', now, err)
   redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now, 'reason', err)

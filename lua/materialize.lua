@@ -24,7 +24,7 @@ local sched_key = prefix .. K.sched .. name
 
 local s = redis.call('HMGET', sched_key, 'version', 'next_ms', 'paused', 'task', 'queue',
   'payload', 'max_attempts', 'backoff_base', 'backoff_max', 'timeout', 'idempotent', 'owner',
-  'overlap', 'lateness_ms')
+  'overlap', 'lateness_ms', 'tenant')
 if not s[1] then return {'missing', 0} end
 if expected ~= '' then
   if s[1] ~= expected or s[2] ~= ARGV[4] then return {'conflict', 0} end
@@ -45,6 +45,9 @@ for i = 10, #ARGV, 5 do
       'task', s[4], 'queue', s[5], 'payload', s[6], 'max_attempts', s[7],
       'backoff_base', s[8], 'backoff_max', s[9], 'timeout', s[10], 'idempotent', s[11],
       'owner', s[12], 'overlap', s[13]}
+    if s[15] and s[15] ~= '' then  -- the schedule's tenant, for limits and fair share
+      fields[#fields + 1] = 'tenant'; fields[#fields + 1] = s[15]
+    end
     if tonumber(ARGV[i + 3]) > 1 then
       fields[#fields + 1] = 'coalesced'; fields[#fields + 1] = ARGV[i + 3]
       fields[#fields + 1] = 'coalesced_from'; fields[#fields + 1] = ARGV[i + 4]

@@ -31,10 +31,13 @@ for n, id in ipairs(ids) do
   local run_key = prefix .. K.run .. id
   -- everything this pass needs is read and checked before the first write
   local f = redis.call('HMGET', run_key, 'state', 'fence', 'idempotent', 'queue', 'attempt',
-    'worker', 'started', 'cancel_requested', 'due')
+    'worker', 'started', 'cancel_requested', 'due', 'held')
   redis.call('ZREM', leases_key, id)
   if f[1] == 'running' then
     reaped = reaped + 1
+    if f[10] and free_limits(prefix, run_key, id, f[10]) then
+      redis.call('PUBLISH', channel, partition .. '|' .. (f[4] or '') .. '|' .. int_s(now))
+    end
     push_attempt(prefix .. K.attempts .. id, f[5], f[2], f[6], f[7], 'unknown', now,
       'lease expired')
     leave_running(prefix, run_key, id, now, channel, partition)

@@ -20,6 +20,9 @@ if not f[1] then return 'missing' end
 if f[2] ~= fence or f[1] ~= 'running' then return 'stale' end
 
 redis.call('ZREM', leases_key, run_id)
+if free_limits(prefix, run_key, run_id) then
+  redis.call('PUBLISH', ARGV[4], ARGV[5] .. '|' .. ARGV[6] .. '|' .. int_s(now))
+end
 if f[4] == '0' then
   push_attempt(attempts_key, f[6], fence, f[7], f[8], 'unknown', now,
     'interrupted by worker shutdown')

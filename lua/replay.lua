@@ -20,7 +20,7 @@ local prefix, old_id, new_id, force, queue = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
 local old_key, new_key = prefix .. K.run .. old_id, prefix .. K.run .. new_id
 
 local COPY = {'task', 'queue', 'payload', 'max_attempts', 'backoff_base', 'backoff_max',
-  'timeout', 'idempotent', 'owner', 'schedule'}
+  'timeout', 'idempotent', 'owner', 'schedule', 'tenant'}
 local f = redis.call('HMGET', old_key, 'state', 'queue', 'replayed_by', 'key', unpack(COPY))
 local state = f[1]
 if not state then return {'missing', ''} end

@@ -136,8 +136,8 @@ class Claimer:
             self.wake.set()
 
     async def claim(self, keys: list[Key], free: int) -> int:
-        """One pipelined claim over `keys` (earliest-due first) for up to `free` runs; returns
-        how many were claimed and started. Each key gets at least CLAIM_MIN_SHARE, so a
+        """One pipelined claim over `keys` (fair order, see DueTimes.due_now) for up to `free`
+        runs; returns how many were claimed and started. Each key gets at least CLAIM_MIN_SHARE, so a
         backlog spread over many partitions is claimed in a few calls, not one per partition."""
         share = max(min(free, CLAIM_MIN_SHARE), -(-free // len(keys)))
         plan: list[tuple[Key, int]] = []
@@ -149,6 +149,8 @@ class Claimer:
             plan.append((key, n))
             left -= n
         seq = self.due.seq
+        for key, _ in plan:
+            self.due.served(key)
         groups = self._by_node(plan)
         replies = await asyncio.gather(*(self._send(g) for g in groups), return_exceptions=True)
         if any(isinstance(r, asyncio.CancelledError) for r in replies):
@@ -177,6 +179,7 @@ class Claimer:
             self.due.ok((p, q))
             reply = tr.parse_claim(res)
             self.due.set((p, q), reply.next_due_ms, seq)
+            self.due.account((p, q), len(reply.runs))
             for c in reply.runs:
                 start(p, q, c, now)
             claimed += len(reply.runs)
@@ -186,6 +189,10 @@ class Claimer:
                 metrics.MISSED.inc(reply.missed)
             if reply.skipped:
                 metrics.SKIPPED.inc(reply.skipped)
+            if reply.held_concurrency:
+                metrics.child(metrics.RUNS_LIMITED, "concurrency").inc(reply.held_concurrency)
+            if reply.held_rate:
+                metrics.child(metrics.RUNS_LIMITED, "rate").inc(reply.held_rate)
         if moving:
             await arefresh_topology(self.client)
         return claimed

@@ -15,6 +15,7 @@ from duetime.common.names import check_name
 MIN_LEASE_MS = 100  # heartbeats go every third of the lease: shorter would be a busy loop
 MAX_LEASE_MS = 24 * 3600 * 1000
 MAX_CONCURRENCY = 10_000
+MAX_WEIGHT = 1000
 MIN_REFRESH_S = 0.01
 LOG_ERROR_TEXT_ENV = "DUETIME_LOG_ERROR_TEXT"
 
@@ -43,6 +44,9 @@ class WorkerConfig:
     worker_id: str = field(default_factory=default_worker_id)
     log_error_text: bool = field(default_factory=_log_error_text_default)
     max_result: int = DEFAULT_MAX_PAYLOAD  # a task's return value is stored up to this size
+    # queue -> weight: claims shared in proportion (no starvation); None: strict priority in
+    # the order of `queues` (see worker/due.py)
+    queue_weights: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -63,6 +67,33 @@ class WorkerConfig:
         _number_in("refresh_s", self.refresh_s, MIN_REFRESH_S, 3600.0)
         check_name("worker id", self.worker_id)
         _int_in("max_result", self.max_result, 1, 512 * 1024 * 1024)
+        if self.queue_weights is not None:
+            if set(self.queue_weights) != set(self.queues):
+                raise InvalidInput("queue_weights must give a weight to every queue served")
+            for q, w in self.queue_weights.items():
+                _int_in(f"weight of queue {q!r}", w, 1, MAX_WEIGHT)
+
+
+def parse_queues(text: str) -> tuple[list[str], dict[str, int] | None]:
+    """`--queues a,b` (strict priority, first first) or `--queues high:5,low:1` (weights: a
+    queue without one weighs 1). A name may hold ':' as long as what follows is not a number."""
+    names: list[str] = []
+    weights: dict[str, int] = {}
+    weighted = False
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, sep, w = item.rpartition(":")
+        if sep and name and w.isdigit():
+            weighted = True
+            check_name("queue", name)
+            names.append(name)
+            weights[name] = int(w)
+        else:
+            check_name("queue", item)
+            names.append(item)
+            weights[item] = 1
+    return names, (weights if weighted else None)
 
 
 def _int_in(name: str, value: object, lo: int, hi: int, note: str = "") -> None:

@@ -47,7 +47,7 @@ def parse_wake(data: object, partitions: int) -> tuple[int, str, float] | None:
 
 class DueTimes:
     def __init__(self, keys: Keyspace, queues: list[str], worker_id: str,
-                 on_earlier: Callable[[], None]) -> None:
+                 on_earlier: Callable[[], None], weights: dict[str, int] | None = None) -> None:
         self.keys, self.queues, self.worker_id = keys, list(queues), worker_id
         self._on_earlier = on_earlier
         self.next_due: dict[Key, float] = {}
@@ -56,6 +56,14 @@ class DueTimes:
         self._held: dict[Key, float] = {}  # key -> monotonic time it may be claimed again
         self._failures: dict[Key, int] = {}  # key -> failed calls in a row
         self._rank = {q: i for i, q in enumerate(self.queues)}
+        # fair order (docs/fairness.md): among keys due now, the least recently claimed first,
+        # so a backlog in one partition (a tenant's home) cannot hold back another partition;
+        # with weights, queues by virtual time (runs claimed / weight) instead of by rank
+        self._weights = weights
+        self._served: dict[Key, int] = {}
+        self._turn = 0
+        self._vt: dict[str, float] = dict.fromkeys(self.queues, 0.0)
+        self._vnow = 0.0
 
     def note(self, key: Key, due: float) -> None:
         """A notice that `key` has a run due at `due` (server ms)."""
@@ -81,10 +89,32 @@ class DueTimes:
         if self._held:
             t = time.monotonic()
             self._held = {k: u for k, u in self._held.items() if u > t}
-        rank, held = self._rank, self._held
-        due = [(rank[k[1]], d, k) for k, d in self.next_due.items() if d <= horizon_ms and k not in held]
+        held, served = self._held, self._served
+        keys = [(k, d) for k, d in self.next_due.items() if d <= horizon_ms and k not in held]
+        if self._weights is None:
+            rank = self._rank
+            due = [(rank[k[1]], served.get(k, 0), d, k) for k, d in keys]
+        else:
+            vt = self._vt
+            for k, _ in keys:  # a queue coming back from idle starts at the current time
+                if vt[k[1]] < self._vnow:
+                    vt[k[1]] = self._vnow
+            due = [(vt[k[1]], served.get(k, 0), d, k) for k, d in keys]
         due.sort()
-        return [k for _, _, k in due]
+        return [k for *_, k in due]
+
+    def served(self, key: Key) -> None:
+        """A claim on `key` is on its way: it goes behind the other due keys."""
+        self._turn += 1
+        self._served[key] = self._turn
+
+    def account(self, key: Key, claimed: int) -> None:
+        """A claim on `key` came back with `claimed` runs: with weights, its queue's virtual
+        time advances by claimed / weight (a claim that found nothing counts as one run)."""
+        if self._weights is not None:
+            q = key[1]
+            self._vnow = max(self._vnow, self._vt[q])
+            self._vt[q] += max(claimed, 1) / self._weights[q]
 
     def earliest(self) -> float | None:
         """The earliest due time of a key that may be claimed (server ms)."""

@@ -150,8 +150,12 @@ class Executor:
                 return  # the earlier attempt's success stands for this one (reported there)
             started = time.perf_counter()
             delay = max(0.0, (self.clock.now_ms() - c.ready_ms) / 1000)
-            metrics.child(metrics.QUEUE_DELAY, ctx.queue).observe(delay)
-            if ctx.attempt == 1:
+            if c.limited_by:
+                # a limit held it back on purpose: its wait is not the queue's delay
+                metrics.child(metrics.LIMITED_DELAY, ctx.queue).observe(delay)
+            else:
+                metrics.child(metrics.QUEUE_DELAY, ctx.queue).observe(delay)
+            if ctx.attempt == 1 and not c.limited_by:
                 # a first attempt is claimable from its scheduled time: lateness = queue delay
                 metrics.child(metrics.START_LATENESS, ctx.queue).observe(delay)
             if c.damaged:

@@ -58,7 +58,8 @@ class Worker:
         self._wake = asyncio.Event()  # something for the claim loop to look at
         self._stopping = asyncio.Event()
         self.ready = asyncio.Event()  # running, and wake notices reach us
-        self.due = DueTimes(keys, config.queues, self.id, on_earlier=self._wake.set)
+        self.due = DueTimes(keys, config.queues, self.id, on_earlier=self._wake.set,
+                            weights=config.queue_weights)
         self.reporter = Reporter(self.client, self.scripts, keys, self.id)
         self.executor = Executor(registry, self.clock, self.reporter, config, on_free=self._wake.set)
         self.claimer = Claimer(self.client, self.scripts, keys, config, self.due, self.clock,

@@ -202,3 +202,37 @@ def billing_flaky(seconds: float) -> str:
     if run.attempt <= 2:
         raise RuntimeError(f"card network timeout (attempt {run.attempt})")
     return "charged"
+
+
+def ljournal_key() -> str:
+    return f"{app.keys.namespace}:test:journal"
+
+
+_JOURNAL = ("local t = redis.call('TIME') redis.call('RPUSH', KEYS[1], ARGV[1] .. '|' .. "
+            "ARGV[2] .. '|' .. (t[1] * 1000 + math.floor(t[2] / 1000)))")
+
+
+def ljournal(kind: str) -> None:
+    """'s' or 'e' with the run id and the server's time, appended atomically: the order of the
+    list is the order on the server, for the limit tests' external account of what ran when."""
+    r().execute_command("EVAL", _JOURNAL, 1, ljournal_key(), kind, duetime.current_run().run_id)
+
+
+@app.task(name="limited", tenant="acme", backoff=(0.1, 0.2))
+async def limited(seconds: float = 0.0) -> None:
+    """Journals its start and end around a sleep (tenant acme by default)."""
+    ljournal("s")
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        ljournal("e")
+
+
+@app.task(name="slimited", backoff=(0.1, 0.2))
+def slimited(seconds: float = 0.0) -> None:
+    """The sync twin of `limited`, without a default tenant."""
+    ljournal("s")
+    try:
+        time.sleep(seconds)
+    finally:
+        ljournal("e")
