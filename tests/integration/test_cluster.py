@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -16,16 +17,21 @@ from datetime import timedelta
 import pytest
 import redis
 from duetime.common.connection import sync_client
+from duetime.scheduler.evaluator import Evaluator
 
 import duetime
 from duetime.embedded import EmbeddedCluster
 from tests.apps import basic
 from tests.conftest import ROOT, Procs, wait_for
+from tests.integration.test_schedules import occurrence, run_field, runs_of
 
 
-@pytest.fixture(scope="module", params=["redis", "valkey"])
+@pytest.fixture(scope="module", params=["redis", "valkey", "redis+replicas"])
 def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster(request.param) as c:
+    """Three primaries; `+replicas`: each with a replica, the shape a failover needs, so the
+    lifecycle cases below are proven on it too (failovers themselves: test_failover.py)."""
+    kind, _, replicated = request.param.partition("+")
+    with EmbeddedCluster(kind, replicas=1 if replicated else 0) as c:
         yield c
 
 
@@ -53,7 +59,7 @@ def test_partitions_spread_over_every_shard(cluster, capp):
             "CLUSTER SLOTS"):
         if any(lo <= s <= hi for s in slots):
             owners.add(int(primary[1]))
-    assert owners == {n.port for n in cluster.nodes}
+    assert owners == {n.port for n in cluster.primaries()}
 
 
 def test_two_workers_exactly_once_on_a_cluster(capp, cprocs):
@@ -90,6 +96,25 @@ def test_crash_recovery_and_schedules_on_a_cluster(capp, cprocs):
     wait_for(lambda: capp.get_run(run_id).state == "succeeded", 30, what="rerun")
     assert [a.outcome for a in capp.get_run(run_id).attempts] == ["unknown", "succeeded"]
     wait_for(lambda: capp.get_schedule("tick").materialized_count >= 3, 15, what="3 scheduled runs")
+
+
+def test_catch_up_after_downtime_on_a_cluster(capp, cluster):
+    """Occurrences missed while no scheduler ran follow each schedule's catch-up policy on a
+    cluster as on one server: `all` runs the newest `max_catchup` and records the rest as
+    skipped, `latest` one run standing for all of them."""
+    every = duetime.Every(timedelta(milliseconds=500))
+    capp.schedule("down-all", every, basic.noop, catchup="all", max_catchup=3)
+    capp.schedule("down-latest", every, basic.noop, catchup="latest")
+    first = int(capp.get_schedule("down-all").next_fire.timestamp() * 1000)
+    time.sleep(3.2)  # no scheduler runs: about six occurrences pass
+    Evaluator(cluster.url, capp.keys, lead_ms=0, miss_tolerance_ms=300).tick()
+    missed = capp.get_schedule("down-all").skipped_count + 3
+    assert 5 <= missed <= 7, missed
+    caught_up = sorted(occurrence(r) for r in runs_of(capp, "down-all")
+                       if occurrence(r) < first + 500 * missed)
+    assert caught_up == [first + 500 * i for i in range(missed - 3, missed)]
+    coalesced = [r for r in runs_of(capp, "down-latest") if run_field(capp, r, "coalesced")]
+    assert len(coalesced) == 1 and int(run_field(capp, coalesced[0], "coalesced")) == missed
 
 
 def test_cli_reads_a_cluster(capp, cluster):
