@@ -27,6 +27,7 @@ from duetime.common.errors import DuetimeError, InvalidInput, InvalidState, Redi
 from duetime.common.inspect import STATE_INDEX, page_runs
 from duetime.common.models import STATES
 from duetime.common.schedule_store import SCHEDULE_ORDERS, ScheduleNotFound
+from duetime.common.timefmt import human_duration as _human
 from duetime.common.timespec import InvalidSchedule
 from duetime.web.console import COUNT_BUDGET, SERIES_WINDOWS, Console
 from duetime.web.security import CSRF_FIELD, SESSION_COOKIE, WRITE_COOKIE, Guard, same_origin
@@ -43,21 +44,6 @@ FLASH = {
     "unlocked": "Writes are unlocked for this browser session.",
     "locked": "Writes are locked again for this browser session.",
 }
-
-
-def _human(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s, sign = abs(seconds), "-" if seconds < 0 else ""
-    if s < 1:
-        return f"{sign}{s * 1000:.0f}ms"
-    if s < 60:
-        return f"{sign}{s:.1f}s"
-    if s < 3600:
-        return f"{sign}{int(s // 60)}m{int(s % 60):02d}s"
-    if s < 86400:
-        return f"{sign}{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-    return f"{sign}{s / 86400:.1f}d"
 
 
 def _when(iso: str | None) -> str:
