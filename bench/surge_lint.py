@@ -15,14 +15,14 @@ import uuid
 
 from click.testing import CliRunner
 from duetime.common.connection import server_time_ms
-from duetime.common.schedule_store import lint_schedules
-from duetime.common.surge import profile, suggest_stagger, walk
 
 import duetime
 from bench.apps import app, noop
 from bench.stats import percentile
 from duetime.cli import main
 from duetime.embedded import EmbeddedServer
+from duetime.ops.schedule_listing import lint_schedules
+from duetime.ops.surge import profile, suggest_stagger, walk
 
 DAY_MS = 86_400_000
 

@@ -30,11 +30,11 @@ import httpx
 import redis
 from duetime.common import series
 from duetime.common import transitions as tr
-from duetime.common.inspect import Inspector
 from duetime.common.scripts import Scripts
 
 import duetime
 from duetime.embedded import EmbeddedServer
+from duetime.ops.inspect import Inspector
 
 QUEUES = ("default", "emails", "billing", "reports")
 OWNERS = ("payments", "growth", "platform", "data")

@@ -10,8 +10,8 @@ from typing import Any
 
 from duetime.common.codec import unpack_payload, unpack_result
 from duetime.common.errors import InvalidTime
-from duetime.common.timeparse import from_ms as exact_from_ms
-from duetime.common.timeparse import to_ms
+from duetime.common.time.parse import from_ms as exact_from_ms
+from duetime.common.time.parse import to_ms
 
 __all__ = ["STATES", "TERMINAL", "Attempt", "Run", "from_ms", "to_ms"]
 

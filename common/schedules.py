@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import redis
 from duetime.common.errors import InvalidSchedule
+from duetime.common.keys import Keyspace
 from duetime.common.names import check_name
-from duetime.common.timefmt import format_duration
-from duetime.common.timeparse import MAX_DURATION, Span, duration_ms, from_ms, to_ms
-from duetime.common.timespec import Cron, Every, Trigger, trigger_from_dict
+from duetime.common.time.fmt import format_duration
+from duetime.common.time.parse import MAX_DURATION, Span, duration_ms, from_ms, to_ms
+from duetime.common.time.spec import Cron, Every, Trigger, trigger_from_dict
 
 CATCHUP = ("all", "latest", "skip")
 OVERLAP = ("allow", "skip", "buffer_one", "cancel_other")
@@ -257,3 +259,12 @@ def plan(trigger: Trigger, cursor_ms: int, now_ms: int, lead_ms: int, *, name: s
             skipped = len(missed)
     runs += [run(o) for o in ontime]
     return Plan(runs, skipped, cur)
+
+
+# the namespace's default stagger, a field of `<ns>:meta` (absent: none)
+POLICY_STAGGER = "stagger_ms"
+
+
+def read_stagger_policy(client: redis.Redis, keys: Keyspace) -> int:
+    """The namespace's default stagger (ms; 0 when none is set or the field is damaged)."""
+    return stored_stagger(client.hget(keys.meta, POLICY_STAGGER)) or 0

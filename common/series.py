@@ -20,13 +20,13 @@ from typing import Any
 
 import redis
 from duetime.common.connection import translated
-from duetime.common.inspect import Inspector, Overview
+from duetime.common.overview import NamespaceReader, Overview
 
 # step name -> (step ms, entries kept): one hour at 10 s, one day at 5 min
 STEPS: dict[str, tuple[int, int]] = {"10s": (10_000, 360), "5m": (300_000, 288)}
 # per queue, in this order
 FIELDS = ("backlog", "running", "finished_per_s", "lateness_p50_s", "lateness_p99_s", "dead")
-SAMPLE = 1000  # runs sampled per point for rate, lateness and dead (see Inspector.overview)
+SAMPLE = 1000  # runs sampled per point for rate, lateness and dead (see NamespaceReader.overview)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class SeriesWriter:
     """Appends a point per step (called often, by every scheduler: it samples only when the
     current step has no point yet, which one read tells)."""
 
-    def __init__(self, inspector: Inspector, steps: dict[str, tuple[int, int]] | None = None) -> None:
+    def __init__(self, inspector: NamespaceReader, steps: dict[str, tuple[int, int]] | None = None) -> None:
         self.inspector = inspector
         self.steps = STEPS if steps is None else steps
         self._last: dict[str, int] = {}

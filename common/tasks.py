@@ -17,7 +17,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.names import check_name
-from duetime.common.timeparse import Span
+from duetime.common.time.parse import Span
 
 BACKOFF = Span(timedelta(0), timedelta(days=30))
 TIMEOUT = Span(timedelta(milliseconds=1), timedelta(days=7))

@@ -7,6 +7,7 @@ triggers, read models and every exception a public method raises) is importable 
 from importlib.metadata import PackageNotFoundError, version
 
 from duetime.app import App
+from duetime.client.schedules import ScheduleInfo, ScheduleNotFound
 from duetime.common.context import RunContext, current_run, worker_context
 from duetime.common.errors import (
     DuetimeError,
@@ -29,10 +30,9 @@ from duetime.common.errors import (
     WorkerStartFailed,
 )
 from duetime.common.models import Attempt, Run
-from duetime.common.schedule_store import ScheduleInfo, ScheduleNotFound
 from duetime.common.schedules import ScheduleDef
 from duetime.common.tasks import Task, TaskOptions, TaskSpec, WorkerContext
-from duetime.common.timespec import At, Cron, Every, InvalidSchedule, Trigger
+from duetime.common.time.spec import At, Cron, Every, InvalidSchedule, Trigger
 
 try:
     __version__ = version("duetime")

@@ -7,23 +7,25 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from duetime.common.admin import RunAdmin
+from duetime.client.limits import Limit, Limits, make_limit
+from duetime.client.runs import ASYNC_SLICE, EnqueueRequest, RunStore
+from duetime.client.schedules import ScheduleInfo, ScheduleStore
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import DEFAULT_URL, translated
 from duetime.common.durability import Durability
 from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.keys import Keyspace
-from duetime.common.limits import Limit, Limits, make_limit
 from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
 from duetime.common.names import check_name
-from duetime.common.runs import ASYNC_SLICE, EnqueueRequest, RunStore
-from duetime.common.schedule_store import ScheduleInfo, ScheduleStore
 from duetime.common.schedules import ScheduleDef, parse_stagger, seeded
 from duetime.common.tasks import Hook, Registry, Task, TaskSpec
-from duetime.common.timespec import Trigger
+from duetime.common.time.spec import Trigger
+
+if TYPE_CHECKING:  # operator tools are imported where used: a worker process never loads them
+    from duetime.ops.admin import RunAdmin
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -90,6 +92,11 @@ class App:
         if self._store is None:
             await asyncio.to_thread(lambda: self.store)
         return self.store
+
+    def _admin(self) -> RunAdmin:
+        from duetime.ops.admin import RunAdmin
+
+        return RunAdmin(self.store.client, self.keys, self.redis_url)
 
     @property
     def schedules(self) -> ScheduleStore:
@@ -363,12 +370,12 @@ class App:
     def cancel(self, run_id: str, reason: str = "cancelled by the application") -> str:
         """Cancel a run → 'cancelled' (it had not started) or 'requested' (it is running; its
         worker stops it at the next heartbeat). Finished runs raise InvalidState."""
-        return RunAdmin(self.store.client, self.keys, self.redis_url).cancel(run_id, reason)[0]
+        return self._admin().cancel(run_id, reason)[0]
 
     def replay(self, run_id: str, force: bool = False) -> str:
         """A new run doing a finished run's work again, linked to it → its id. A succeeded run
         needs `force`; a run replayed before gives that replay's id."""
-        return RunAdmin(self.store.client, self.keys, self.redis_url).replay(run_id, force)[0]
+        return self._admin().replay(run_id, force)[0]
 
     # -- limits ---------------------------------------------------------------------------
     def set_limit(self, kind: str, name: str, concurrency: int | None = None,

@@ -15,7 +15,7 @@ from datetime import timedelta
 import click
 
 from duetime.app import App
-from duetime.render import run_to_text
+from duetime.ops.render import run_to_text
 
 
 def run_demo(url: str | None, count: int, workers: int) -> None:

@@ -16,7 +16,7 @@ import click
 
 from duetime.app import App
 from duetime.common import metrics
-from duetime.common.timespec import Cron, Every
+from duetime.common.time.spec import Cron, Every
 
 SAMPLES = (
     ("dev.thumbnails", Every(timedelta(seconds=5)), "demo.resize", ["thumb.png", 128]),
@@ -104,7 +104,7 @@ def _remove_samples(app: App, names: list[str]) -> None:
     """On a real server, leave it as found: delete the sample schedules this run created (not
     ones that were there before — another `duetime dev` may be using them) and cancel their
     runs that had not started, which no worker would otherwise pick up."""
-    from duetime.common.inspect import Inspector
+    from duetime.ops.inspect import Inspector
 
     insp = Inspector(app.store.client, app.keys, app.redis_url)
     cancelled = 0

@@ -27,18 +27,18 @@ from duetime.common.connection import (
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import retry_in
-from duetime.common.schedule_store import read_stagger_policy
 from duetime.common.schedules import (
     MISS_TOLERANCE_MS,
     TRIGGER_FIELDS,
     effective_stagger_ms,
     plan,
+    read_stagger_policy,
     run_id_for,
     stored_stagger,
     trigger_from_fields,
 )
 from duetime.common.scripts import Scripts
-from duetime.common.timespec import Trigger
+from duetime.common.time.spec import Trigger
 from duetime.scheduler.notices import SAFETY_S, Heads, Listener, report_health
 
 log = get_logger("duetime.scheduler")

@@ -17,9 +17,9 @@ import redis
 from duetime.common import metrics
 from duetime.common.connection import sync_client
 from duetime.common.errors import RedisUnavailable
-from duetime.common.inspect import Inspector
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
+from duetime.common.overview import NamespaceReader
 from duetime.common.series import SeriesWriter
 from duetime.scheduler.notices import Heads, Listener
 
@@ -33,7 +33,7 @@ class Gauges:
     def __init__(self, url: str, keys: Keyspace, interval_s: float = 5.0) -> None:
         self.url, self.keys = url, keys
         self.client = sync_client(url)
-        self.inspector = Inspector(self.client, keys, url)
+        self.inspector = NamespaceReader(self.client, keys, url)
         self.interval_s = interval_s
         self.series = SeriesWriter(self.inspector)
         self.stopping = threading.Event()

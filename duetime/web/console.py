@@ -10,23 +10,24 @@ from datetime import datetime
 from typing import Any
 
 from duetime.app import App
-from duetime.cli_ops import overview_to_dict
+from duetime.client.schedules import ScheduleStore
 from duetime.common import series
-from duetime.common.admin import RunAdmin
 from duetime.common.connection import redact, server_time_ms, translated
-from duetime.common.doctor import run_checks
-from duetime.common.inspect import GROUPS, Inspector, Position, RunPage, newest_field_counts, page_runs
 from duetime.common.models import from_ms
-from duetime.common.schedule_store import SCHEDULE_ORDERS, ScheduleStore, page_schedules
-from duetime.render import (
+from duetime.ops.admin import RunAdmin
+from duetime.ops.doctor import run_checks
+from duetime.ops.inspect import GROUPS, Inspector, Position, RunPage, newest_field_counts, page_runs
+from duetime.ops.render import (
     lease_to_dict,
     next_fires,
+    overview_to_dict,
     run_to_dict,
     schedule_to_dict,
     scheduler_to_dict,
     summary_to_dict,
     worker_to_dict,
 )
+from duetime.ops.schedule_listing import SCHEDULE_ORDERS, page_schedules
 from duetime.web.plots import sparkline
 from duetime.web.timeline import timeline
 

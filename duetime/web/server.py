@@ -22,13 +22,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from duetime.app import App
-from duetime.common.admin import VERDICTS
+from duetime.client.schedules import ScheduleNotFound
 from duetime.common.errors import DuetimeError, InvalidInput, InvalidState, RedisUnavailable, RunNotFound
-from duetime.common.inspect import STATE_INDEX, page_runs
 from duetime.common.models import STATES
-from duetime.common.schedule_store import SCHEDULE_ORDERS, ScheduleNotFound
-from duetime.common.timefmt import human_duration as _human
-from duetime.common.timespec import InvalidSchedule
+from duetime.common.time.fmt import human_duration as _human
+from duetime.common.time.spec import InvalidSchedule
+from duetime.ops.admin import VERDICTS
+from duetime.ops.inspect import STATE_INDEX, page_runs
+from duetime.ops.schedule_listing import SCHEDULE_ORDERS
 from duetime.web.console import COUNT_BUDGET, SERIES_WINDOWS, Console
 from duetime.web.security import CSRF_FIELD, SESSION_COOKIE, WRITE_COOKIE, Guard, same_origin
 

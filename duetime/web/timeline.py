@@ -12,15 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from duetime.client.schedules import ScheduleInfo, ScheduleStore
 from duetime.common.models import from_ms, to_ms
-from duetime.common.schedule_store import (
-    ScheduleInfo,
-    ScheduleStore,
-    occurrence_runs,
-    oldest_finished_ms,
-)
 from duetime.common.schedules import run_id_for
-from duetime.render import schedule_zone
+from duetime.ops.render import schedule_zone
+from duetime.ops.schedule_listing import occurrence_runs, oldest_finished_ms
 
 LATE_S = 1.0  # a run that started more than this after its due time is shown as late
 MAX_WINDOW = timedelta(days=400)

@@ -20,10 +20,10 @@ from typing import Any
 
 import redis
 from duetime.common.connection import sync_client
-from duetime.common.inspect import Inspector
 from duetime.common.keys import Keyspace
 
 from duetime.embedded import EmbeddedServer
+from duetime.ops.inspect import Inspector
 from tests.apps import chaos as chaos_app
 from tests.chaos import journal, snapshot
 from tests.chaos.checker import Checker, Report

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from duetime.common.errors import DuetimeError, EnqueueIncomplete
-from duetime.common.runs import keyed_run_id
 
 import duetime
+from duetime.client.runs import keyed_run_id
 from tests.apps import chaos as chaos_app
 
 # (task, weight, args factory): the mix of ad-hoc runs

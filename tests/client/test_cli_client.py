@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from duetime.cli_common import hoist_global_options
+from duetime.cli.common import hoist_global_options
 from tests.apps import basic
 from tests.conftest import ROOT, wait_for
 

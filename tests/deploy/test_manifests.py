@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-from duetime.common.timeparse import parse_duration
+from duetime.common.time.parse import parse_duration
 
 from tests.conftest import ROOT
 from tests.deploy.files import (

@@ -159,9 +159,9 @@ def test_the_scheduler_gauges_survive_a_damaged_finished_run(app, url):
     """Found by the damaged-records property test: a finished run whose `started` or `queue`
     was overwritten with junk killed the gauges loop (and with it the scheduler) when the
     console's activity sample read it. The sample skips what it cannot read."""
-    from duetime.common.inspect import Inspector
     from duetime.scheduler.gauges import Gauges
 
+    from duetime.ops.inspect import Inspector
     from tests.integration.opkit import Driver
 
     ids = Driver(app).succeeded(basic.noop, 3)

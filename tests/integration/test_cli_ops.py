@@ -11,10 +11,10 @@ import uuid
 
 import pytest
 import redis
-from duetime.common.inspect import Inspector
 from duetime.common.keys import Keyspace
 
 from duetime.embedded import EmbeddedServer, free_port
+from duetime.ops.inspect import Inspector
 from tests.apps import basic
 from tests.conftest import ROOT, Procs, wait_for
 from tests.integration.opkit import Driver, as_json, cli, ok, one_line_error
@@ -156,7 +156,7 @@ def valkey_procs(servers):
 def test_dev_runs_scheduler_workers_and_samples_until_ctrl_c(valkey_procs):
     """On a real server dev cleans up after itself: the sample schedules it created go, with
     their runs not started; one that was there before it started stays."""
-    from duetime.common.timespec import Every
+    from duetime.common.time.spec import Every
 
     from duetime import App
 

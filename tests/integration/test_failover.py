@@ -18,10 +18,10 @@ from datetime import timedelta
 import pytest
 import redis
 from duetime.common.connection import sync_client
-from duetime.common.runs import keyed_run_id
 from redis.crc import key_slot
 
 import duetime
+from duetime.client.runs import keyed_run_id
 from duetime.embedded import EmbeddedCluster, EmbeddedServer
 from tests.apps import failover as fo
 from tests.conftest import Procs, wait_for

@@ -29,11 +29,11 @@ import redis
 from duetime.common import transitions as tr
 from duetime.common.connection import sync_client
 from duetime.common.errors import DuetimeError, EnqueueIncomplete, RedisRefused
-from duetime.common.runs import keyed_run_id
 from duetime.common.scripts import Scripts, sha
 from redis.crc import key_slot
 
 import duetime
+from duetime.client.runs import keyed_run_id
 from duetime.embedded import EmbeddedCluster, EmbeddedServer, valkey_available
 from tests.apps import basic
 from tests.conftest import ROOT, wait_for

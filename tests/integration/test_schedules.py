@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from duetime.common.connection import server_time_ms
-from duetime.common.timeparse import from_ms as at_ms
+from duetime.common.time.parse import from_ms as at_ms
 from duetime.scheduler.evaluator import Evaluator
 
 import duetime
@@ -115,7 +115,7 @@ def test_partitions_are_split_between_schedulers_and_taken_over(app, url):
 
 
 def app_inspector(app):
-    from duetime.common.inspect import Inspector
+    from duetime.ops.inspect import Inspector
 
     return Inspector(app.store.client, app.keys, app.redis_url)
 

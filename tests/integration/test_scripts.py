@@ -266,7 +266,7 @@ def test_a_cancel_request_outlives_a_dead_worker(app, r, lc):
 
 def test_bulk_enqueue_over_several_round_trips_creates_each_run_once(app, r):
     """5,500 runs take three pipelines (sent by a thread while the next is built)."""
-    from duetime.common.runs import PIPELINE_RUNS
+    from duetime.client.runs import PIPELINE_RUNS
 
     n = 5500
     assert n > 2 * PIPELINE_RUNS
@@ -305,7 +305,7 @@ def test_claim_ahead_takes_runs_due_soon_and_their_attempt_starts_at_the_due_tim
 def test_a_buffered_run_claimed_ahead_is_never_made_due_before_its_time(app, r, lc):
     """overlap buffer_one: B (due in 2 s) is claimed ahead while A runs and gets buffered; A
     finishing must requeue B at B's due time, not at 'now'."""
-    from duetime.common.runs import EnqueueRequest
+    from duetime.client.runs import EnqueueRequest
 
     spec = app.registry.resolve(basic.noop)
     sched = {"schedule": "nightly", "overlap": "buffer_one"}

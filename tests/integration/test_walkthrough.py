@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import redis
-from duetime.common.inspect import Inspector
 from duetime.common.keys import Keyspace
 
+from duetime.ops.inspect import Inspector
 from tests.conftest import ROOT, wait_for
 
 README = ROOT / "README.md"

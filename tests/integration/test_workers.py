@@ -7,8 +7,8 @@ import time
 
 import pytest
 import redis
-from duetime.common.runs import keyed_run_id
 
+from duetime.client.runs import keyed_run_id
 from duetime.embedded import EmbeddedServer
 from tests.apps import basic
 from tests.conftest import wait_for

@@ -39,7 +39,7 @@ def _package_modules() -> list[str]:
 
 def test_every_exception_class_of_the_package_is_exported():
     modules = _package_modules()
-    assert {"duetime.common.errors", "duetime.common.schedule_store", "duetime.common.timespec",
+    assert {"duetime.common.errors", "duetime.client.schedules", "duetime.common.time.spec",
             "duetime.worker.runtime", "duetime.scheduler.reaper", "duetime.embedded"} <= set(modules)
     defined = {}
     for name in modules:

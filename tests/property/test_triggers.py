@@ -1,4 +1,4 @@
-"""Property tests of the trigger parsers (common/timespec.py, common/schedules.py): any text
+"""Property tests of the trigger parsers (common/time/spec.py, common/schedules.py): any text
 is a trigger or one `InvalidSchedule`; a trigger never skips, repeats or goes back; and what
 the evaluator reads back from a schedule record is the trigger that was stored -- or, for a
 record damaged by hand, a `ValueError` the evaluator turns into a quarantine."""
@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import available_timezones
 
 from duetime.common.schedules import TRIGGER_FIELDS, trigger_fields, trigger_from_fields
-from duetime.common.timespec import At, Cron, Every, InvalidSchedule, Trigger, trigger_from_dict
+from duetime.common.time.spec import At, Cron, Every, InvalidSchedule, Trigger, trigger_from_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -12,8 +12,11 @@ from duetime.cli import main
 
 def _commands(cmd: click.Command, path: tuple[str, ...]) -> Iterator[tuple[str, click.Command]]:
     yield " ".join(path), cmd
-    if isinstance(cmd, click.Group):
-        for name, sub in sorted(cmd.commands.items()):
+    if isinstance(cmd, click.Group):  # through the group's own lookup: subcommands load lazily
+        ctx = click.Context(cmd)
+        for name in cmd.list_commands(ctx):
+            sub = cmd.get_command(ctx, name)
+            assert sub is not None, name
             yield from _commands(sub, (*path, name))
 
 

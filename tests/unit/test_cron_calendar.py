@@ -10,7 +10,7 @@ from functools import cache
 from zoneinfo import ZoneInfo
 
 import pytest
-from duetime.common.timespec import Cron, InvalidSchedule
+from duetime.common.time.spec import Cron, InvalidSchedule
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

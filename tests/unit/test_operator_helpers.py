@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from duetime.common.admin import replay_id
-from duetime.common.inspect import percentile
 from duetime.common.keys import Keyspace
+from duetime.common.stats import percentile
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duetime.cli_common import _one_line, human_s, table
+from duetime.cli.common import _one_line, human_s, table
+from duetime.ops.admin import replay_id
 
 
 def test_percentile_is_nearest_rank():

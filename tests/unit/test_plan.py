@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from duetime.common.schedules import jitter_for, plan
-from duetime.common.timespec import At, Every
+from duetime.common.time.spec import At, Every
 
 T0 = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 MIN = 60_000
@@ -66,7 +66,7 @@ def test_jitter_is_stable_and_bounded():
 
 def test_triggers_round_trip_through_hash_fields():
     from duetime.common.schedules import trigger_fields, trigger_from_fields
-    from duetime.common.timespec import Cron
+    from duetime.common.time.spec import Cron
 
     for t in (Cron("H 9 * * MON-FRI", tz="Europe/Paris", dst_gap="skip", seed="x"),
               Every(timedelta(minutes=90)), At(datetime(2026, 5, 1, tzinfo=UTC))):
@@ -176,7 +176,7 @@ def test_an_interval_of_a_seventh_of_a_minute_advances_one_occurrence_per_step()
 
 
 def test_a_sub_millisecond_one_time_instant_is_not_walked_again():
-    from duetime.common.timeparse import from_ms, to_ms
+    from duetime.common.time.parse import from_ms, to_ms
 
     at = At(datetime(2026, 1, 1, 0, 0, 0, 400, tzinfo=UTC))
     cursor = to_ms(at.next_after(from_ms(T0 - 5)), ceil=True)  # as the upsert computes it

@@ -18,7 +18,10 @@ from duetime.common.schedules import (
     stagger_for,
     stored_stagger,
 )
-from duetime.common.surge import (
+from duetime.common.time.parse import from_ms, to_ms
+from duetime.common.time.spec import Cron, Every
+
+from duetime.ops.surge import (
     LADDER_S,
     LintSchedule,
     collapse_key,
@@ -27,8 +30,6 @@ from duetime.common.surge import (
     suggest_stagger,
     walk,
 )
-from duetime.common.timeparse import from_ms, to_ms
-from duetime.common.timespec import Cron, Every
 
 START = 1_764_547_200_123  # 2026-12-01T00:00:00.123Z: not on a second
 DAY = 86_400_000

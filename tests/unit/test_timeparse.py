@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from duetime.common.errors import InvalidInput, InvalidSchedule, InvalidTime
 from duetime.common.stats import percentile
-from duetime.common.timefmt import format_duration, human_duration, iso, iso_local, relative
-from duetime.common.timeparse import (
+from duetime.common.time.fmt import format_duration, human_duration, iso, iso_local, relative
+from duetime.common.time.parse import (
     LEASE,
     MAX_INSTANT,
     MAX_MS,
@@ -267,7 +267,7 @@ def test_task_durations_take_every_form_and_are_bounded() -> None:
 
 
 def test_one_time_trigger_takes_an_iso_string() -> None:
-    from duetime.common.timespec import At
+    from duetime.common.time.spec import At
 
     assert At("2026-03-08T03:30:00-04:00") == At(datetime(2026, 3, 8, 7, 30, tzinfo=UTC))
     with pytest.raises(InvalidSchedule, match="has no UTC offset"):

@@ -13,7 +13,7 @@ from functools import cache
 from zoneinfo import ZoneInfo
 
 import pytest
-from duetime.common.timespec import (
+from duetime.common.time.spec import (
     At,
     Cron,
     Every,
@@ -612,7 +612,7 @@ def test_h_is_pinned_so_upgrades_do_not_move_schedules() -> None:
 def test_h_is_stable_across_processes_with_different_hash_seeds() -> None:
     code = (
         "from datetime import datetime, UTC\n"
-        "from duetime.common.timespec import Cron\n"
+        "from duetime.common.time.spec import Cron\n"
         "c = Cron('H H(0-5) H * H', seed='report-42')\n"
         "print(c.next_after(datetime(2026, 1, 1, tzinfo=UTC)).isoformat())\n"
     )

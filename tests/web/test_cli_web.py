@@ -13,7 +13,7 @@ def test_a_short_write_token_is_refused(url, namespace):
 
 
 def test_it_binds_loopback_and_says_what_it_shows(web, namespace):
-    from duetime.cli_web import web as command
+    from duetime.cli.web import web as command
 
     assert {p.name: p.default for p in command.params}["host"] == "127.0.0.1"
     base = web()  # no --host

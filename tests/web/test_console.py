@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from duetime.common.inspect import Inspector
-
 import duetime
 from duetime.app import App
+from duetime.ops.inspect import Inspector
 from duetime.web.console import Console
 from tests.apps import webapp
 from tests.integration.opkit import Driver

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import pytest
 from duetime.common.errors import InvalidInput
-from duetime.common.inspect import GROUPS, Inspector, Position, keyset_merge, page_runs
-from duetime.common.schedule_store import page_schedules
 
 import duetime
+from duetime.ops.inspect import GROUPS, Inspector, Position, keyset_merge, page_runs
+from duetime.ops.schedule_listing import page_schedules
 from tests.apps import webapp
 from tests.integration.opkit import Driver
 

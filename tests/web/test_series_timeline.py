@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 from duetime.common import series
 from duetime.common import transitions as tr
-from duetime.common.inspect import Inspector
 from duetime.common.models import from_ms, to_ms
 from duetime.common.schedules import run_id_for
 from duetime.common.scripts import Scripts
 from duetime.scheduler.gauges import Gauges
 
 import duetime
+from duetime.ops.inspect import Inspector
 from duetime.web.timeline import timeline
 from tests.apps import webapp
 from tests.integration.opkit import Driver

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+
 from duetime.common import transitions as tr
 from duetime.common.connection import translated
 from duetime.common.errors import InvalidInput, InvalidState, RunNotFound

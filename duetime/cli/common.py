@@ -11,19 +11,22 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import redis
 
 from duetime.app import App
-from duetime.common.admin import RunAdmin
-from duetime.common.connection import redact, server_time_ms, translated
+from duetime.common import logs
+from duetime.common.connection import DEFAULT_URL, redact, server_time_ms, translated
 from duetime.common.durability import ENV_REPLICAS, ENV_TIMEOUT
 from duetime.common.errors import DuetimeError, InvalidInput, InvalidSchedule, InvalidTime
-from duetime.common.inspect import Inspector
-from duetime.common.timefmt import human_duration, iso, relative
-from duetime.common.timeparse import Span, from_ms, parse_instant
+from duetime.common.time.fmt import human_duration, iso, relative
+from duetime.common.time.parse import Span, from_ms, parse_instant
+
+if TYPE_CHECKING:
+    from duetime.ops.admin import RunAdmin
+    from duetime.ops.inspect import Inspector
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,6 +74,21 @@ def hoist_global_options(args: list[str]) -> list[str]:
 class DuetimeGroup(click.Group):
     """Usage errors as one line on stderr (exit 2) instead of click's three-line block; global
     options accepted after the subcommand too."""
+
+    def __init__(self, *args: Any, lazy_commands: dict[str, tuple[str, str]] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands or {})  # name -> (module, attribute)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy_commands:
+            module, attr = self.lazy_commands[cmd_name]
+            command = getattr(importlib.import_module(module), attr)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if ctx.parent is None:
@@ -177,10 +195,14 @@ def app_for(ctx: click.Context, app_ref: str | None) -> App:
 
 
 def inspector(app: App) -> Inspector:
+    from duetime.ops.inspect import Inspector  # operator tools: loaded by the commands that use them
+
     return Inspector(app.store.client, app.keys, app.redis_url)
 
 
 def admin(app: App) -> RunAdmin:
+    from duetime.ops.admin import RunAdmin
+
     return RunAdmin(app.store.client, app.keys, app.redis_url)
 
 
@@ -304,3 +326,20 @@ def interrupted(done: int, total: int, what: str, again: str) -> None:
     click.echo(f"\ninterrupted after {done} of {total} {what}; each was done completely, "
                f"none partly. Run `{again}` again to continue.", err=True)
     sys.exit(EXIT_INTERRUPTED)
+
+
+METRICS_PORT = click.IntRange(1, 65535)
+METRICS_PORT_HELP = "Serve /metrics, /healthz and /readyz on this port."
+METRICS_HOST_HELP = "Address the metrics port listens on (0.0.0.0 in a container)."
+
+
+def announce(ctx: click.Context, app: App, role: str) -> None:
+    """Long-running processes say which Redis and namespace they act on; falling back to the
+    default URL is a warning, since a reaper on the wrong server reaps someone else's runs."""
+    log = logs.get("duetime.cli")
+    where = {"redis": redact(app.redis_url), "namespace": app.keys.namespace, "role": role}
+    if not ctx.obj["url"] and not os.environ.get(ENV_URL) and app.redis_url == DEFAULT_URL:
+        log.warning(f"no --redis-url or {ENV_URL} given: using the default server", **where)
+    else:
+        log.info("connected", **where)
+

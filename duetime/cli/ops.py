@@ -6,11 +6,10 @@ import sys
 import time
 from dataclasses import asdict
 from datetime import timedelta
-from typing import Any
 
 import click
 
-from duetime.cli_common import (
+from duetime.cli.common import (
     app_for,
     duration_option,
     echo_json,
@@ -20,14 +19,13 @@ from duetime.cli_common import (
     table,
 )
 from duetime.common.connection import redact
-from duetime.common.doctor import run_checks
-from duetime.common.inspect import Overview
-from duetime.common.keyguide import KeyGuide
 from duetime.common.retrycost import MINUTE_MS, minute_of
-from duetime.common.retrycost import as_dicts as cost_dicts
-from duetime.common.timefmt import ago, format_duration, human_duration, iso
-from duetime.common.timeparse import REFRESH, WAIT, WINDOW, from_ms
-from duetime.render import lease_to_dict, scheduler_to_dict, worker_to_dict
+from duetime.common.time.fmt import ago, format_duration, human_duration, iso
+from duetime.common.time.parse import REFRESH, WAIT, WINDOW, from_ms
+from duetime.ops.doctor import run_checks
+from duetime.ops.inspect import Overview
+from duetime.ops.keyguide import KeyGuide
+from duetime.ops.render import lease_to_dict, overview_to_dict, scheduler_to_dict, worker_to_dict
 
 
 @click.command()
@@ -84,17 +82,6 @@ def workers(ctx: click.Context, include_gone: bool, wait_for: int, timeout: time
 
 
 # -- top ------------------------------------------------------------------------------------
-def overview_to_dict(ov: Overview) -> dict[str, Any]:
-    return {
-        "time": iso(from_ms(ov.now_ms)), "window_s": ov.window_s, "sampled": ov.sampled,
-        "workers": ov.workers, "schedulers": ov.schedulers, "partitions": ov.partitions,
-        "unowned_partitions": ov.unowned_partitions, "leases": ov.leases, "dead": ov.dead,
-        "uncertain": ov.uncertain,
-        "queues": [asdict(q) for q in sorted(ov.queues.values(), key=lambda q: q.queue)],
-        "retry_cost": cost_dicts(ov.cost),
-    }
-
-
 def render_frame(ov: Overview, title: str) -> str:
     owned = ov.partitions - len(ov.unowned_partitions)
     head = [

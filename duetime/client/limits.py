@@ -19,11 +19,12 @@ from datetime import timedelta
 from typing import Any
 
 import redis
+
 from duetime.common.connection import translated
 from duetime.common.errors import InvalidInput
 from duetime.common.keys import Keyspace
 from duetime.common.names import check_name
-from duetime.common.timeparse import Span, duration_ms
+from duetime.common.time.parse import Span, duration_ms
 
 KINDS = ("tenant", "queue", "task")
 PER = Span(timedelta(milliseconds=1), timedelta(days=1))

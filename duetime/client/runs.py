@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import redis
+
 from duetime.common import transitions as tr
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import (
@@ -46,7 +47,7 @@ from duetime.common.names import check_name
 from duetime.common.outage import retry_in
 from duetime.common.scripts import Scripts
 from duetime.common.tasks import TaskSpec
-from duetime.common.timeparse import DELAY, duration_ms, parse_instant, to_ms
+from duetime.common.time.parse import DELAY, duration_ms, parse_instant, to_ms
 
 MAX_PRIORITY = 100
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call

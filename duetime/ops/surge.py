@@ -21,9 +21,9 @@ from datetime import timedelta
 from typing import Any
 
 from duetime.common.schedules import effective_stagger_ms, jitter_for, stagger_for
-from duetime.common.timefmt import format_duration
-from duetime.common.timeparse import from_ms, to_ms
-from duetime.common.timespec import Cron, Trigger
+from duetime.common.time.fmt import format_duration
+from duetime.common.time.parse import from_ms, to_ms
+from duetime.common.time.spec import Cron, Trigger
 
 # An expression that fires more often than this in the horizon is walked this far only (an
 # `Every(1ms)` would otherwise take minutes); the profile says it was cut.

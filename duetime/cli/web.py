@@ -6,7 +6,7 @@ import ipaddress
 
 import click
 
-from duetime.cli_common import fail_cleanly, plain_app
+from duetime.cli.common import fail_cleanly, plain_app
 from duetime.common.connection import redact
 
 ENV_TOKEN = "DUETIME_WEB_WRITE_TOKEN"

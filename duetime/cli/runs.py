@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import click
 
-from duetime.cli_common import (
+from duetime.cli.common import (
     admin,
     duration_option,
     echo_json,
@@ -22,11 +22,11 @@ from duetime.cli_common import (
     when,
 )
 from duetime.common.errors import InvalidState, RunFailed, WaitTimeout
-from duetime.common.inspect import RunSummary
 from duetime.common.models import STATES
-from duetime.common.timefmt import format_duration
-from duetime.common.timeparse import WAIT, to_ms
-from duetime.render import run_to_dict, run_to_text, summary_to_dict
+from duetime.common.time.fmt import format_duration
+from duetime.common.time.parse import WAIT, to_ms
+from duetime.ops.inspect import RunSummary
+from duetime.ops.render import run_to_dict, run_to_text, summary_to_dict
 
 UNLIMITED = 10**9
 

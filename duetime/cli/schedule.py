@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from duetime.app import App
-from duetime.cli_common import (
+from duetime.cli.common import (
     duration_option,
     echo_json,
     fail_cleanly,
@@ -27,7 +27,6 @@ from duetime.cli_common import (
     when,
 )
 from duetime.common.errors import DuetimeError, InvalidSchedule
-from duetime.common.schedule_store import lint_schedules
 from duetime.common.schedules import (
     CATCHUP,
     EVERY,
@@ -41,7 +40,14 @@ from duetime.common.schedules import (
     parse_stagger,
     stagger_for,
 )
-from duetime.common.surge import (
+from duetime.common.time.fmt import format_duration
+from duetime.common.time.fmt import iso as _iso
+from duetime.common.time.parse import Span
+from duetime.common.time.parse import from_ms as _from_ms
+from duetime.common.time.spec import At, Cron, Every, Trigger
+from duetime.ops.render import next_fires, schedule_to_dict, schedule_to_text
+from duetime.ops.schedule_listing import lint_schedules
+from duetime.ops.surge import (
     DEFAULT_MAX_PER_SECOND,
     MAX_OCCURRENCES,
     Profile,
@@ -50,12 +56,6 @@ from duetime.common.surge import (
     suggest_stagger,
     walk,
 )
-from duetime.common.timefmt import format_duration
-from duetime.common.timefmt import iso as _iso
-from duetime.common.timeparse import Span
-from duetime.common.timeparse import from_ms as _from_ms
-from duetime.common.timespec import At, Cron, Every, Trigger
-from duetime.render import next_fires, schedule_to_dict, schedule_to_text
 
 HORIZON = Span(timedelta(minutes=1), timedelta(days=31))
 PROGRESS_FROM = 2000  # schedules: a progress bar on stderr from this many

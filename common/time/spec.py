@@ -34,9 +34,9 @@ from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
 from duetime.common.errors import InvalidSchedule
-from duetime.common.timefmt import format_duration as _format_duration
-from duetime.common.timefmt import iso
-from duetime.common.timeparse import MAX_DURATION, parse_duration, parse_instant
+from duetime.common.time.fmt import format_duration as _format_duration
+from duetime.common.time.fmt import iso
+from duetime.common.time.parse import MAX_DURATION, parse_duration, parse_instant
 
 __all__ = [
     "At",

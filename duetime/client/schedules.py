@@ -8,37 +8,29 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import redis
+
 from duetime.common import transitions as tr
 from duetime.common.codec import unpack_payload
 from duetime.common.connection import server_time_ms, translated
 from duetime.common.errors import DuetimeError, InvalidInput
-from duetime.common.inspect import Position, keyset_merge
 from duetime.common.keys import Keyspace
 from duetime.common.models import from_ms as stored_ms
 from duetime.common.names import check_name
 from duetime.common.schedules import (
     MISS_TOLERANCE_MS,
+    POLICY_STAGGER,
     TRIGGER_FIELDS,
     ScheduleDef,
+    read_stagger_policy,
     run_id_for,
     stored_stagger,
     trigger_from_fields,
 )
 from duetime.common.scripts import Scripts
-from duetime.common.surge import H_ITEM, LintSchedule
-from duetime.common.timeparse import from_ms, parse_instant, to_ms
-from duetime.common.timespec import Trigger
+from duetime.common.time.parse import from_ms, parse_instant, to_ms
+from duetime.common.time.spec import Trigger
 
 BACKFILL_CHUNK = 500
-# the namespace's default stagger, a field of `<ns>:meta` (absent: none)
-POLICY_STAGGER = "stagger_ms"
-
-
-def read_stagger_policy(client: redis.Redis, keys: Keyspace) -> int:
-    """The namespace's default stagger (ms; 0 when none is set or the field is damaged)."""
-    return stored_stagger(client.hget(keys.meta, POLICY_STAGGER)) or 0
-
-
 class ScheduleNotFound(DuetimeError, LookupError):
     pass
 
@@ -301,112 +293,3 @@ class ScheduleStore:
             if progress:
                 progress(len(chunk))
         return len(occs), created
-
-
-# -- the surge profile (`duetime schedule lint`) ----------------------------------------------
-LINT_FIELDS = ("paused", "quarantined", "jitter_ms", "stagger_ms", *TRIGGER_FIELDS)
-LINT_CHUNK = 1000
-_SEED = TRIGGER_FIELDS.index("t.seed")
-_EXPR = TRIGGER_FIELDS.index("t.expr")
-
-
-def lint_schedules(store: ScheduleStore, progress: Callable[[int], None] | None = None
-                   ) -> tuple[list[LintSchedule], int, int]:
-    """The active schedules as the surge profile needs them, read in pipelined chunks (only
-    the fields it uses; `progress(n)` per chunk) → (schedules, paused or quarantined,
-    unreadable). A trigger is parsed once per distinct definition: schedules whose cron has
-    no `H` share one parse whatever their seed."""
-    k = store.keys
-    names = sorted(store.names())
-    parsed: dict[tuple[Any, ...], Trigger | None] = {}
-    out: list[LintSchedule] = []
-    inactive = unreadable = 0
-    for i in range(0, len(names), LINT_CHUNK):
-        chunk = names[i : i + LINT_CHUNK]
-        pipe = store.client.pipeline(transaction=False)
-        for n in chunk:
-            pipe.hmget(k.sched(k.partition_of_schedule(n), n), *LINT_FIELDS)
-        for n, values in zip(chunk, store._call(pipe.execute), strict=True):
-            paused, quarantined, jitter, stagger, *raw = values
-            if paused == b"1" or quarantined:
-                inactive += 1
-                continue
-            expr = raw[_EXPR] or b""
-            key = tuple(raw if H_ITEM.search(expr.decode(errors="replace"))
-                        else raw[:_SEED] + [None] + raw[_SEED + 1:])
-            if key not in parsed:
-                try:
-                    parsed[key] = trigger_from_fields(list(key))
-                except Exception:  # noqa: BLE001 - counted; `schedule list` shows why
-                    parsed[key] = None
-            trigger = parsed[key]
-            if trigger is None:
-                unreadable += 1
-                continue
-            try:
-                jitter_ms = max(0, int(jitter or 0))
-            except ValueError:
-                jitter_ms = 0
-            out.append(LintSchedule(n, trigger, jitter_ms, stored_stagger(stagger)))
-        if progress:
-            progress(len(chunk))
-    return out, inactive, unreadable
-
-
-# -- pages and occurrence lookups (the web console) -----------------------------------------
-SCHEDULE_ORDERS = {"created": "schedules", "next": "sched_due"}
-OCCURRENCE_FIELDS = ("state", "due", "started", "finished", "attempt", "coalesced",
-                     "coalesced_from", "reason", "error")
-
-
-def page_schedules(store: ScheduleStore, order: str = "created", after: Position | None = None,
-                   limit: int = 50) -> tuple[list[ScheduleInfo], Position | None]:
-    """One page of schedules: `created` (newest first, every schedule) or `next` (soonest
-    next fire first; paused and finished ones have none), from the partitions' indexes by
-    score, so any page of 100,000 schedules costs what the first costs."""
-    if order not in SCHEDULE_ORDERS:
-        raise InvalidInput(f"order must be one of {', '.join(SCHEDULE_ORDERS)}; got {order!r}")
-    if after is not None and after.group != order:
-        raise InvalidInput(f"page position {after.encode()!r} does not belong to this listing")
-    k = store.keys
-    index = getattr(k, SCHEDULE_ORDERS[order])
-    zkeys = [index(p) for p in range(k.partitions)]
-    bound = (after.score, after.member) if after else None
-    names: list[tuple[str, float]] = []
-    for name, score in keyset_merge(store.client, store.url, zkeys, order == "created", bound,
-                                    min(limit + 1, 500)):
-        names.append((name, score))
-        if len(names) > limit:
-            break
-    more = len(names) > limit
-    names = names[:limit]
-    pipe = store.client.pipeline(transaction=False)
-    for n, _ in names:
-        pipe.hgetall(k.sched(k.partition_of_schedule(n), n))
-    infos = [ScheduleInfo.decode(h) for h in store._call(pipe.execute) if h]
-    nxt = Position(order, names[-1][1], names[-1][0]) if more and names else None
-    return infos, nxt
-
-
-def occurrence_runs(store: ScheduleStore, name: str, occurrences_ms: list[int]
-                    ) -> dict[int, dict[str, str] | None]:
-    """The runs of given occurrences of a schedule, by their derived ids (`<name>@<ms>`): one
-    pipelined HMGET each, no listing. None where no run exists (never created, or removed by
-    retention)."""
-    p, _ = store._where(name)
-    pipe = store.client.pipeline(transaction=False)
-    for o in occurrences_ms:
-        pipe.hmget(store.keys.run(p, run_id_for(name, o)), *OCCURRENCE_FIELDS)
-    out: dict[int, dict[str, str] | None] = {}
-    for o, values in zip(occurrences_ms, store._call(pipe.execute), strict=True):
-        out[o] = None if values[0] is None else {
-            f: v.decode(errors="replace") for f, v in zip(OCCURRENCE_FIELDS, values, strict=True) if v}
-    return out
-
-
-def oldest_finished_ms(store: ScheduleStore, name: str) -> int | None:
-    """The finish time of the oldest run the schedule's partition still keeps: a run that
-    finished before it may have been removed by retention."""
-    p, _ = store._where(name)
-    head = store._call(store.client.zrange, store.keys.done(p), 0, 0, withscores=True)
-    return int(head[0][1]) if head else None

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 import redis
+
 from duetime.common.connection import CLUSTER_SCHEMES, redact
 from duetime.common.keys import GLOBAL_KEYS, PARTITION_KEYS, KeyKind, Keyspace
 

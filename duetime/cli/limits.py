@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import click
 
-from duetime.cli_common import duration_option, echo_json, fail_cleanly, plain_app, table
-from duetime.common.limits import KINDS, PER, Limit, Limits, make_limit
+from duetime.cli.common import duration_option, echo_json, fail_cleanly, plain_app, table
+from duetime.client.limits import KINDS, PER, Limit, Limits, make_limit
 
 
 @click.group()

@@ -26,7 +26,7 @@ from fractions import Fraction
 from typing import Any
 
 from duetime.common.errors import InvalidTime
-from duetime.common.timefmt import format_duration, iso
+from duetime.common.time.fmt import format_duration, iso
 
 __all__ = [
     "EPOCH", "MAX_INSTANT", "MAX_MS", "MIN_INSTANT", "InvalidTime", "Span", "duration_ms",

@@ -3,17 +3,20 @@ readable text. Field names and meanings here only ever gain new keys."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from duetime.common.inspect import LeaseInfo, RunSummary, SchedulerInfo, WorkerInfo
-from duetime.common.models import Run
-from duetime.common.schedule_store import ScheduleInfo
+from duetime.client.schedules import ScheduleInfo
+from duetime.common.models import Run, from_ms
+from duetime.common.overview import Overview
+from duetime.common.retrycost import as_dicts as cost_dicts
 from duetime.common.schedules import stagger_for
-from duetime.common.timefmt import iso as _iso
-from duetime.common.timefmt import iso_local, relative
-from duetime.common.timespec import Cron
+from duetime.common.time.fmt import iso as _iso
+from duetime.common.time.fmt import iso_local, relative
+from duetime.common.time.spec import Cron
+from duetime.ops.inspect import LeaseInfo, RunSummary, SchedulerInfo, WorkerInfo
 
 _TIMES = ("due", "started", "finished", "retry_at", "cancel_requested", "heartbeat")
 
@@ -194,3 +197,14 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
         lines.append("    " + "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return "\n".join(lines)
 
+
+def overview_to_dict(ov: Overview) -> dict[str, Any]:
+    """`duetime top --once --json` and the console's overview."""
+    return {
+        "time": _iso(from_ms(ov.now_ms)), "window_s": ov.window_s, "sampled": ov.sampled,
+        "workers": ov.workers, "schedulers": ov.schedulers, "partitions": ov.partitions,
+        "unowned_partitions": ov.unowned_partitions, "leases": ov.leases, "dead": ov.dead,
+        "uncertain": ov.uncertain,
+        "queues": [asdict(q) for q in sorted(ov.queues.values(), key=lambda q: q.queue)],
+        "retry_cost": cost_dicts(ov.cost),
+    }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from duetime.cli_common import fail_cleanly
+from duetime.cli.common import fail_cleanly
 
 
 @click.command()

@@ -13,12 +13,14 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import redis
-from duetime.common.errors import RedisUnavailable
-from duetime.common.inspect import Inspector
-from duetime.common.keys import Keyspace
-from duetime.common.schedule_store import ScheduleStore, lint_schedules
-from duetime.common.surge import DEFAULT_MAX_PER_SECOND, profile
 from redis.cluster import RedisCluster
+
+from duetime.client.schedules import ScheduleStore
+from duetime.common.errors import RedisUnavailable
+from duetime.common.keys import Keyspace
+from duetime.ops.inspect import Inspector
+from duetime.ops.schedule_listing import lint_schedules
+from duetime.ops.surge import DEFAULT_MAX_PER_SECOND, profile
 
 LEVELS = ("ok", "info", "warn", "fatal")
 MIN_REDIS = (7, 0)

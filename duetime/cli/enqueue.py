@@ -1,0 +1,35 @@
+"""`duetime enqueue`: one run of a task, by name or through the app's code."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import click
+
+from duetime.cli.common import app_for as _app_or_plain
+from duetime.cli.common import duration_option, fail_cleanly, instant_option, parse_payload
+from duetime.common.time.parse import DELAY
+
+
+@click.command()
+@click.argument("task")
+@click.option("--app", "app_ref", default=None, help="module:attribute of your App (optional: "
+              "without it the task is enqueued by name, with the options its workers published).")
+@click.option("--args", "args_json", default="[]", help="JSON list of positional arguments.")
+@click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
+@instant_option("--at", default=None, help="Due at this instant.")
+@duration_option("--delay", span=DELAY, default=None, help="Due this long from now.")
+@click.option("--key", default=None, help="Idempotency key: the same key gives the same run.")
+@click.option("--queue", default=None, help="Default: the task's queue.")
+@click.pass_context
+@fail_cleanly
+def enqueue(ctx: click.Context, task: str, app_ref: str | None, args_json: str, kwargs_json: str,
+            at: datetime | None, delay: timedelta | None, key: str | None,
+            queue: str | None) -> None:
+    """Create one run of TASK and print its id."""
+    args, kwargs = parse_payload(args_json, kwargs_json)
+    if at and delay is not None:
+        raise click.UsageError("give either --at or --delay, not both")
+    app = _app_or_plain(ctx, app_ref)
+    run_id = app.enqueue(task, args=args, kwargs=kwargs, at=at, delay=delay, key=key, queue=queue)
+    click.echo(run_id)

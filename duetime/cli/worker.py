@@ -1,0 +1,95 @@
+"""`duetime worker`: a worker process (or N of them under a supervisor). Imports the worker
+runtime only: a worker process loads no operator tool, console or other command."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from datetime import timedelta
+
+import click
+import redis
+
+from duetime.cli.common import (
+    METRICS_HOST_HELP,
+    METRICS_PORT,
+    METRICS_PORT_HELP,
+    announce,
+    duration_option,
+    fail_cleanly,
+    load_app,
+)
+from duetime.common import logs, metrics
+from duetime.common.errors import RedisRefused
+from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, duration_ms
+
+
+@click.command()
+@click.option("--app", "app_ref", required=True, help="module:attribute of your App.")
+@click.option("--queues", default=None, help="Comma-separated, highest priority first "
+              "(default: the queues of the app's tasks); or with weights, high:5,low:1, to share "
+              "claims in proportion without starving any queue.")
+@click.option("--concurrency", default=16, show_default=True, type=click.IntRange(1, 10_000),
+              help="Runs executed at once by each process.")
+@click.option("--processes", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="Worker processes, each with these options (signals are forwarded).")
+@duration_option("--lease", span=LEASE, default="10s", show_default=True,
+                 help="Lease length; heartbeats renew it every third of it.")
+@duration_option("--grace", span=GRACE, default="30s", show_default=True,
+                 help="SIGTERM: time in-flight runs get to finish before they are released.")
+@duration_option("--claim-ahead", span=CLAIM_AHEAD, default="10ms", show_default=True,
+                 help="Claim runs due this soon and start each exactly at its due time "
+                 "(0 = claim only when due).")
+@click.option("--metrics-port", default=None, type=METRICS_PORT,
+              help=METRICS_PORT_HELP + " Process i of --processes: port + i.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
+@click.pass_context
+@fail_cleanly
+def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
+           processes: int, lease: timedelta, grace: timedelta, claim_ahead: timedelta,
+           metrics_port: int | None, metrics_host: str) -> None:
+    """Execute runs: claim, run, heartbeat, report."""
+    if processes > 1:
+        _supervise(processes, metrics_port)
+        return
+    from duetime.worker.runtime import Worker, WorkerConfig
+
+    app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
+    from duetime.worker.config import parse_queues
+
+    qs, weights = parse_queues(queues or ",".join(app.registry.queues() or ["default"]))
+    client = app.store.ready()  # clear error now if Redis is down
+    try:
+        client.sadd(app.keys.queues, *qs)  # the queue list `top` and the gauges read
+        app.publish_tasks()  # producers without the code enqueue by name with these options
+    except (redis.exceptions.OutOfMemoryError, RedisRefused) as exc:
+        if isinstance(exc, RedisRefused) and exc.code != "OOM":
+            raise
+        # at maxmemory the worker still starts (heartbeats go on, claims wait); enqueues and
+        # the next worker start record the names and the task options
+        logs.get("duetime.cli").warning("redis is at maxmemory: queue names and task options "
+                                        "not recorded yet", queues=qs)
+    announce(ctx, app, "worker")
+    metrics.preset(app.registry.names(), qs,
+                   {n: app.registry.get(n).owner or "" for n in app.registry.names()})
+    metrics.serve(metrics_port, metrics_host, role="worker")
+    cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
+                       grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),
+                       max_result=app.max_payload, queue_weights=weights)
+    w = Worker(app.registry, app.redis_url, app.keys, cfg)
+    asyncio.run(w.run())
+    # threads of sync tasks that outlived the grace period were released; do not wait for them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _supervise(n: int, metrics_port: int | None) -> None:
+    """--processes N: N single-process workers with the same options, each on its own metrics
+    port; a child that dies is restarted (duetime/supervise.py); signals are forwarded."""
+    from duetime.supervise import supervise
+
+    sys.exit(supervise(sys.argv[1:], n, metrics_port))
+
+

@@ -1,0 +1,1 @@
+"""The producer side of App: enqueueing runs, storing schedules, setting limits."""
