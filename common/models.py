@@ -23,7 +23,7 @@ TERMINAL = frozenset({"succeeded", "dead", "cancelled", "skipped", "missed"})
 
 
 def from_ms(ms: int | float | str | bytes | None) -> datetime | None:
-    """A stored time in ms (through the one exact converter, `timeparse.from_ms`); None when
+    """A stored time in ms (through the one exact converter, `common.time.parse.from_ms`); None when
     absent or unreadable (a record damaged by hand must still be shown, and dead-lettered,
     rather than crash the tool reading it)."""
     if ms in (None, b"", ""):

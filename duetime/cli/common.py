@@ -282,7 +282,7 @@ def parse_payload(args_json: str, kwargs_json: str) -> tuple[list[Any], dict[str
 
 
 # -- output -----------------------------------------------------------------------------
-human_s = human_duration  # the table form of a measured duration (one formatter, in timefmt)
+human_s = human_duration  # the table form of a measured duration (one formatter, in common/time/fmt.py)
 
 
 def when(dt: datetime | None, now: datetime) -> str:

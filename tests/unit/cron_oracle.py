@@ -1,6 +1,6 @@
 """Brute-force reference for cron-in-a-time-zone semantics.
 
-Deliberately shares no code with ``common.timespec`` (nor croniter): it walks every UTC minute,
+Deliberately shares no code with ``common/time/spec.py`` (nor croniter): it walks every UTC minute,
 converts it to the local wall clock with zoneinfo and applies its own tiny matcher (no ``H``
 support) and its own reading of the DST rules.  Slow but obviously correct, which is the point.
 

@@ -1,4 +1,4 @@
-"""Tests for common.timespec: cron-in-a-zone semantics checked against a brute-force oracle."""
+"""Tests for common/time/spec.py: cron-in-a-zone semantics checked against a brute-force oracle."""
 
 from __future__ import annotations
 
