@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench venv dist clean screenshots
+.PHONY: demo test lint typecheck bench venv dist clean screenshots
 
 $(BIN)/duetime: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,7 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check .
+	$(BIN)/python .ci/typecheck.py
 	@command -v chromedriver >/dev/null 2>&1 || echo "note: no chromium/chromedriver: the web console's \
 	browser tests are skipped (apt-get install -y chromium chromium-driver to run them)"
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -28,6 +29,10 @@ screenshots: venv
 
 lint: venv
 	$(BIN)/ruff check .
+
+# mypy --strict on duetime/, common/, worker/, scheduler/ as one installed package (see the script)
+typecheck: venv
+	$(BIN)/python .ci/typecheck.py
 
 # duetime's own burst benchmark; the others (precision, schedules, script_cost, peers_run) are
 # listed with their arguments at the top of each bench/*.py

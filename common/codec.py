@@ -5,6 +5,7 @@ again on every read (a record written by hand or by another client must not make
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -16,12 +17,13 @@ DEFAULT_MAX_PAYLOAD = 512 * 1024
 _local = threading.local()
 
 
-def pack_payload(args: tuple | list, kwargs: dict, limit: int = DEFAULT_MAX_PAYLOAD) -> bytes:
+def pack_payload(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int = DEFAULT_MAX_PAYLOAD
+                 ) -> bytes:
     packer = getattr(_local, "packer", None)
     if packer is None:  # one Packer per thread: packb() builds a new one per call
         packer = _local.packer = msgpack.Packer(use_bin_type=True)
     try:
-        data = packer.pack([list(args), dict(kwargs)])
+        data: bytes = packer.pack([list(args), dict(kwargs)])
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidInput(f"payload is not msgpack-serialisable: {exc}") from None
     if len(data) > limit:
@@ -54,7 +56,7 @@ def pack_result(value: Any, limit: int = DEFAULT_MAX_PAYLOAD) -> bytes:
     if packer is None:
         packer = _local.packer = msgpack.Packer(use_bin_type=True)
     try:
-        data = packer.pack(value)
+        data: bytes = packer.pack(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidInput(f"result is not msgpack-serialisable: {exc}") from None
     if len(data) > limit:

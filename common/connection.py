@@ -20,6 +20,7 @@ from duetime.common.errors import InvalidInput, PartitionMismatch, RedisRefused,
 from duetime.common.keys import Keyspace
 from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
@@ -124,7 +125,8 @@ class _Cluster(RedisCluster):
     """redis-py's cluster pipelines get a resolver of their own, not the client's."""
 
     def pipeline(self, *args: Any, **kwargs: Any) -> Any:
-        pipe = super().pipeline(*args, **kwargs)
+        # redis-py leaves RedisCluster.pipeline unannotated
+        pipe = super().pipeline(*args, **kwargs)  # type: ignore[no-untyped-call]
         pipe._policy_resolver = self._policy_resolver
         return pipe
 
@@ -193,7 +195,9 @@ class _FastSSLConnection(_AsyncExplainScriptErrors, _HiredisPacking, aredis.SSLC
     pass
 
 
-_FAST = {aredis.Connection: _FastConnection, aredis.SSLConnection: _FastSSLConnection}
+# looked up with whatever class a node's settings hold (None where they name none)
+_FAST: dict[type[AbstractConnection] | None, type[aredis.Connection]] = {
+    aredis.Connection: _FastConnection, aredis.SSLConnection: _FastSSLConnection}
 
 
 def async_client(url: str, durability: Durability | None = None, **kw: Any) -> aredis.Redis:
@@ -211,6 +215,7 @@ def _async_client(url: str, **kw: Any) -> aredis.Redis:
     if memory.is_memory(url):
         return memory.async_client(url)  # type: ignore[no-any-return]
     real, cluster = _split(url)
+    client: aredis.Redis | AsyncRedisCluster
     kw.setdefault("socket_connect_timeout", 5)
     if cluster:
         # No retries inside redis-py: on a connection error its cluster pipeline closes every

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, cast
 
 import redis
 from duetime.common.connection import server_time_ms, translated
@@ -88,7 +89,7 @@ class NamespaceReader:
     def __init__(self, client: redis.Redis, keys: Keyspace, url: str) -> None:
         self.client, self.keys, self.url = client, keys, url
 
-    def _exec(self, pipe: redis.client.Pipeline) -> list:
+    def _exec(self, pipe: redis.client.Pipeline) -> list[Any]:
         with translated(self.url):
             return pipe.execute()
 
@@ -101,7 +102,8 @@ class NamespaceReader:
         """Every queue the namespace knows: registered at enqueue/schedule time, or served by a
         live worker."""
         with translated(self.url):
-            names = {_s(q) for q in self.client.smembers(self.keys.queues)}
+            # replies are bytes: no duetime client sets decode_responses
+            names = {_s(q) for q in cast(set[bytes], self.client.smembers(self.keys.queues))}
         for w in self.workers():
             names.update(w.queues)
         return sorted(n for n in names if n)
@@ -111,7 +113,8 @@ class NamespaceReader:
         one, so an entry without it belongs to a worker that is gone."""
         k = self.keys
         with translated(self.url):
-            ids = [(m.decode(), score) for m, score in self.client.zrange(k.workers, 0, -1, withscores=True)]
+            ids = [(m.decode(), score) for m, score
+                   in cast(list[tuple[bytes, float]], self.client.zrange(k.workers, 0, -1, withscores=True))]
         pipe = self.client.pipeline(transaction=False)
         for wid, _ in ids:
             pipe.hgetall(k.worker(wid))
@@ -139,7 +142,7 @@ class NamespaceReader:
         """(live schedulers, unowned partitions), from one read of the owners table."""
         now = self.now_ms()
         with translated(self.url):
-            table = self.client.hgetall(self.keys.owners)
+            table = cast(dict[bytes, bytes], self.client.hgetall(self.keys.owners))
         seen: dict[str, int] = {}
         held: dict[str, list[int]] = {}
         for f, v in table.items():

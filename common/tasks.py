@@ -120,7 +120,7 @@ class TaskSpec:
                 o = {}
         return cls(name=name, fn=None, queue=o.get("queue", "default"),
                    retries=int(o.get("retries", 3)),
-                   backoff=tuple(o.get("backoff", (1.0, 300.0))),  # type: ignore[arg-type]
+                   backoff=tuple(o.get("backoff", (1.0, 300.0))),
                    timeout=o.get("timeout"), idempotent=bool(o.get("idempotent", True)),
                    owner=o.get("owner"), store_result=bool(o.get("store_result", True)),
                    tenant=o.get("tenant") or None)
@@ -171,13 +171,13 @@ class Task(Generic[P, R]):
         """Create one run of this task with these arguments; → its id. A repeated `key`
         returns the first run's id; `at` (aware) or `delay` (seconds or timedelta) schedule
         it; `queue` overrides the task's."""
-        return TaskOptions(self, at, delay, key, queue).enqueue(*args, **kwargs)  # type: ignore[arg-type]
+        return TaskOptions(self, at, delay, key, queue).enqueue(*args, **kwargs)
 
     async def aenqueue(self, *args: Any, key: str | None = None, at: datetime | None = None,
                        delay: timedelta | float | None = None, queue: str | None = None,
                        **kwargs: Any) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
-        return await TaskOptions(self, at, delay, key, queue).aenqueue(*args, **kwargs)  # type: ignore[arg-type]
+        return await TaskOptions(self, at, delay, key, queue).aenqueue(*args, **kwargs)
 
     def options(self, *, at: datetime | None = None, delay: timedelta | float | None = None,
                 key: str | None = None, queue: str | None = None) -> TaskOptions[P, R]:

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from duetime.client.limits import Limit, Limits, make_limit
 from duetime.client.runs import ASYNC_SLICE, EnqueueRequest, RunStore
@@ -140,8 +140,8 @@ class App:
         name: str | None = None,
         queue: str = "default",
         retries: int = 3,
-        backoff: tuple[float, float] = (1.0, 300.0),
-        timeout: float | None = None,
+        backoff: tuple[float | str | timedelta, float | str | timedelta] = (1.0, 300.0),
+        timeout: float | str | timedelta | None = None,
         idempotent: bool = True,
         owner: str | None = None,
         store_result: bool = True,
@@ -160,7 +160,9 @@ class App:
         def register(f: Callable[P, R]) -> Task[P, R]:
             spec = TaskSpec(
                 name=f"{f.__module__}.{f.__qualname__}" if name is None else name, fn=f, queue=queue,
-                retries=retries, backoff=backoff, timeout=timeout, idempotent=idempotent,
+                # TaskSpec.__post_init__ turns any accepted duration into seconds
+                retries=retries, backoff=cast("tuple[float, float]", backoff),
+                timeout=cast("float | None", timeout), idempotent=idempotent,
                 owner=owner, store_result=store_result, tenant=tenant,
             )
             self.registry.add(spec)
@@ -233,7 +235,7 @@ class App:
         await self._aremember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
 
-    def enqueue_many(self, items: Iterable[dict[str, Any] | tuple]) -> list[str]:
+    def enqueue_many(self, items: Iterable[dict[str, Any] | tuple[Any, ...]]) -> list[str]:
         """Bulk enqueue, pipelined. Items are dicts of `enqueue`'s arguments or
         `(task, args)` / `(task, args, kwargs)` tuples. Nothing is written if an item is bad;
         if Redis stops the batch part way, EnqueueIncomplete says which runs were created."""
@@ -242,7 +244,7 @@ class App:
         self._remember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
         return ids
 
-    async def aenqueue_many(self, items: Iterable[dict[str, Any] | tuple]) -> list[str]:
+    async def aenqueue_many(self, items: Iterable[dict[str, Any] | tuple[Any, ...]]) -> list[str]:
         """`enqueue_many` for asyncio code: the loop is never held for more than a slice of
         the batch (see RunStore.aenqueue_many)."""
         items = list(items)
@@ -265,7 +267,7 @@ class App:
         return ids
 
     @staticmethod
-    def _requests(items: Iterable[dict[str, Any] | tuple],
+    def _requests(items: Iterable[dict[str, Any] | tuple[Any, ...]],
                   resolve: Callable[[Any], TaskSpec]) -> list[EnqueueRequest]:
         reqs = []
         # task object -> (task, spec): resolved once per call; holding the task keeps its id

@@ -31,7 +31,7 @@ import asyncio
 import os
 import time
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from duetime.app import App
 from duetime.common import memory
@@ -75,7 +75,7 @@ class LocalBackend:
         app, k = self.app, self.app.keys
         r = app.store.ready()
         queues = sorted(set(app.registry.queues())
-                        | {q.decode() for q in r.smembers(k.queues)}) or ["default"]
+                        | {q.decode() for q in cast(set[bytes], r.smembers(k.queues))}) or ["default"]
         cfg = WorkerConfig(queues=queues, concurrency=concurrency, claim_ahead_ms=0,
                            refresh_s=0.05, grace_s=timeout)
         worker = Worker(app.registry, self.url, k, cfg)

@@ -91,6 +91,7 @@ class DueTimes:
             self._held = {k: u for k, u in self._held.items() if u > t}
         held, served = self._held, self._served
         keys = [(k, d) for k, d in self.next_due.items() if d <= horizon_ms and k not in held]
+        due: list[tuple[float, int, float, tuple[int, str]]]  # (rank or virtual time, served, due, key)
         if self._weights is None:
             rank = self._rank
             due = [(rank[k[1]], served.get(k, 0), d, k) for k, d in keys]

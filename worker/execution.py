@@ -290,6 +290,7 @@ class Executor:
                     timeout: float | None) -> Any:
         """Run the task body; → its return value. While it runs, `_bodies` names its attempt: a
         later attempt of the run claimed meanwhile waits for it (`_follow`)."""
+        assert spec.fn is not None  # a task registered with this worker has its function
         set_current(ex.ctx)
         bind_run(ex.ctx.run_id, ex.ctx.task, ex.ctx.attempt, worker_id=self.worker_id,
                  schedule=ex.ctx.schedule)

@@ -207,7 +207,8 @@ def admin(app: App) -> RunAdmin:
 
 
 # -- parsing ----------------------------------------------------------------------------
-class DurationParam(click.ParamType):
+# click >= 8.4 makes ParamType generic; subscripting it would fail on the 8.1 floor
+class DurationParam(click.ParamType):  # type: ignore[type-arg]
     """A duration option read by the one duration parser and checked against its bounds; a
     bad one is a usage error (one `error:` line naming the option, exit 2)."""
 
@@ -225,7 +226,7 @@ class DurationParam(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-class InstantParam(click.ParamType):
+class InstantParam(click.ParamType):  # type: ignore[type-arg]  # as DurationParam
     """An ISO-8601 instant with a UTC offset, 1970..9999, as an aware UTC datetime."""
 
     name = "instant"

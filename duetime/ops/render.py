@@ -10,13 +10,13 @@ from zoneinfo import ZoneInfo
 
 from duetime.client.schedules import ScheduleInfo
 from duetime.common.models import Run, from_ms
-from duetime.common.overview import Overview
+from duetime.common.overview import Overview, SchedulerInfo, WorkerInfo
 from duetime.common.retrycost import as_dicts as cost_dicts
 from duetime.common.schedules import stagger_for
 from duetime.common.time.fmt import iso as _iso
 from duetime.common.time.fmt import iso_local, relative
 from duetime.common.time.spec import Cron
-from duetime.ops.inspect import LeaseInfo, RunSummary, SchedulerInfo, WorkerInfo
+from duetime.ops.inspect import LeaseInfo, RunSummary
 
 _TIMES = ("due", "started", "finished", "retry_at", "cancel_requested", "heartbeat")
 

@@ -155,7 +155,8 @@ class ConsoleApp:
         f = {k: _param(request, k) for k in ("state", "queue", "task", "schedule", "owner")}
         if f["state"] and f["state"] not in STATE_INDEX:
             raise InvalidInput(f"unknown state {f['state']!r}; one of {', '.join(STATES)}")
-        data = self.console.runs(**f, after=_param(request, "after"))
+        data = self.console.runs(f["state"], f["queue"], f["task"], f["schedule"], f["owner"],
+                                 after=_param(request, "after"))
         return self.render(request, "runs.html", {**data, "f": f, "states": STATES,
                                                   "queues": self.console.queues(),
                                                   "first": not _param(request, "after")},
@@ -169,19 +170,20 @@ class ConsoleApp:
 
     def dead(self, request: Request) -> Response:
         f = {k: _param(request, k) for k in ("queue", "task", "owner")}
-        data = self.console.runs("dead", **f, after=_param(request, "after"))
+        data = self.console.runs("dead", queue=f["queue"], task=f["task"], owner=f["owner"],
+                                 after=_param(request, "after"))
         return self.render(request, "dead.html", {**data, "f": f, "owners": self.console.dead_owners(),
                                                   "queues": self.console.queues()}, live=True)
 
     def dead_replay_confirm(self, request: Request) -> Response:
         f = {k: _param(request, k) for k in ("queue", "task", "owner")}
-        count, exact = self.console.count_matching_dead(**f)
+        count, exact = self.console.count_matching_dead(f["queue"], f["task"], f["owner"])
         return self.render(request, "confirm_replay_all.html", {
             "f": f, "count": count, "exact": exact, "batch": REPLAY_BATCH, "budget": COUNT_BUDGET})
 
     def uncertain(self, request: Request) -> Response:
         f = {"queue": _param(request, "queue")}
-        data = self.console.runs("uncertain", **f, after=_param(request, "after"))
+        data = self.console.runs("uncertain", queue=f["queue"], after=_param(request, "after"))
         return self.render(request, "uncertain.html", {**data, "f": f, "verdicts": VERDICTS,
                                                        "queues": self.console.queues()}, live=True)
 
