@@ -17,6 +17,8 @@ MAX_LEASE_MS = 24 * 3600 * 1000
 MAX_CONCURRENCY = 10_000
 MAX_WEIGHT = 1000
 MIN_REFRESH_S = 0.01
+DEFAULT_UNKNOWN_TASK_GRACE_MS = 10 * 60 * 1000
+MAX_UNKNOWN_TASK_GRACE_MS = 30 * 24 * 3600 * 1000
 LOG_ERROR_TEXT_ENV = "DUETIME_LOG_ERROR_TEXT"
 
 
@@ -47,6 +49,9 @@ class WorkerConfig:
     # queue -> weight: claims shared in proportion (no starvation); None: strict priority in
     # the order of `queues` (see worker/due.py)
     queue_weights: dict[str, int] | None = None
+    # a run of a task this worker does not know goes back to its queue for a worker that
+    # knows it; dead-lettered once no live worker has published the task for this long
+    unknown_task_grace_ms: int = DEFAULT_UNKNOWN_TASK_GRACE_MS
 
     def __post_init__(self) -> None:
         self.validate()
@@ -67,6 +72,7 @@ class WorkerConfig:
         _number_in("refresh_s", self.refresh_s, MIN_REFRESH_S, 3600.0)
         check_name("worker id", self.worker_id)
         _int_in("max_result", self.max_result, 1, 512 * 1024 * 1024)
+        _int_in("unknown_task_grace_ms", self.unknown_task_grace_ms, 1, MAX_UNKNOWN_TASK_GRACE_MS)
         if self.queue_weights is not None:
             if set(self.queue_weights) != set(self.queues):
                 raise InvalidInput("queue_weights must give a weight to every queue served")

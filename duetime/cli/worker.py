@@ -22,7 +22,7 @@ from duetime.cli.common import (
 )
 from duetime.common import logs, metrics
 from duetime.common.errors import RedisRefused
-from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, duration_ms
+from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, duration_ms
 
 
 @click.command()
@@ -41,6 +41,10 @@ from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, duration_ms
 @duration_option("--claim-ahead", span=CLAIM_AHEAD, default="10ms", show_default=True,
                  help="Claim runs due this soon and start each exactly at its due time "
                  "(0 = claim only when due).")
+@duration_option("--unknown-task-grace", span=UNKNOWN_GRACE, default="10m", show_default=True,
+                 help="A run of a task this worker does not know goes back to its queue for a "
+                 "worker that knows it; it is dead-lettered once no live worker has published "
+                 "the task for this long.")
 @click.option("--metrics-port", default=None, type=METRICS_PORT,
               help=METRICS_PORT_HELP + " Process i of --processes: port + i.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
@@ -48,7 +52,7 @@ from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, duration_ms
 @fail_cleanly
 def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
            processes: int, lease: timedelta, grace: timedelta, claim_ahead: timedelta,
-           metrics_port: int | None, metrics_host: str) -> None:
+           unknown_task_grace: timedelta, metrics_port: int | None, metrics_host: str) -> None:
     """Execute runs: claim, run, heartbeat, report."""
     if processes > 1:
         _supervise(processes, metrics_port)
@@ -76,7 +80,8 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     metrics.serve(metrics_port, metrics_host, role="worker")
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
                        grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),
-                       max_result=app.max_payload, queue_weights=weights)
+                       max_result=app.max_payload, queue_weights=weights,
+                       unknown_task_grace_ms=duration_ms(unknown_task_grace))
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
     asyncio.run(w.run())
     # threads of sync tasks that outlived the grace period were released; do not wait for them
