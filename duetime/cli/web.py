@@ -47,8 +47,7 @@ def web(ctx: click.Context, host: str, port: int, write_token: str | None) -> No
     except ImportError as exc:
         raise click.ClickException(f"the web console needs its extra: pip install 'duetime[web]' "
                                    f"({exc})") from None
-    app = plain_app(ctx)
-    app.store.client.ping()  # a clear error now if Redis is unreachable
+    app = plain_app(ctx, wait_as="web")  # waits for a server not up yet; bad auth exits
     mode = "writes need the token" if write_token else "read-only"
     click.echo(f"duetime web: http://{host}:{port}/ -- {redact(app.redis_url)} namespace "
                f"{app.keys.namespace!r} ({mode})", err=True)

@@ -22,6 +22,7 @@ from duetime.cli.common import (
 )
 from duetime.common import logs, metrics
 from duetime.common.errors import RedisRefused
+from duetime.common.startup import wait_for_server, warn_unverified_tls
 from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, duration_ms
 
 
@@ -62,8 +63,18 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
     from duetime.worker.config import parse_queues
 
+    # everything is checked before the first write to Redis: a refused option writes nothing
     qs, weights = parse_queues(queues or ",".join(app.registry.queues() or ["default"]))
-    client = app.store.ready()  # clear error now if Redis is down
+    cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
+                       grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),
+                       max_result=app.max_payload, queue_weights=weights,
+                       unknown_task_grace_ms=duration_ms(unknown_task_grace))
+    metrics.preset(app.registry.names(), qs,
+                   {n: app.registry.get(n).owner or "" for n in app.registry.names()})
+    metrics.serve(metrics_port, metrics_host, role="worker")
+    warn_unverified_tls(app.redis_url, "worker")
+    wait_for_server(lambda: app.store.client.ping(), app.redis_url, "worker")
+    client = app.store.ready()
     try:
         client.sadd(app.keys.queues, *qs)  # the queue list `top` and the gauges read
         app.publish_tasks()  # producers without the code enqueue by name with these options
@@ -75,13 +86,6 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
         logs.get("duetime.cli").warning("redis is at maxmemory: queue names and task options "
                                         "not recorded yet", queues=qs)
     announce(ctx, app, "worker")
-    metrics.preset(app.registry.names(), qs,
-                   {n: app.registry.get(n).owner or "" for n in app.registry.names()})
-    metrics.serve(metrics_port, metrics_host, role="worker")
-    cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
-                       grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),
-                       max_result=app.max_payload, queue_weights=weights,
-                       unknown_task_grace_ms=duration_ms(unknown_task_grace))
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
     asyncio.run(w.run())
     # threads of sync tasks that outlived the grace period were released; do not wait for them
