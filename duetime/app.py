@@ -19,7 +19,7 @@ from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
-from duetime.common.names import check_name
+from duetime.common.names import check_name, check_owner
 from duetime.common.schedules import ScheduleDef, parse_stagger, seeded
 from duetime.common.tasks import Hook, Registry, Task, TaskSpec
 from duetime.common.time.spec import Trigger
@@ -71,6 +71,8 @@ class App:
         self.durability = Durability(env.replicas if wait_replicas is None else wait_replicas,
                                      env.timeout_ms if wait_timeout_ms is None else wait_timeout_ms)
         self.redis_url = redis_url or os.environ.get("DUETIME_REDIS_URL") or DEFAULT_URL
+        if namespace is not None and not namespace:
+            raise InvalidInput("namespace must not be empty (None: the default, 'duetime')")
         self.keys = Keyspace(namespace or os.environ.get("DUETIME_NAMESPACE") or "duetime",
                              partitions)
         self.max_payload = max_payload
@@ -487,6 +489,7 @@ class App:
         spec = self._resolve(task, published=True)
         if tenant is not None:
             check_name("tenant", tenant)
+        owner = check_owner(owner)
         lateness_ms, jitter_ms, tolerance_ms = ScheduleDef.durations(lateness, jitter,
                                                                      miss_tolerance)
         return ScheduleDef(

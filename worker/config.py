@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 
@@ -80,6 +81,9 @@ class WorkerConfig:
                 _int_in(f"weight of queue {q!r}", w, 1, MAX_WEIGHT)
 
 
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
 def parse_queues(text: str) -> tuple[list[str], dict[str, int] | None]:
     """`--queues a,b` (strict priority, first first) or `--queues high:5,low:1` (weights: a
     queue without one weighs 1). A name may hold ':' as long as what follows is not a number."""
@@ -90,7 +94,10 @@ def parse_queues(text: str) -> tuple[list[str], dict[str, int] | None]:
         if not item:
             continue
         name, sep, w = item.rpartition(":")
-        if sep and name and w.isdigit():
+        if sep and name and _NUMBER.fullmatch(w):  # a weight, to be checked: not part of a name
+            if not w.isdigit() or not 1 <= int(w) <= MAX_WEIGHT:
+                raise InvalidInput(f"queue {name!r}: weight must be an integer in "
+                                   f"1..{MAX_WEIGHT}, got {w!r}")
             weighted = True
             check_name("queue", name)
             names.append(name)
@@ -99,6 +106,8 @@ def parse_queues(text: str) -> tuple[list[str], dict[str, int] | None]:
             check_name("queue", item)
             names.append(item)
             weights[item] = 1
+    if not names:
+        raise InvalidInput(f"--queues names no queue, got {text!r}")
     return names, (weights if weighted else None)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 
 import click
 
@@ -21,6 +22,20 @@ def _loopback(host: str) -> bool:
         return False
 
 
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def valid_host(host: str) -> bool:
+    """An IP address or a DNS host name (RFC 1123 labels)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(x) for x in name.split("."))
+
+
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (anything but loopback exposes the console).")
@@ -36,6 +51,10 @@ def web(ctx: click.Context, host: str, port: int, write_token: str | None) -> No
     """Serve the web console: overview, schedules, runs, dead letters, uncertain runs, leases,
     workers. Read-only unless given a write token."""
     from duetime.web.security import MIN_TOKEN
+
+    if not valid_host(host):
+        raise click.BadParameter(f"{host!r} is neither an IP address nor a host name",
+                                 param_hint="--host")
 
     if write_token is not None and len(write_token) < MIN_TOKEN:
         raise click.BadParameter(f"must be at least {MIN_TOKEN} characters (e.g. the output of "
