@@ -45,9 +45,13 @@ def valid_host(host: str) -> bool:
               help=f"Allow actions (pause, trigger, replay, resolve, cancel) to whoever enters this "
               f"token in the browser; without it the console only reads. Prefer env {ENV_TOKEN} "
               "(a command line is visible to other users).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="A host name the console answers to besides the bound address and the "
+              "loopback names (repeatable): any other Host header is refused (DNS rebinding).")
 @click.pass_context
 @fail_cleanly
-def web(ctx: click.Context, host: str, port: int, write_token: str | None) -> None:
+def web(ctx: click.Context, host: str, port: int, write_token: str | None,
+        allowed_hosts: tuple[str, ...]) -> None:
     """Serve the web console: overview, schedules, runs, dead letters, uncertain runs, leases,
     workers. Read-only unless given a write token."""
     from duetime.web.security import MIN_TOKEN
@@ -55,6 +59,10 @@ def web(ctx: click.Context, host: str, port: int, write_token: str | None) -> No
     if not valid_host(host):
         raise click.BadParameter(f"{host!r} is neither an IP address nor a host name",
                                  param_hint="--host")
+    for name in allowed_hosts:
+        if not valid_host(name):
+            raise click.BadParameter(f"{name!r} is neither an IP address nor a host name",
+                                     param_hint="--allowed-host")
 
     if write_token is not None and len(write_token) < MIN_TOKEN:
         raise click.BadParameter(f"must be at least {MIN_TOKEN} characters (e.g. the output of "
@@ -73,5 +81,6 @@ def web(ctx: click.Context, host: str, port: int, write_token: str | None) -> No
     if not _loopback(host):
         click.echo(f"warning: listening on {host}: anyone who reaches this address sees the "
                    "console (put it behind your own authentication)", err=True)
-    uvicorn.run(create_app(app, write_token), host=host, port=port, log_level="warning",
+    names = [*allowed_hosts, *([] if host in ("0.0.0.0", "::") else [host])]
+    uvicorn.run(create_app(app, write_token, names, port), host=host, port=port, log_level="warning",
                 access_log=False, server_header=False)

@@ -56,8 +56,9 @@ def test_a_schedule_firing_more_than_once_a_second_is_warned_about(url, namespac
 
 
 def test_names_refuse_unicode_format_characters_and_owner_is_bounded():
-    import duetime
     from duetime.common.tasks import TaskSpec
+
+    import duetime
 
     with pytest.raises(duetime.InvalidInput, match="U\\+202E"):
         TaskSpec(name="evil\u202egnp.exe")
