@@ -51,6 +51,7 @@ SCRIPT_NAMES = (
     "purge",
     "schedule_quarantine",
     "wait",
+    "handback",
 )
 LIB = "_lib.lua"
 _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from duetime.common.errors import InvalidInput, UnknownTask
-from duetime.common.names import check_name
+from duetime.common.names import check_name, check_owner
 from duetime.common.time.parse import Span
 
 BACKOFF = Span(timedelta(0), timedelta(days=30))
@@ -44,6 +44,7 @@ class TaskSpec:
         check_name("queue", self.queue)
         if self.tenant is not None:
             check_name("tenant", self.tenant)
+        check_owner(self.owner)
         if self.retries < 0:
             raise InvalidInput(f"task {self.name!r}: retries must be >= 0, got {self.retries}")
         # durations in any accepted form (seconds, timedelta, "5m"), bounded, kept as seconds

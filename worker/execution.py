@@ -35,6 +35,7 @@ from duetime.worker.clock import ServerClock
 from duetime.worker.config import WorkerConfig
 from duetime.worker.errors import frames_text, log_message, record_text
 from duetime.worker.reporter import Reporter
+from duetime.worker.unknown import UnknownTasks
 
 log = get_logger("duetime.worker")
 LEASE_LOST, UNRECORDED = Outcome.LEASE_LOST.value, Outcome.UNRECORDED.value
@@ -88,6 +89,9 @@ class Executor:
         self.processed = 0
         self._owners: dict[str, str] = {}  # task -> its owner ('' if none), for the cost counts
         self._debug = log.is_enabled_for(logging.DEBUG)
+        # runs of tasks not registered here: handed back while some worker knows them (the
+        # Worker sets it; None: dead-lettered at once, as a bare Executor always did)
+        self.unknown: UnknownTasks | None = None
 
     # -- starting -------------------------------------------------------------------------
     def start(self, p: int, queue: str, c: Claimed, now_ms: float) -> None:
@@ -173,6 +177,15 @@ class Executor:
         except UnknownTask as exc:
             report, mode, exc_type = "fail", "fatal", "UnknownTask"
             err = f"{exc}; worker {self.worker_id} cannot run it"
+            if self.unknown is not None:  # a rolling deploy: back for a worker that knows it
+                try:
+                    reason = await self.unknown.verdict(ctx.task, c.due_ms)
+                except asyncio.CancelledError:  # stopping meanwhile: it goes back all the same
+                    reason = None
+                if reason is None:
+                    report = "handback"
+                else:
+                    err = f"{reason}; worker {self.worker_id} cannot run it"
         except Retry as exc:
             report, mode, err, exc_type = "fail", "retry", str(exc), type(exc).__name__
             delay_ms = int((exc.delay or 0) * 1000)
@@ -205,6 +218,13 @@ class Executor:
             if self._waiting and self._waiting.get(ctx.run_id) is ex:
                 del self._waiting[ctx.run_id]
             self._on_free()
+        if report == "handback":  # nothing ran: no attempt, no cost
+            assert self.unknown is not None
+            self.unknown.handed_back += 1
+            log.info("run of a task this worker does not know handed back", run_id=ctx.run_id,
+                     task=ctx.task, worker_id=self.worker_id, queue=ctx.queue)
+            self.reporter.hand_back(ex)
+            return
         self.processed += 1
         elapsed = time.perf_counter() - started if ran else 0.0
         if ran:

@@ -27,6 +27,7 @@ from duetime.common.retrycost import Ledger
 from duetime.common.retrycost import commands as cost_commands
 from duetime.common.scripts import Scripts
 from duetime.worker.errors import REDIS_ERRORS
+from duetime.worker.unknown import HANDBACK_FIRST_MS, HANDBACK_LONGEST_MS
 
 if TYPE_CHECKING:
     from duetime.worker.execution import Execution
@@ -70,6 +71,11 @@ class Reporter:
     def release(self, ex: Execution) -> None:
         self.unsent[ex.key] = ex
         self._queue.put_nowait(("release", ex, _NO_ARGS))
+
+    def hand_back(self, ex: Execution) -> None:
+        """A run of a task this worker does not know, unstarted (worker/unknown.py)."""
+        self.unsent[ex.key] = ex
+        self._queue.put_nowait(("handback", ex, _NO_ARGS))
 
     def close(self) -> None:
         """No more reports: `run` ends once the waiting ones are sent (or given up)."""
@@ -202,6 +208,10 @@ class Reporter:
             keys, args = tr.fail(k, p, ctx.queue, ctx.run_id, ctx.fence, err, mode, delay_ms,
                                  random.random())
             await self.scripts.fail(keys=keys, args=args, client=pipe)
+        elif kind == "handback":
+            keys, args = tr.handback(k, p, ctx.queue, ctx.run_id, ctx.fence, self.worker_id,
+                                     HANDBACK_FIRST_MS, HANDBACK_LONGEST_MS)
+            await self.scripts.handback(keys=keys, args=args, client=pipe)
         else:
             keys, args = tr.release(k, p, ctx.queue, ctx.run_id, ctx.fence)
             await self.scripts.release(keys=keys, args=args, client=pipe)
