@@ -75,8 +75,8 @@ def _explain(kind: str, value: object) -> str:
                                f"messages and lists")
         if ord(ch) < 32 or ord(ch) == 127 or ch.isspace():
             raise InvalidInput(f"{kind} {value!r} contains a control or whitespace character")
-    ch = _format_char(value)
-    if ch is not None:
+    fmt = _format_char(value)
+    if fmt is not None:
         raise InvalidInput(f"{kind} {value!r} contains the invisible format character "
-                           f"U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')})")
+                           f"U+{ord(fmt):04X} ({unicodedata.name(fmt, 'unnamed')})")
     raise InvalidInput(f"{kind} {value!r} is not a valid name")

@@ -337,6 +337,7 @@ class Scripts:
     purge: Bound
     schedule_quarantine: Bound
     wait: Bound
+    handback: Bound
 
     def __init__(self, client: Any) -> None:
         self.client = client
