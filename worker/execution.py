@@ -235,11 +235,18 @@ class Executor:
             if self._waiting and self._waiting.get(ctx.run_id) is ex:
                 del self._waiting[ctx.run_id]
             self._on_free()
-        self.processed += 1
-        elapsed = time.perf_counter() - started if ran else 0.0
-        if ran:
-            metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
-        self._cost(ex, report, mode, elapsed)
+        try:
+            self.processed += 1
+            elapsed = time.perf_counter() - started if ran else 0.0
+            if ran:
+                metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
+            self._cost(ex, report, mode, elapsed)
+        except Exception as exc:  # noqa: BLE001 - counting must not change the outcome
+            log.error("worker failed counting an attempt; its outcome is reported as decided",
+                      run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
+                      worker_id=self.worker_id, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            if report == "fail":
+                err = f"{err} (and the worker failed counting it: {type(exc).__name__}: {exc})"
         if report is None or ex.superseded:
             # nothing to report: the lease was lost (a later attempt claimed here may report),
             # or the loop is being torn down (the reaper will recover the run)
