@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duetime.common import metrics
-from duetime.common.codec import pack_result, unpack_payload
+from duetime.common.codec import pack_not_stored, pack_result, unpack_payload
 from duetime.common.context import RunContext, set_current
 from duetime.common.errors import Fatal, InvalidInput, Retry, UnknownTask
 from duetime.common.logs import bind_run
@@ -30,6 +30,7 @@ from duetime.common.models import from_ms
 from duetime.common.outcomes import FailMode, Outcome
 from duetime.common.retrycost import ATTEMPT_OUTCOMES
 from duetime.common.tasks import Registry, TaskSpec
+from duetime.common.time.parse import DELAY, duration_ms
 from duetime.common.transitions import Claimed
 from duetime.worker.clock import ServerClock
 from duetime.worker.config import WorkerConfig
@@ -141,6 +142,33 @@ class Executor:
 
     # -- executing ------------------------------------------------------------------------
     async def _execute(self, ex: Execution, c: Claimed, wait_s: float) -> None:
+        """The attempt's task: nothing raised in it is ever lost. A failure of the worker's own
+        code before the outcome was handed to the reporter is logged with the run id and
+        reported as the attempt's failure (a retry, with that error on the attempt); after
+        the hand-over, it is logged and the outcome handed over stands."""
+        try:
+            await self._attempt(ex, c, wait_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the worker's own failure: never unlogged
+            ctx = ex.ctx
+            handed = ex.key in self.reporter.unsent
+            log.error("worker failed while executing an attempt", run_id=ctx.run_id,
+                      task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
+                      schedule=ctx.schedule, error=f"{type(exc).__name__}: {str(exc)[:300]}",
+                      outcome_reported=handed, traceback=frames_text(exc))
+            if handed or ex.lost or ex.superseded:
+                return
+            try:
+                self.reporter.fail(ex, f"worker error while executing the attempt: "
+                                       f"{type(exc).__name__}: {str(exc)[:500]}", "error", 0)
+            except Exception as again:  # noqa: BLE001 - the lease lapses; the reaper retries
+                log.error("attempt outcome could not be handed to the reporter; the run is "
+                          "retried when its lease expires", run_id=ctx.run_id, task=ctx.task,
+                          attempt=ctx.attempt, worker_id=self.worker_id,
+                          error=f"{type(again).__name__}: {str(again)[:300]}")
+
+    async def _attempt(self, ex: Execution, c: Claimed, wait_s: float) -> None:
         ctx = ex.ctx
         report: str | None = "complete"
         mode: FailMode = "error"
@@ -188,7 +216,9 @@ class Executor:
                     err = f"{reason}; worker {self.worker_id} cannot run it"
         except Retry as exc:
             report, mode, err, exc_type = "fail", "retry", str(exc), type(exc).__name__
-            delay_ms = int((exc.delay or 0) * 1000)
+            delay_ms, bad = _retry_delay_ms(exc)
+            if bad:  # a Retry subclass that skipped Retry.__init__: a plain failure
+                mode, err = "error", f"{err} ({bad})"
         except Fatal as exc:
             report, mode, err, exc_type = "fail", "fatal", record_text(exc), type(exc).__name__
             frames = frames_text(exc)
@@ -225,11 +255,18 @@ class Executor:
                      task=ctx.task, worker_id=self.worker_id, queue=ctx.queue)
             self.reporter.hand_back(ex)
             return
-        self.processed += 1
-        elapsed = time.perf_counter() - started if ran else 0.0
-        if ran:
-            metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
-        self._cost(ex, report, mode, elapsed)
+        try:
+            self.processed += 1
+            elapsed = time.perf_counter() - started if ran else 0.0
+            if ran:
+                metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
+            self._cost(ex, report, mode, elapsed)
+        except Exception as exc:  # noqa: BLE001 - counting must not change the outcome
+            log.error("worker failed counting an attempt; its outcome is reported as decided",
+                      run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
+                      worker_id=self.worker_id, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            if report == "fail":
+                err = f"{err} (and the worker failed counting it: {type(exc).__name__}: {exc})"
         if report is None or ex.superseded:
             # nothing to report: the lease was lost (a later attempt claimed here may report),
             # or the loop is being torn down (the reaper will recover the run)
@@ -298,13 +335,15 @@ class Executor:
 
     def _pack(self, ex: Execution, value: Any) -> bytes:
         """The return value as stored on the run; one that cannot be stored (too large, not
-        msgpack) is said in the log (never its content) and the run succeeds without it."""
+        msgpack) is said in the log (never its content) and the run succeeds with the reason
+        stored in its place: `wait` raises ResultNotStored saying why, never returns None."""
         try:
             return pack_result(value, self.cfg.max_result)
-        except InvalidInput as exc:
+        except Exception as exc:  # noqa: BLE001 - InvalidInput, or a failing __str__/default
+            why = str(exc) if isinstance(exc, InvalidInput) else f"{type(exc).__name__}: {exc}"
             log.warning("result not stored", run_id=ex.ctx.run_id, task=ex.ctx.task,
-                        attempt=ex.ctx.attempt, worker_id=self.worker_id, why=str(exc)[:200])
-            return b""
+                        attempt=ex.ctx.attempt, worker_id=self.worker_id, why=why[:200])
+            return pack_not_stored(why)
 
     async def _call(self, ex: Execution, spec: TaskSpec, args: list[Any], kwargs: dict[str, Any],
                     timeout: float | None) -> Any:
@@ -417,6 +456,21 @@ class Executor:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _retry_delay_ms(exc: Retry) -> tuple[int, str]:
+    """The delay a Retry asks for, in ms, and '' (or why it cannot be used). Retry() parses
+    it when made; a subclass that never called Retry.__init__ is read with the same parser."""
+    ms = getattr(exc, "delay_ms", None)
+    if isinstance(ms, int) and not isinstance(ms, bool):
+        return ms, ""
+    delay = getattr(exc, "delay", None)
+    if delay is None:
+        return 0, ""
+    try:
+        return duration_ms(DELAY.parse(delay, "Retry(delay=...)")), ""
+    except InvalidInput as bad:
+        return 0, str(bad)
 
 
 async def _within(timeout: float, aw: Any) -> Any:
