@@ -22,7 +22,7 @@ from duetime.cli.common import (
 )
 from duetime.common import logs, metrics
 from duetime.common.errors import RedisRefused
-from duetime.common.startup import wait_for_server, warn_unverified_tls
+from duetime.common.startup import answers, wait_for_server, warn_unverified_tls
 from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, duration_ms
 
 
@@ -73,7 +73,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
                    {n: app.registry.get(n).owner or "" for n in app.registry.names()})
     metrics.serve(metrics_port, metrics_host, role="worker")
     warn_unverified_tls(app.redis_url, "worker")
-    wait_for_server(lambda: app.store.client.ping(), app.redis_url, "worker")
+    wait_for_server(lambda: answers(app.store.client), app.redis_url, "worker")
     client = app.store.ready()
     try:
         client.sadd(app.keys.queues, *qs)  # the queue list `top` and the gauges read
