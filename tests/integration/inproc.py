@@ -43,6 +43,22 @@ async def serving(app: Any, **settings: Any) -> AsyncIterator[Worker]:
         await asyncio.wait_for(task, 60)
 
 
+async def drain(app: Any, timeout: float = 60.0, **settings: Any) -> Worker:
+    """A worker of `app` in burst mode (`Worker.run(until_idle=True)`): it runs what is due
+    now, retries due now included, records every outcome and returns; → the stopped worker
+    (its `processed` count). Runs due later are not waited for: a test controls time instead
+    (enqueue due now, or move a run's due time with `due_now`)."""
+    settings.setdefault("queues", ["default"])
+    worker = Worker(app.registry, app.redis_url, app.keys, WorkerConfig(**settings))
+    await asyncio.wait_for(worker.run(handle_signals=False, until_idle=True), timeout)
+    return worker
+
+
+def burst(app: Any, timeout: float = 60.0, **settings: Any) -> Worker:
+    """`drain` from a plain (sync) test: its own event loop, until the worker is idle."""
+    return asyncio.run(drain(app, timeout, **settings))
+
+
 @contextlib.contextmanager
 def reaper_thread(app: Any, tick_s: float = 0.05) -> Iterator[Reaper]:
     """The reaper, in a thread of this process."""
