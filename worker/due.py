@@ -162,7 +162,7 @@ class DueTimes:
                 pipe.zrange(self.keys.retry(p, q), 0, 0, withscores=True)
                 order.append((p, q))
         res: list[Any] = await pipe.execute(raise_on_error=False)
-        moving = False
+        moving = earlier = False
         for i, key in enumerate(order):
             due, retry = res[2 * i], res[2 * i + 1]
             failed = [r for r in (due, retry) if isinstance(r, Exception)]
@@ -171,5 +171,10 @@ class DueTimes:
                 self.next_due.setdefault(key, 0.0)
                 continue
             heads = [s for part in (due, retry) for _, s in part]
+            before = self.next_due.get(key)
             self.set(key, min(heads) if heads else None, seq)
+            after = self.next_due.get(key)
+            earlier |= after is not None and (before is None or after < before)
+        if earlier:  # e.g. a run enqueued while the wake subscription was down: claim it now,
+            self._on_earlier()  # not at the next safety refresh
         return moving
