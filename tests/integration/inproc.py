@@ -13,6 +13,8 @@ from typing import Any
 from duetime.scheduler.reaper import Reaper
 from duetime.worker.runtime import Worker, WorkerConfig
 
+from tests.recorder import Recorder
+
 
 async def until(pred: Callable[[], object], timeout: float = 15.0, interval: float = 0.01,
                 what: str = "condition") -> object:
@@ -71,6 +73,34 @@ def reaper_thread(app: Any, tick_s: float = 0.05) -> Iterator[Reaper]:
         reaper.stop()
         thread.join(10)
         reaper.close()
+
+
+def due_now(app: Any, run_id: str) -> None:
+    """Advance time for one run: its entry in its due or retry set becomes due at the server's
+    now (instead of the test sleeping through a backoff or a delay)."""
+    from tests.apps import basic
+
+    r, k = basic.r(), app.keys
+    run = app.get_run(run_id)
+    p = k.partition_of_run(run_id)
+    sec, usec = r.time()
+    now_ms = sec * 1000 + usec // 1000
+    moved = sum(r.zadd(key, {run_id: now_ms}, xx=True, ch=True)
+                for key in (k.due(p, run.queue), k.retry(p, run.queue)))
+    assert moved, f"run {run_id} is in neither its due nor its retry set"
+
+
+def record_logs(monkeypatch: Any) -> Recorder:
+    """What the worker's parts and the reaper log, kept in a Recorder (in this process the
+    structlog loggers are cached: patching the modules' `log` is what sees them). Call before
+    the worker is made: its outage trackers take the logger when they are built."""
+    from duetime.scheduler import reaper
+    from duetime.worker import claims, due, execution, leases, reporter, runtime, wake
+
+    rec = Recorder()
+    for module in (claims, due, execution, leases, reporter, runtime, wake, reaper):
+        monkeypatch.setattr(module, "log", rec)
+    return rec
 
 
 class Gate:
