@@ -15,6 +15,7 @@ from duetime.common.scripts import Scripts
 
 import duetime
 from tests.apps import basic
+from tests.integration.inproc import burst, drain
 
 
 def _claim(app, r, run_id):
@@ -167,17 +168,20 @@ def r_field(app, run_id, field):
     return app.store.client.hget(app.keys.run(p, run_id), field)
 
 
-def test_a_worker_stores_return_values_that_wait_returns(app, procs):
+def test_a_worker_stores_return_values_that_wait_returns(app):
     """End to end: the worker stores what a task returns (sync and async), `wait` and
     `await_result` return it; a task with store_result=False stores nothing."""
-    procs.worker()
-    assert app.wait(basic.add.enqueue(2, 3), timeout=30) == {"sum": 5, "parts": [2, 3]}
+    added = basic.add.enqueue(2, 3)
     quiet = basic.keeps_nothing.enqueue()
+    burst(app)
+    assert app.wait(added, timeout=30) == {"sum": 5, "parts": [2, 3]}
     assert app.wait(quiet, timeout=30) is None
     p = app.keys.partition_of_run(quiet)
     assert app.store.client.hget(app.keys.run(p, quiet), "result") is None
 
     async def main() -> int:
-        return await app.await_result(await basic.aadd.aenqueue(40, 2), timeout=30)
+        run_id = await basic.aadd.aenqueue(40, 2)
+        await drain(app)
+        return await app.await_result(run_id, timeout=30)
 
     assert asyncio.run(main()) == 42
