@@ -1,5 +1,18 @@
 """Workers inside the test's own event loop, against a real server (as arq and rq test
-theirs): a test can drive and observe the parts (claims, executor, reporter, leases) directly."""
+theirs): a test can drive and observe the parts (claims, executor, reporter, leases) directly.
+
+The default harness for claim, retry, concurrency, limits and reporting tests:
+  burst(app) / await drain(app)  run what is due now and return once idle, every outcome
+                                 recorded (Worker.run(until_idle=True)): the test reads the
+                                 end state without polling, and a burst that processed nothing
+                                 proves that nothing was claimable (no sleep needed)
+  serving(app)                   a worker for the length of a block, to act while it runs
+  reaper_thread(app)             the reaper beside it
+  due_now(app, run_id)           advance time for one run (a backoff, a delay) instead of
+                                 sleeping through it
+  record_logs(monkeypatch)       what the worker and the reaper logged
+Worker processes (the `procs` fixture) only where a process is the point: signals, SIGKILL,
+SIGSTOP, `--processes`, the CLI's own behaviour (its options, logs and metrics endpoint)."""
 
 from __future__ import annotations
 
