@@ -78,9 +78,9 @@ class Claimer:
                         break  # idle at a fresh read of the heads, and nothing done since
                     # what the worker knows may predate its last reports (a retry due now
                     # is told by a notice still on its way): read the heads, then look again
-                    seen = done
                     if await due.refresh(self.client):
                         await arefresh_topology(self.client)
+                    seen = done  # only once the heads were read (a failed read raises above)
                     last_refresh = time.monotonic()
                     self.outage.ok()
                     continue
