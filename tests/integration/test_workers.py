@@ -394,7 +394,10 @@ def test_a_damaged_partition_key_does_not_stop_the_other_partitions(app, r, monk
             for _ in range(3):  # a (forged) wake notice sends the worker to the damaged key
                 r.publish(k.wake_channel, f"{bad}|default|0")
                 await asyncio.sleep(0.2)
-            await until(lambda: states(app, ids) == {"succeeded": 200}, 30, what="200 succeeded")
+            # a cheap poll first: reading 200 runs blocks the loop the worker runs on
+            await until(lambda: r.hlen(basic.count_key()) >= 200, 30, what="200 executions")
+            await until(lambda: states(app, ids) == {"succeeded": 200}, 30, interval=0.2,
+                        what="200 succeeded")
             after = app.enqueue(basic.anoop, key=after_key)  # still serving
             await until(lambda: app.get_run(after).state == "succeeded", 15, what="one more run")
         return ids
