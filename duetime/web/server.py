@@ -25,7 +25,14 @@ from starlette.templating import Jinja2Templates
 
 from duetime.app import App
 from duetime.client.schedules import ScheduleNotFound
-from duetime.common.errors import DuetimeError, InvalidInput, InvalidState, RedisUnavailable, RunNotFound
+from duetime.common.errors import (
+    DuetimeError,
+    InvalidInput,
+    InvalidState,
+    RedisRefused,
+    RedisUnavailable,
+    RunNotFound,
+)
 from duetime.common.models import STATES
 from duetime.common.time.fmt import human_duration as _human
 from duetime.common.time.spec import InvalidSchedule
@@ -338,6 +345,9 @@ def create_app(app: App, write_token: str | None = None, allowed_hosts: Iterable
             return c.refuse(request, 400, str(exc))
         if isinstance(exc, InvalidState):
             return c.refuse(request, 409, str(exc))
+        if isinstance(exc, RedisRefused) and exc.code == "NOPERM":
+            return c.refuse(request, 403, str(exc), "The console's Redis user lacks this "
+                            "permission: see the console roles in docs/operations.md.")
         if isinstance(exc, RedisUnavailable | redis.ConnectionError | redis.TimeoutError):
             return c.refuse(request, 503, f"Redis is unavailable: {exc}")
         if isinstance(exc, HTTPException):
