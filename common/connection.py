@@ -321,6 +321,8 @@ ADVICE = {
                 "or use a redis+cluster:// URL so the client follows the topology",
     "NOPERM": "the Redis ACL user lacks a permission duetime needs: see the ACL roles in "
               "docs/operations.md",
+    "PAYLOAD_TOO_LARGE": "the namespace caps payloads (`duetime limits payload`): pass a "
+                         "reference to large data instead of the data",
     "WRONGTYPE": "a duetime key holds another type (written by something else?): "
                  "`duetime keys` shows the layout",
     "NOSCRIPT": "the server lost duetime's scripts mid-call (restart or failover): retry",

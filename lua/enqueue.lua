@@ -21,6 +21,11 @@
 -- between tenants (docs/fairness.md); while the queue has lanes in this partition, a run
 -- without a tenant gets the lane '<queue>|' so it is not left behind them.
 -- Refused as a whole at maxmemory (no allow-oom flag): a call creates all its runs or none.
+-- The namespace's payload cap, when one is set (`duetime limits payload SIZE`): T:caps
+-- 'max_payload' (bytes; copied into every partition from <ns>:meta, so the check stays in this
+-- slot). A run whose `payload` field is longer refuses the whole call before anything is
+-- written, with a PAYLOAD_TOO_LARGE error naming the run, its size and the cap: a client that
+-- ignores or raised its own max_payload cannot fill the server.
 -- Returns how many runs were created (the others existed already).
 local due_key, prefix = KEYS[1], ARGV[1]
 local queue = string.match(ARGV[3], '|(.*)$') or ''
@@ -36,6 +41,21 @@ local last_delay, last_due, last_due_s
 local fields = {'state', 'scheduled', 'created', int_s(now), 'due', 0}
 for j = 5, 4 + shared_n do fields[#fields + 1] = ARGV[j] end
 local base_n = #fields
+local cap = tonumber(redis.call('HGET', prefix .. K.caps, 'max_payload'))
+if cap then
+  local j = i
+  while j <= #ARGV do
+    local nf = tonumber(ARGV[j + 3])
+    for f = j + 4, j + 3 + nf, 2 do
+      if ARGV[f] == 'payload' and #ARGV[f + 1] > cap then
+        return redis.error_reply('PAYLOAD_TOO_LARGE run ' .. ARGV[j] .. ': payload of '
+          .. #ARGV[f + 1] .. ' bytes is over the namespace cap of ' .. int_s(cap)
+          .. ' bytes (max_payload in <ns>:meta); nothing was enqueued')
+      end
+    end
+    j = j + 4 + nf
+  end
+end
 while i <= #ARGV do
   local run_id = ARGV[i]
   local run_key = prefix .. K.run .. run_id

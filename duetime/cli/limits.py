@@ -81,3 +81,22 @@ def list_limits(ctx: click.Context, as_json: bool) -> None:
          f"{lim.per_ms / 1000:g}s", "" if lim.burst is None else f"{lim.burst:g}",
          lim.weight or "")
         for lim in found]))
+
+
+@limits.command("payload")
+@click.argument("size", required=False)
+@click.pass_context
+@fail_cleanly
+def payload_cap(ctx: click.Context, size: str | None) -> None:
+    """Show, set (SIZE: 4096, 64KiB, 1MB...) or clear (SIZE `none`) the namespace's payload
+    cap: enqueue.lua refuses a run whose payload is larger, whatever the client's max_payload."""
+    from duetime.client.caps import parse_size, read_payload_cap, set_payload_cap
+
+    app = plain_app(ctx)
+    if size is None:
+        cap = read_payload_cap(app.store.client, app.keys, app.redis_url)
+        click.echo(f"max_payload: {cap} bytes" if cap else "max_payload: none")
+        return
+    cap = None if size.strip().lower() == "none" else parse_size(size)
+    set_payload_cap(app.store.ready(), app.keys, app.redis_url, cap)
+    click.echo(f"max_payload: {cap} bytes" if cap else "max_payload: none")

@@ -175,7 +175,7 @@ def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str | None
 def schedule_list(ctx: click.Context, as_json: bool) -> None:
     """Every schedule of the namespace; NEXT and LAST in UTC and relative to now."""
     app = plain_app(ctx)
-    infos = app.list_schedules()
+    infos = app.list_schedules() if as_json else app.schedules.list(payload=False)  # no args shown
     if as_json:
         echo_json([schedule_to_dict(i) for i in infos])
         return

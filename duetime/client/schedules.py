@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from duetime.client.fields import hashes_without
 from duetime.common import transitions as tr
 from duetime.common.codec import unpack_payload
 from duetime.common.connection import server_time_ms, translated
@@ -61,6 +62,9 @@ class UnreadableTrigger(Trigger):
 
     def _key(self) -> tuple[Any, ...]:
         return ("unreadable", self.reason)
+
+
+PAYLOAD = frozenset({b"payload"})  # what a listing leaves in Redis (client/fields.py)
 
 
 @dataclass(frozen=True)
@@ -219,9 +223,11 @@ class ScheduleStore:
             raise DuetimeError(f"schedule {defs[todo[0]].name!r} kept changing under us; try again")
         return [out[i] for i in range(len(defs))]
 
-    def get(self, name: str) -> ScheduleInfo:
+    def get(self, name: str, payload: bool = True) -> ScheduleInfo:
+        """One schedule; `payload=False` leaves its payload in Redis (args/kwargs empty)."""
         _, key = self._where(name)
-        h = self._call(self.client.hgetall, key)
+        h = (self._call(self.client.hgetall, key) if payload
+             else hashes_without(self.client, [key], PAYLOAD, self._exec)[0])
         if not h:
             raise ScheduleNotFound(f"no schedule {name!r} in namespace {self.keys.namespace!r}")
         return ScheduleInfo.decode(h)
@@ -234,15 +240,25 @@ class ScheduleStore:
             for n in names:
                 yield n.decode(errors="replace")
 
-    def list(self) -> list[ScheduleInfo]:
+    def list(self, payload: bool = True) -> list[ScheduleInfo]:
+        """Every schedule by name; `payload=False` for a listing that does not show them."""
         names = sorted(self.names())
         out = []
         for i in range(0, len(names), 500):
-            pipe = self.client.pipeline(transaction=False)
-            for n in names[i : i + 500]:  # names read from the index: no check, no refusal
-                pipe.hgetall(self.keys.sched(self.keys.partition_of_schedule(n), n))
-            out += [ScheduleInfo.decode(h) for h in self._call(pipe.execute) if h]
+            # names read from the index: no check, no refusal
+            keys = [self.keys.sched(self.keys.partition_of_schedule(n), n) for n in names[i : i + 500]]
+            if payload:
+                pipe = self.client.pipeline(transaction=False)
+                for key in keys:
+                    pipe.hgetall(key)
+                hashes = self._call(pipe.execute)
+            else:
+                hashes = hashes_without(self.client, keys, PAYLOAD, self._exec)
+            out += [ScheduleInfo.decode(h) for h in hashes if h]
         return out
+
+    def _exec(self, pipe: Any) -> builtins.list[Any]:
+        return self._call(pipe.execute)  # type: ignore[no-any-return]
 
     def set_paused(self, name: str, paused: bool, note: str = "") -> None:
         p, _ = self._where(name)
