@@ -102,7 +102,7 @@ def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
             runs: list[tuple[str, str, int, list[Any]]]) -> Call:
     """shared: field/value pairs common to every run of the call; runs: (run id, due ms or '',
     delay ms, the run's own field/value pairs) of one partition and queue."""
-    args: list[Any] = [k.prefix(p), k.wake_channel, f"{p}|{queue}", len(shared), *shared]
+    args: list[Any] = [k.prefix(p), k.wake_channel, p, queue, len(shared), *shared]
     for run_id, due, delay_ms, fields in runs:
         args += [run_id, due, delay_ms, len(fields), *fields]
     return [k.due(p, queue), k.prio(p, queue), k.laned(p, queue), k.lanes(p, queue)], args
@@ -144,7 +144,7 @@ def replay(k: Keyspace, p: int, queue: str, old_id: str, new_id: str, force: boo
            note: str = "") -> Call:
     """old and new run ids must live in partition p (see common.admin.replay_id)."""
     return ([k.due(p, queue), k.dead(p), k.uncertain(p), k.done(p), k.events(p)],
-            [k.prefix(p), old_id, new_id, int(force), queue, k.wake_channel, f"{p}|{queue}", note])
+            [k.prefix(p), old_id, new_id, int(force), queue, k.wake_channel, p, note])
 
 
 def resolve(k: Keyspace, p: int, run_id: str, verdict: str, note: str = "") -> Call:
@@ -170,8 +170,8 @@ def materialize(k: Keyspace, p: int, name: str, queue: str, runs: list[Any],
     None for backfill and trigger-now (runs only, no cursor move, no starting deadline)."""
     version, cursor, new_cursor = expected if expected is not None else ("", "", "")
     return ([k.sched_due(p), k.due(p, queue), k.deadlines(p), k.events(p)],
-            [k.prefix(p), name, version, cursor, new_cursor, skipped, k.wake_channel,
-             f"{p}|{queue}", k.sched_wake, *runs])
+            [k.prefix(p), name, version, cursor, new_cursor, skipped, k.wake_channel, p, queue,
+             k.sched_wake, *runs])
 
 
 def schedule_upsert(k: Keyspace, p: int, name: str, def_hash: str, version: int | str,

@@ -70,5 +70,5 @@ for i = 4, #ARGV, 3 do
 end
 if #unleased > 0 then redis.call('ZREM', leases_key, unpack(unleased)) end
 if #finished > 0 then redis.call('ZADD', done_key, unpack(finished)) end
-for q in pairs(freed) do redis.call('PUBLISH', channel, partition .. '|' .. q .. '|' .. now_s) end
+for q in pairs(freed) do wake_workers(channel, partition, q, now_s) end
 return out

@@ -42,7 +42,7 @@ end
 redis.call('ZREM', leases_key, run_id)
 leave_running(prefix, run_key, run_id, now, channel, partition)
 if free_limits(prefix, run_key, run_id) then
-  redis.call('PUBLISH', channel, partition .. '|' .. queue .. '|' .. int_s(now))
+  wake_workers(channel, partition, queue, now)
 end
 if mode == 'cancel' then
   push_attempt(attempts_key, f[3], fence, f[4], f[5], 'cancelled', now, err)
@@ -57,6 +57,6 @@ redis.call('HSET', run_key, 'error', err)
 local delay = nil
 if mode == 'retry' then delay = tonumber(ARGV[6]) end
 local state, at = retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, mode == 'fatal',
-  delay, ARGV[7], err, channel, partition .. '|' .. queue)
+  delay, ARGV[7], err, channel, partition, queue)
 emit(events_key, run_id, state, err)
 return {state, at}

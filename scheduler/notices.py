@@ -18,6 +18,7 @@ import threading
 import redis
 from duetime.common.connection import unavailable
 from duetime.common.logs import get as get_logger
+from duetime.common.wake import parse_scheduler_notice
 
 log = get_logger("duetime.scheduler")
 
@@ -146,9 +147,8 @@ class Listener(threading.Thread):
         if self.kinds is None:
             self.heads.changed.set()
             return
-        try:
-            kind, p, ms = data.decode().split("|")
-            if kind in self.kinds:
-                self.heads.notice(int(p), int(float(ms)))
-        except (UnicodeDecodeError, ValueError):
+        notice = parse_scheduler_notice(data)
+        if notice is None:
             log.debug("ignored a message on the scheduler wake channel", data=repr(data[:80]))
+        elif notice[0] in self.kinds:
+            self.heads.notice(notice[1], notice[2])

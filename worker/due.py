@@ -7,7 +7,6 @@ A notice newer than a read still counts, so a read that crossed a notice cannot 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,24 +24,6 @@ Key = tuple[int, str]  # (partition, queue)
 # doubles up to a second while the error is a failover's or a slot move's (a dead primary,
 # CLUSTERDOWN until its replica is promoted: the work resumes within about a second of the
 # promotion), up to 5 s for other refusals (OOM, a damaged key): common.outage.retry_in.
-
-
-def parse_wake(data: object, partitions: int) -> tuple[int, str, float] | None:
-    """A wake notice '<partition>|<queue>|<due ms>' (lua/_lib.lua), or None for anything else:
-    the channel is open to any client's PUBLISH, and one bad message must not stop the wake-ups."""
-    try:
-        text = data.decode() if isinstance(data, bytes) else data
-        if not isinstance(text, str):
-            return None
-        parts = text.split("|")
-        if len(parts) != 3:
-            return None
-        p, queue, due = int(parts[0]), parts[1], float(parts[2])
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not 0 <= p < partitions or not queue or not math.isfinite(due):
-        return None
-    return p, queue, due
 
 
 class DueTimes:
