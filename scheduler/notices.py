@@ -14,10 +14,13 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+from typing import Any
 
 import redis
-from duetime.common.connection import unavailable
+from duetime.common.connection import refresh_topology, unavailable
 from duetime.common.logs import get as get_logger
+from duetime.common.outage import Outage, not_ready_reason
+from duetime.common.outage import kind as outage_kind
 from duetime.common.wake import parse_scheduler_notice
 
 log = get_logger("duetime.scheduler")
@@ -86,6 +89,20 @@ def report_health(part: str, listener: Listener) -> None:
         metrics.health.ready(part)
     else:
         metrics.health.ready(part, False, listener.error or "subscribing to the wake channel")
+
+
+def backed_off(loop: str, outage: Outage, exc: BaseException, url: str, client: Any) -> float:
+    """A scheduler loop's Redis call failed: the incident is logged and backed off by `outage`
+    (common/outage.py, the helper the worker's loops use too), the loop says it is not ready
+    and why, and a cluster client re-reads the topology unless the server refused the call
+    (a dead primary: find its promoted replica). Returns how long to wait."""
+    from duetime.common import metrics
+
+    wait = outage.failed(exc)
+    metrics.health.ready(loop, False, not_ready_reason(url, exc))
+    if outage_kind(exc) != "refused":
+        refresh_topology(client)
+    return wait
 
 
 class Listener(threading.Thread):
