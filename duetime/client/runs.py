@@ -58,10 +58,6 @@ PIPELINE_RUNS = 2000  # runs per round trip
 ASYNC_PIPELINE_RUNS = 400  # from asyncio code: smaller round trips, each built between yields
 
 
-def new_run_id() -> str:
-    return os.urandom(10).hex()
-
-
 def keyed_run_id(task: str, key: str) -> str:
     """An idempotency key maps to one run id per task, so a repeat finds the first run."""
     return "k" + hashlib.sha256(f"{task}\0{key}".encode()).hexdigest()[:24]
