@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from duetime.app import ScheduleOptions
 
 import duetime
+from duetime.app import ScheduleOptions
 
 # the public keywords of app.schedule, besides name, trigger, task, args and kwargs
 PUBLIC = {"queue", "catchup", "max_catchup", "lateness", "overlap", "jitter", "owner", "paused",
