@@ -6,6 +6,15 @@ The convention of every script: KEYS are the partition's index keys the caller c
 (due/retry set of a queue, leases, done, dead, ...); ARGV[1] is the partition prefix, from
 which a script builds the keys it only learns while it runs (a run's hash and attempts, a
 schedule's hash, the sets of a queue read from a record). All carry the partition's hash tag.
+
+Replies come in four shapes, each read here by one decoder (see REPLY, and the `Returns
+(<shape>)` line of every script's header):
+- status: a status word, alone ('released') or first of {word, value} (the value: a state, an
+  id, a time, a count): `status` reads the word as sent, `status_detail` both as text;
+- counts: integers in the order the header names them, or one integer: `counts`;
+- each: one answer per item of a batch call, in the call's order (complete: a status word,
+  heartbeat: an integer), read by the caller item by item;
+- claim: `parse_claim`.
 """
 
 from __future__ import annotations
@@ -51,6 +60,39 @@ class ClaimReply:
 
 def _s(b: bytes | None) -> str:
     return b.decode() if b else ""
+
+
+# -- replies --------------------------------------------------------------------------------
+REPLY = {
+    "enqueue": "counts", "claim": "claim", "heartbeat": "each", "complete": "each",
+    "fail": "status", "release": "status", "reap": "counts", "materialize": "status",
+    "schedule_upsert": "status", "schedule_pause": "status", "schedule_delete": "counts",
+    "partition_owners": "counts", "cancel": "status", "replay": "status", "resolve": "status",
+    "purge": "counts", "schedule_quarantine": "status", "wait": "status",
+}
+
+
+def status(res: Any) -> bytes:
+    """The status word of a status reply, as Redis sent it: the reply itself, or the first
+    element of {word, value}."""
+    if isinstance(res, bytes):
+        return res
+    word: bytes = res[0]
+    return word
+
+
+def status_detail(res: Any) -> tuple[str, str]:
+    """A status reply as text: (word, value), the value '' when the word came alone."""
+    if isinstance(res, bytes):
+        return res.decode(), ""
+    word, value = res
+    return _s(word) if isinstance(word, bytes) else str(word), (
+        value.decode() if isinstance(value, bytes) else str(value))
+
+
+def counts(res: Any) -> list[int]:
+    """A counts reply: its integers, in the order the script's header names them."""
+    return [int(res)] if isinstance(res, int) else [int(x) for x in res]
 
 
 def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms: int,

@@ -21,7 +21,7 @@
 -- between tenants (docs/fairness.md); while the queue has lanes in this partition, a run
 -- without a tenant gets the lane '<queue>|' so it is not left behind them.
 -- Refused as a whole at maxmemory (no allow-oom flag): a call creates all its runs or none.
--- Returns how many runs were created (the others existed already).
+-- Returns (counts) how many runs were created (the others existed already).
 local due_key, prefix = KEYS[1], ARGV[1]
 local queue = ARGV[4]
 local lanes = redis.call('EXISTS', KEYS[4]) == 1

@@ -13,7 +13,7 @@
 --         | 'cancel' (stopped on a cancel request)
 -- ARGV[6] delay ms (mode 'retry')   ARGV[7] jitter in [0,1)
 -- ARGV[8] wake channel   ARGV[9] partition index   ARGV[10] queue
--- Returns {state, retry_at_ms}: 'retrying', 'dead', 'cancelled', 'stale' or 'missing'.
+-- Returns (status) {state, retry_at_ms}: 'retrying', 'dead', 'cancelled', 'stale' or 'missing'.
 local leases_key, retry_key, dead_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, run_id, fence, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local channel, partition, queue = ARGV[8], ARGV[9], ARGV[10]

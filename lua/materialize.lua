@@ -17,7 +17,7 @@
 -- ARGV[10] scheduler wake channel (a starting deadline earlier than the deadlines' head is told
 --         to the reapers)
 -- ARGV[11..] per run, 5 values: run id, occurrence ms, due ms, coalesced count, first ms
--- Returns {status, created}: status 'ok', 'conflict', 'paused' or 'missing'.
+-- Returns (status) {status, created}: status 'ok', 'conflict', 'paused' or 'missing'.
 local sched_due_key, due_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, name, expected = ARGV[1], ARGV[2], ARGV[3]
 local sched_key = prefix .. K.sched .. name

@@ -17,8 +17,8 @@
 --         of the run's queue) and schedule keys are built from it; all share this hash tag
 -- ARGV[2] max runs per call   ARGV[3] jitter seed in [0,1)
 -- ARGV[4] wake channel        ARGV[5] partition index    ARGV[6] retention ms (0 = keep)
--- Returns {expired_leases_handled, missed, deleted, next wake-up ms or -1}: the wake-up is
--- the earliest lease expiry or starting deadline left.
+-- Returns (counts) {expired_leases_handled, missed, deleted, next wake-up ms or -1}: the
+-- wake-up is the earliest lease expiry or starting deadline left.
 local leases_key, dead_key, uncertain_key = KEYS[1], KEYS[2], KEYS[3]
 local done_key, deadlines_key, events_key = KEYS[4], KEYS[5], KEYS[6]
 local prefix, limit, seed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])

@@ -8,7 +8,7 @@
 --         are built from it; same hash tag)
 -- ARGV[2] run id   ARGV[3] fence   ARGV[4] wake channel   ARGV[5] partition index
 -- ARGV[6] queue
--- Returns 'released', 'uncertain', 'stale' or 'missing'.
+-- Returns (status) 'released', 'uncertain', 'stale' or 'missing'.
 local leases_key, due_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, run_id, fence = ARGV[1], ARGV[2], ARGV[3]
 local run_key, attempts_key = prefix .. K.run .. run_id, prefix .. K.attempts .. run_id

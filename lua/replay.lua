@@ -12,7 +12,7 @@
 -- ARGV[2] old run id   ARGV[3] new run id (same partition as the old one)
 -- ARGV[4] '1' = also replay a succeeded run    ARGV[5] the run's queue as the caller read it
 -- ARGV[6] wake channel    ARGV[7] partition index    ARGV[8] note
--- Returns {status, detail}: 'created' (new id), 'already' (the existing replay's id),
+-- Returns (status) {status, detail}: 'created' (new id), 'already' (the existing replay's id),
 -- 'active' (state: still scheduled/running/retrying), 'succeeded' (needs force),
 -- 'missing', 'queue' (the real queue).
 local due_key, dead_key, uncertain_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]

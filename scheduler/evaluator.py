@@ -75,12 +75,12 @@ class Ownership:
 
     def refresh(self) -> set[int]:
         keys, args = tr.partition_owners(self.keys, self.id, self.ttl_ms)
-        now, takeover, *owned = self.scripts.partition_owners(keys=keys, args=args)
-        self.offset_ms = int(now) - time.monotonic() * 1000
-        self.owned = {int(p) for p in owned}
-        self.next_ms = int(now) + self.ttl_ms // 3
+        now, takeover, *owned = tr.counts(self.scripts.partition_owners(keys=keys, args=args))
+        self.offset_ms = now - time.monotonic() * 1000
+        self.owned = set(owned)
+        self.next_ms = now + self.ttl_ms // 3
         if takeover >= 0:  # another scheduler lapses, or a lease to take over runs out, then
-            self.next_ms = min(self.next_ms, int(takeover))
+            self.next_ms = min(self.next_ms, takeover)
         metrics.PARTITIONS_OWNED.set(len(self.owned))
         return self.owned
 
@@ -235,7 +235,7 @@ class Evaluator:
                     raise res  # the server, not this schedule: the loop backs off
                 self._quarantine(p, name, version, f"materialize.lua failed on it: {res}")
                 continue
-            created += int(res[1])
+            created += int(tr.status_detail(res)[1])
         metrics.MATERIALIZED.inc(created)
         self.materialized += created
         return created
@@ -245,7 +245,7 @@ class Evaluator:
         reason, in `schedule list` and `doctor`); registering it again brings it back."""
         reason = reason[:500]
         keys, args = tr.schedule_quarantine(self.keys, p, name, version, reason)
-        if self.scripts.schedule_quarantine(keys=keys, args=args) == b"quarantined":
+        if tr.status(self.scripts.schedule_quarantine(keys=keys, args=args)) == b"quarantined":
             metrics.QUARANTINED.inc()
             log.error("schedule quarantined: its record cannot be evaluated; the others go on",
                       schedule=name, reason=reason,

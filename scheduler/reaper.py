@@ -98,9 +98,9 @@ class Reaper:
                 self.scripts.reap(keys=keys, args=args, client=pipe)
             results = pipe.execute()
             again = []
-            for p, (n, missed, deleted, nxt) in zip(pending, results, strict=True):
+            for p, (n, missed, deleted, nxt) in zip(pending, map(tr.counts, results), strict=True):
                 total += n
-                self.heads.set(p, int(nxt) if nxt >= 0 else None, mark)
+                self.heads.set(p, nxt if nxt >= 0 else None, mark)
                 if missed:
                     metrics.MISSED.inc(missed)
                     log.info("runs missed their starting deadline", count=missed, partition=p)

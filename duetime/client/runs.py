@@ -470,7 +470,7 @@ class RunStore:
         deadline = None if timeout is None else time.monotonic() + timeout
         with translated(self.url):
             try:
-                self._wait_started(self.scripts.wait(keys=keys, args=args), run_id)
+                self._wait_started(tr.status(self.scripts.wait(keys=keys, args=args)), run_id)
                 notified = True
             except redis.exceptions.NoPermissionError:
                 notified = False  # a read-only operator: poll the run instead
@@ -494,7 +494,7 @@ class RunStore:
         deadline = None if timeout is None else time.monotonic() + timeout
         with translated(self.url):
             try:
-                self._wait_started(await Scripts(client).wait(keys=keys, args=args), run_id)
+                self._wait_started(tr.status(await Scripts(client).wait(keys=keys, args=args)), run_id)
                 notified = True
             except redis.exceptions.NoPermissionError:
                 notified = False  # a read-only operator: poll the run instead

@@ -53,16 +53,16 @@ class RunAdmin:
             raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
         return p, queue.decode()
 
-    def _call(self, script: Any, call: tr.Call) -> list[str]:
+    def _call(self, script: Any, call: tr.Call) -> Any:
         keys, args = call
         with translated(self.url):
-            res = script(keys=keys, args=args)
-        return [x.decode() if isinstance(x, bytes) else str(x) for x in res]
+            return script(keys=keys, args=args)
 
     def cancel(self, run_id: str, reason: str = "cancelled by an operator") -> tuple[str, str]:
         """→ ('cancelled', previous state) or ('requested', worker id) for a running run."""
         p, queue = self._where(run_id)
-        status, detail = self._call(self.scripts.cancel, tr.cancel(self.keys, p, queue, run_id, reason))
+        status, detail = tr.status_detail(
+            self._call(self.scripts.cancel, tr.cancel(self.keys, p, queue, run_id, reason)))
         if status == "missing":
             raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
         if status == "uncertain":
@@ -76,8 +76,8 @@ class RunAdmin:
         """→ (the replay's run id, created now?). A run already replayed gives its replay."""
         p, queue = self._where(run_id)
         new_id = replay_id(self.keys, run_id)
-        status, detail = self._call(self.scripts.replay,
-                                    tr.replay(self.keys, p, queue, run_id, new_id, force, note))
+        status, detail = tr.status_detail(self._call(
+            self.scripts.replay, tr.replay(self.keys, p, queue, run_id, new_id, force, note)))
         if status == "missing":
             raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
         if status == "active":
@@ -99,7 +99,8 @@ class RunAdmin:
                                f"{state.decode() if state else 'gone'}); nothing to resolve")
         if verdict == "replay":
             return self.replay(run_id, note=note)[0]
-        status, detail = self._call(self.scripts.resolve, tr.resolve(self.keys, p, run_id, verdict, note))
+        status, detail = tr.status_detail(
+            self._call(self.scripts.resolve, tr.resolve(self.keys, p, run_id, verdict, note)))
         if status == "not_uncertain":
             raise InvalidState(f"run {run_id} is not uncertain (state {detail}); nothing to resolve")
         if status == "missing":
@@ -119,7 +120,7 @@ class RunAdmin:
         total = 0
         for p in range(self.keys.partitions):
             while True:
-                purged, examined = (int(x) for x in self._call(
+                purged, examined = tr.counts(self._call(
                     self.scripts.purge, tr.purge(self.keys, p, PURGE_BATCH, before_ms)))
                 total += purged
                 if progress:

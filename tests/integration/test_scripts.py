@@ -593,3 +593,29 @@ def test_the_scripts_publish_the_wake_message_common_wake_builds(app, r, lc):
             (p, "default", float(t)) for t in (due, retry_at, reaped_at)]
     finally:
         pubsub.close()
+
+
+def test_each_script_reply_reads_with_the_decoder_of_its_shape(app, r, lc):
+    """Real replies of every shape: status (alone and with a value), counts (one and several),
+    each; `REPLY` says which decoder a script's reply takes."""
+    assert [tr.REPLY[n] for n in ("release", "fail", "reap", "schedule_delete", "complete")] == [
+        "status", "status", "counts", "counts", "each"]
+    scripts = Scripts(r)
+    first, second = app.enqueue(basic.noop), app.enqueue(basic.noop, [1])
+    claimed = dict((c.run_id, (p, c)) for p, c in lc.claim())
+    p, c = claimed[first]
+    keys, args = tr.release(app.keys, p, "default", c.run_id, c.fence)
+    assert tr.status(scripts.release(keys=keys, args=args)) == b"released"
+    keys, args = tr.release(app.keys, p, "default", c.run_id, c.fence)
+    assert tr.status_detail(scripts.release(keys=keys, args=args)) == ("stale", "")
+    p2, c2 = claimed[second]
+    keys, args = tr.fail(app.keys, p2, "default", c2.run_id, c2.fence, "oops", "error", 0, 0.5)
+    state, at = tr.status_detail(scripts.fail(keys=keys, args=args))
+    assert state == "retrying" and int(at) == int(r.zscore(app.keys.retry(p2, "default"), second))
+    keys, args = tr.reap(app.keys, p, 100, 0.3, 0)
+    reaped, missed, deleted, nxt = tr.counts(scripts.reap(keys=keys, args=args))
+    assert (reaped, missed, deleted) == (0, 0, 0) and isinstance(nxt, int)
+    keys, args = tr.schedule_delete(app.keys, 0, "no-such-schedule")
+    assert tr.counts(scripts.schedule_delete(keys=keys, args=args)) == [0]
+    keys, args = tr.complete(app.keys, p2, [(c2.run_id, c2.fence)])
+    assert scripts.complete(keys=keys, args=args) == [b"late_succeeded"]  # each: a word per run
