@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 import redis
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from duetime.ops.inspect import Inspector
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 ENV_URL, ENV_NS = "DUETIME_REDIS_URL", "DUETIME_NAMESPACE"
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -321,11 +322,29 @@ def progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
         yield bar.update
 
 
-def interrupted(done: int, total: int, what: str, again: str) -> None:
+def interrupted(done: int, total: int, what: str, again: str) -> NoReturn:
     """Ctrl-C in a bulk operation: every step is atomic, so say where it stopped and exit."""
     click.echo(f"\ninterrupted after {done} of {total} {what}; each was done completely, "
                f"none partly. Run `{again}` again to continue.", err=True)
     sys.exit(EXIT_INTERRUPTED)
+
+
+def counted(total: int, label: str, what: str, again: str,
+            work: Callable[[Callable[[int], None]], T]) -> T:
+    """`work(step)` under a progress bar of `total`, `step(n)` saying n more are done; Ctrl-C
+    says how many of the `total` `what` were done and how to go on (`interrupted`)."""
+    done = 0
+
+    def step(n: int) -> None:
+        nonlocal done
+        done += n
+        advance(n)
+
+    try:
+        with progress(total, label) as advance:
+            return work(step)
+    except KeyboardInterrupt:
+        interrupted(done, total, what, again)
 
 
 METRICS_PORT = click.IntRange(1, 65535)
