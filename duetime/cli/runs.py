@@ -14,6 +14,7 @@ from duetime.cli.common import (
     counted,
     duration_option,
     echo_json,
+    echo_listing,
     fail_cleanly,
     inspector,
     instant_option,
@@ -26,7 +27,7 @@ from duetime.cli.common import (
     when,
 )
 from duetime.common.errors import InvalidState, RunFailed, WaitTimeout
-from duetime.common.models import STATES
+from duetime.common.models import STATES, Run
 from duetime.common.time.fmt import format_duration
 from duetime.common.time.parse import WAIT, to_ms
 from duetime.ops.inspect import RunSummary
@@ -91,19 +92,34 @@ def runs_list(ctx: click.Context, state: str | None, schedule: str | None, queue
     _print_runs(listing.runs, as_json, listing.truncated, server_now(app))
 
 
-@runs.command("show")
-@click.argument("run_id", callback=run_id_arg)
-@click.option("--json", "as_json", is_flag=True, help="The record as JSON (absolute ISO times).")
-@click.pass_context
-@fail_cleanly
-def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
-    """A run's record and every attempt: worker, start, end, outcome, error; lateness."""
+def _showing(group: click.Group) -> Callable[[F], click.Command]:
+    """`<group> show RUN_ID [--json]`."""
+    def wrap(f: F) -> click.Command:
+        f = click.option("--json", "as_json", is_flag=True,
+                         help="The record as JSON (absolute ISO times).")(f)
+        f = click.argument("run_id", callback=run_id_arg)(f)
+        return group.command("show")(click.pass_context(fail_cleanly(f)))
+    return wrap
+
+
+def _show_run(ctx: click.Context, run_id: str, as_json: bool, state: str | None = None) -> Run:
+    """Print a run's record, JSON or text; `state`: the run must be in it (InvalidState)."""
     app = plain_app(ctx)
     run = inspector(app).get_run(run_id)
+    if state is not None and run.state != state:
+        raise InvalidState(f"run {run_id} is not {state} (state {run.state}); "
+                           "see `duetime runs show`")
     if as_json:
         echo_json(run_to_dict(run))
     else:
         click.echo(run_to_text(run, server_now(app)))
+    return run
+
+
+@_showing(runs)
+def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """A run's record and every attempt: worker, start, end, outcome, error; lateness."""
+    _show_run(ctx, run_id, as_json)
 
 
 @runs.command("cancel")
@@ -190,11 +206,12 @@ def _list_index(ctx: click.Context, index: str, queue: str | None, limit: int, a
     """The runs of the dead or uncertain index, newest first: JSON, or one table row each."""
     app = plain_app(ctx)
     listing = inspector(app).list_runs(index, None, queue, limit)
-    if as_json:
-        echo_json([summary_to_dict(s) for s in listing.runs])
-        return
-    now = server_now(app)
-    click.echo(table(header, [row(s, now) for s in listing.runs]))
+
+    def rows() -> list[tuple[Any, ...]]:
+        now = server_now(app)
+        return [row(s, now) for s in listing.runs]
+
+    echo_listing(as_json, listing.runs, summary_to_dict, header, rows)
 
 
 @dead.command("list")
@@ -209,23 +226,12 @@ def dead_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) 
                                 (s.error or s.reason or "")[:80]))
 
 
-@dead.command("show")
-@click.argument("run_id", callback=run_id_arg)
-@click.option("--json", "as_json", is_flag=True, help="The record as JSON (absolute ISO times).")
-@click.pass_context
-@fail_cleanly
+@_showing(dead)
 def dead_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """A dead run's record, its error and every attempt."""
-    app = plain_app(ctx)
-    run = inspector(app).get_run(run_id)
-    if run.state != "dead":
-        raise InvalidState(f"run {run_id} is not dead (state {run.state}); see `duetime runs show`")
-    if as_json:
-        echo_json(run_to_dict(run))
-    else:
-        click.echo(run_to_text(run, server_now(app)))
-        if run.error:
-            click.echo("  full error:\n    " + run.error.replace("\n", "\n    "))
+    run = _show_run(ctx, run_id, as_json, "dead")
+    if not as_json and run.error:
+        click.echo("  full error:\n    " + run.error.replace("\n", "\n    "))
 
 
 @dead.command("replay")

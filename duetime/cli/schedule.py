@@ -16,6 +16,7 @@ from duetime.cli.common import (
     counted,
     duration_option,
     echo_json,
+    echo_listing,
     fail_cleanly,
     inspector,
     instant_option,
@@ -164,14 +165,15 @@ def schedule_list(ctx: click.Context, as_json: bool) -> None:
     """Every schedule of the namespace; NEXT and LAST in UTC and relative to now."""
     app = plain_app(ctx)
     infos = app.list_schedules()
-    if as_json:
-        echo_json([schedule_to_dict(i) for i in infos])
-        return
-    now = server_now(app)
-    rows = [(i.name, i.trigger.describe(), i.task, i.queue, "paused" if i.paused else "active",
-             when(i.next_fire, now), when(i.last_occurrence, now), i.materialized_count)
-            for i in infos]
-    click.echo(table(("NAME", "TRIGGER", "TASK", "QUEUE", "STATUS", "NEXT", "LAST", "RUNS"), rows))
+
+    def rows() -> list[tuple[Any, ...]]:
+        now = server_now(app)
+        return [(i.name, i.trigger.describe(), i.task, i.queue,
+                 "paused" if i.paused else "active", when(i.next_fire, now),
+                 when(i.last_occurrence, now), i.materialized_count) for i in infos]
+
+    echo_listing(as_json, infos, schedule_to_dict,
+                 ("NAME", "TRIGGER", "TASK", "QUEUE", "STATUS", "NEXT", "LAST", "RUNS"), rows)
 
 
 @schedule.command("show")

@@ -12,13 +12,11 @@ import click
 import redis
 
 from duetime.cli.common import (
-    METRICS_HOST_HELP,
-    METRICS_PORT,
-    METRICS_PORT_HELP,
     announce,
     duration_option,
     fail_cleanly,
     load_app,
+    metrics_options,
 )
 from duetime.common import logs, metrics
 from duetime.common.errors import RedisRefused
@@ -41,9 +39,7 @@ from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, duration_ms
 @duration_option("--claim-ahead", span=CLAIM_AHEAD, default="10ms", show_default=True,
                  help="Claim runs due this soon and start each exactly at its due time "
                  "(0 = claim only when due).")
-@click.option("--metrics-port", default=None, type=METRICS_PORT,
-              help=METRICS_PORT_HELP + " Process i of --processes: port + i.")
-@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
+@metrics_options("Process i of --processes: port + i.")
 @click.pass_context
 @fail_cleanly
 def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
