@@ -62,39 +62,6 @@ def _s(b: bytes | None) -> str:
     return b.decode() if b else ""
 
 
-# -- replies --------------------------------------------------------------------------------
-REPLY = {
-    "enqueue": "counts", "claim": "claim", "heartbeat": "each", "complete": "each",
-    "fail": "status", "release": "status", "reap": "counts", "materialize": "status",
-    "schedule_upsert": "status", "schedule_pause": "status", "schedule_delete": "counts",
-    "partition_owners": "counts", "cancel": "status", "replay": "status", "resolve": "status",
-    "purge": "counts", "schedule_quarantine": "status", "wait": "status",
-}
-
-
-def status(res: Any) -> bytes:
-    """The status word of a status reply, as Redis sent it: the reply itself, or the first
-    element of {word, value}."""
-    if isinstance(res, bytes):
-        return res
-    word: bytes = res[0]
-    return word
-
-
-def status_detail(res: Any) -> tuple[str, str]:
-    """A status reply as text: (word, value), the value '' when the word came alone."""
-    if isinstance(res, bytes):
-        return res.decode(), ""
-    word, value = res
-    return _s(word) if isinstance(word, bytes) else str(word), (
-        value.decode() if isinstance(value, bytes) else str(value))
-
-
-def counts(res: Any) -> list[int]:
-    """A counts reply: its integers, in the order the script's header names them."""
-    return [int(res)] if isinstance(res, int) else [int(x) for x in res]
-
-
 def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms: int,
           ahead_ms: int = 0) -> Call:
     return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.deadlines(p),
@@ -238,3 +205,37 @@ def schedule_quarantine(k: Keyspace, p: int, name: str, version: bytes | str, re
 def partition_owners(k: Keyspace, scheduler_id: str, ttl_ms: int, mode: str = "hold") -> Call:
     """mode: 'hold' (say alive, renew, rebalance, take free partitions) or 'release'."""
     return [k.owners], [scheduler_id, ttl_ms, k.partitions, mode]
+
+
+# -- replies --------------------------------------------------------------------------------
+REPLY = {
+    "enqueue": "counts", "claim": "claim", "heartbeat": "each", "complete": "each",
+    "fail": "status", "release": "status", "reap": "counts", "materialize": "status",
+    "schedule_upsert": "status", "schedule_pause": "status", "schedule_delete": "counts",
+    "partition_owners": "counts", "cancel": "status", "replay": "status", "resolve": "status",
+    "purge": "counts", "schedule_quarantine": "status", "wait": "status",
+}
+
+
+def status(res: Any) -> bytes:
+    """The status word of a status reply, as Redis sent it: the reply itself, or the first
+    element of {word, value}."""
+    if isinstance(res, bytes):
+        return res
+    word: bytes = res[0]
+    return word
+
+
+def status_detail(res: Any) -> tuple[str, str]:
+    """A status reply as text: (word, value), the value '' when the word came alone."""
+    if isinstance(res, bytes):
+        return res.decode(), ""
+    word, value = res
+    return _s(word) if isinstance(word, bytes) else str(word), (
+        value.decode() if isinstance(value, bytes) else str(value))
+
+
+def counts(res: Any) -> list[int]:
+    """A counts reply: its integers, in the order the script's header names them."""
+    return [int(res)] if isinstance(res, int) else [int(x) for x in res]
+
