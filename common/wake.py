@@ -13,7 +13,9 @@ wake-ups.
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
+Ms = TypeVar("Ms", int, float)  # a time in ms: the scheduler keeps ints, the worker floats
 SEP = "|"  # never in a queue name (common/names.py refuses it)
 
 
@@ -37,6 +39,15 @@ def parse_worker_wake(data: object, partitions: int) -> tuple[int, str, float] |
     if not 0 <= p < partitions or not queue or not math.isfinite(due):
         return None
     return p, queue, due
+
+
+def with_notice(read: Ms | None, notice: tuple[int, Ms] | None, since: int) -> Ms | None:
+    """A set's head as a read at the server found it (None: empty), unless a notice counted
+    after the read began (`notice`: (its count, its due ms); `since`: the count when the read
+    began) tells of an earlier one: a read that crossed a notice must not hide it."""
+    if notice is not None and notice[0] > since and (read is None or notice[1] < read):
+        return notice[1]
+    return read
 
 
 def scheduler_notice(kind: str, partition: int, ms: int) -> str:

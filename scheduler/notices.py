@@ -21,7 +21,7 @@ from duetime.common.connection import refresh_topology, unavailable
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import Outage, not_ready_reason
 from duetime.common.outage import kind as outage_kind
-from duetime.common.wake import parse_scheduler_notice
+from duetime.common.wake import parse_scheduler_notice, with_notice
 
 log = get_logger("duetime.scheduler")
 
@@ -56,9 +56,7 @@ class Heads:
     def set(self, p: int, ms: int | None, since: int) -> None:
         """What a read of `p`'s heads found; a notice that arrived after the read still counts."""
         with self._lock:
-            n = self._noticed.get(p)
-            if n is not None and n[0] > since and (ms is None or n[1] < ms):
-                ms = n[1]
+            ms = with_notice(ms, self._noticed.get(p), since)
             if ms is None:
                 self.due.pop(p, None)
             else:

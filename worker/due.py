@@ -16,6 +16,7 @@ from duetime.common.connection import topology_error
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import REFUSED_CAP_S, retry_in
+from duetime.common.wake import with_notice
 
 log = get_logger("duetime.worker")
 
@@ -57,9 +58,7 @@ class DueTimes:
 
     def set(self, key: Key, due: float | None, since_seq: int) -> None:
         """Authoritative head read at the server; notices newer than the read still count."""
-        w = self._notices.get(key)
-        if w is not None and w[0] > since_seq and (due is None or w[1] < due):
-            due = w[1]
+        due = with_notice(due, self._notices.get(key), since_seq)
         if due is None:
             self.next_due.pop(key, None)
         else:

@@ -69,3 +69,13 @@ def test_log_message_is_bounded_or_withheld():
     assert log_message("KeyError: 'x'\nTraceback...", True) == "KeyError: 'x'"
     assert len(log_message("E: " + "x" * 1000, True)) == 200
     assert log_message("KeyError: 'secret'", False) is None
+
+
+def test_a_notice_newer_than_a_read_still_counts():
+    from duetime.common.wake import with_notice
+
+    assert with_notice(500, None, 3) == 500  # no notice: the read
+    assert with_notice(500, (2, 100), 3) == 500  # a notice older than the read: the read
+    assert with_notice(500, (4, 100), 3) == 100  # newer and earlier: the notice
+    assert with_notice(500, (4, 900), 3) == 500  # newer but later: the read
+    assert with_notice(None, (4, 900), 3) == 900  # the read found the set empty
