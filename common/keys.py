@@ -73,7 +73,8 @@ PARTITION_KEYS: dict[str, KeyKind] = {
                      "wait in a lane (the claim's due-order path skips them)", "queue"),
     "limits": KeyKind("limits", "hash", "this partition's share of the namespace's limits: "
                       "'<kind>:<name>:c' -> concurrency, '<kind>:<name>:r' -> 'tokens per ms, "
-                      "burst' (absent: no limit; claim.lua reads it)"),
+                      "burst' (absent: no limit; claim.lua reads it; the field names: "
+                      "common/limit_fields.py)"),
     "caps": KeyKind("caps", "hash", "the namespace's caps, copied into every partition so "
                     "enqueue.lua checks them in its slot: max_payload -> bytes (absent: no cap; "
                     "set with duetime limits payload)"),

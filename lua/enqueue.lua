@@ -7,8 +7,8 @@
 -- KEYS[3] laned zset  T:laned:<queue>  KEYS[4] lanes zset  T:lanes:<queue>
 -- ARGV[1] partition prefix 'ns:{tag}:' -- each run's hash T:run:<id> is built from it (same
 --         hash tag, so the same slot), as in the other batch scripts
--- ARGV[2] wake channel   ARGV[3] wake tag '<partition>|<queue>'
--- ARGV[4] count S of shared values, then S values: field, value pairs every run of the call
+-- ARGV[2] wake channel   ARGV[3] partition index   ARGV[4] queue
+-- ARGV[5] count S of shared values, then S values: field, value pairs every run of the call
 --         gets (task, queue, retry policy: the same for a batch of one task)
 -- then per run: run id, due ms ('' = server time + delay), delay ms, field count F,
 --         then F values: the run's own field, value pairs (payload, key, ...)
@@ -26,20 +26,20 @@
 -- slot). A run whose `payload` field is longer refuses the whole call before anything is
 -- written, with a PAYLOAD_TOO_LARGE error naming the run, its size and the cap: a client that
 -- ignores or raised its own max_payload cannot fill the server.
--- Returns how many runs were created (the others existed already).
+-- Returns (counts) how many runs were created (the others existed already).
 local due_key, prefix = KEYS[1], ARGV[1]
-local queue = string.match(ARGV[3], '|(.*)$') or ''
+local queue = ARGV[4]
 local lanes = redis.call('EXISTS', KEYS[4]) == 1
 local now = now_ms()
 local created = 0
-local shared_n = tonumber(ARGV[4])
-local i = 5 + shared_n
+local shared_n = tonumber(ARGV[5])
+local i = 6 + shared_n
 local added, earliest = {}, nil
 local last_delay, last_due, last_due_s
 -- one field list reused for every run (no table per run): state, created, due, the shared
 -- fields, then the run's own fields from position base_n + 1
 local fields = {'state', 'scheduled', 'created', int_s(now), 'due', 0}
-for j = 5, 4 + shared_n do fields[#fields + 1] = ARGV[j] end
+for j = 6, 5 + shared_n do fields[#fields + 1] = ARGV[j] end
 local base_n = #fields
 local cap = tonumber(redis.call('HGET', prefix .. K.caps, 'max_payload'))
 if cap then
@@ -102,7 +102,7 @@ if earliest ~= nil then
   local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
   redis.call('ZADD', due_key, unpack(added))
   if head[2] == nil or earliest < tonumber(head[2]) then
-    redis.call('PUBLISH', ARGV[2], ARGV[3] .. '|' .. earliest)
+    wake_workers(ARGV[2], ARGV[3], queue, earliest)
   end
 end
 return created

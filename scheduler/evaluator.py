@@ -19,14 +19,11 @@ import redis
 from duetime.common import metrics
 from duetime.common import transitions as tr
 from duetime.common.connection import (
-    refresh_topology,
     sync_client,
-    topology_error,
-    unavailable,
 )
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
-from duetime.common.outage import retry_in
+from duetime.common.outage import Outage
 from duetime.common.schedules import (
     MISS_TOLERANCE_MS,
     TRIGGER_FIELDS,
@@ -39,7 +36,7 @@ from duetime.common.schedules import (
 )
 from duetime.common.scripts import Scripts
 from duetime.common.time.spec import Trigger
-from duetime.scheduler.notices import SAFETY_S, Heads, Listener, report_health
+from duetime.scheduler.notices import SAFETY_S, Heads, Listener, backed_off, report_health
 
 log = get_logger("duetime.scheduler")
 
@@ -78,12 +75,12 @@ class Ownership:
 
     def refresh(self) -> set[int]:
         keys, args = tr.partition_owners(self.keys, self.id, self.ttl_ms)
-        now, takeover, *owned = self.scripts.partition_owners(keys=keys, args=args)
-        self.offset_ms = int(now) - time.monotonic() * 1000
-        self.owned = {int(p) for p in owned}
-        self.next_ms = int(now) + self.ttl_ms // 3
+        now, takeover, *owned = tr.counts(self.scripts.partition_owners(keys=keys, args=args))
+        self.offset_ms = now - time.monotonic() * 1000
+        self.owned = set(owned)
+        self.next_ms = now + self.ttl_ms // 3
         if takeover >= 0:  # another scheduler lapses, or a lease to take over runs out, then
-            self.next_ms = min(self.next_ms, int(takeover))
+            self.next_ms = min(self.next_ms, takeover)
         metrics.PARTITIONS_OWNED.set(len(self.owned))
         return self.owned
 
@@ -106,6 +103,7 @@ class Evaluator:
         self.heads = Heads()  # per owned partition: when its earliest schedule comes due
         self._read_all_at = 0.0  # monotonic time of the last read of every owned head
         self.stopping = threading.Event()
+        self.outage = Outage("evaluator", log, cap_s=None, scheduler_id=self.id)
         self._triggers: dict[tuple[str, bytes], Trigger] = {}
         self.materialized = 0
         self._policy_ms = 0  # the namespace's default stagger
@@ -237,7 +235,7 @@ class Evaluator:
                     raise res  # the server, not this schedule: the loop backs off
                 self._quarantine(p, name, version, f"materialize.lua failed on it: {res}")
                 continue
-            created += int(res[1])
+            created += int(tr.status_detail(res)[1])
         metrics.MATERIALIZED.inc(created)
         self.materialized += created
         return created
@@ -247,7 +245,7 @@ class Evaluator:
         reason, in `schedule list` and `doctor`); registering it again brings it back."""
         reason = reason[:500]
         keys, args = tr.schedule_quarantine(self.keys, p, name, version, reason)
-        if self.scripts.schedule_quarantine(keys=keys, args=args) == b"quarantined":
+        if tr.status(self.scripts.schedule_quarantine(keys=keys, args=args)) == b"quarantined":
             metrics.QUARANTINED.inc()
             log.error("schedule quarantined: its record cannot be evaluated; the others go on",
                       schedule=name, reason=reason,
@@ -259,7 +257,6 @@ class Evaluator:
         listener = Listener(self.client, self.url, self.keys.sched_wake, "s", self.heads, self.stopping)
         listener.start()
         listener.subscribed.wait(5)  # notices from now on reach us; then read the heads
-        failures = 0
         while not self.stopping.is_set():
             metrics.health.beat("evaluator")
             try:
@@ -269,30 +266,12 @@ class Evaluator:
                 self.heads.changed.clear()
                 self.step()
                 report_health("evaluator", listener)
-                failures = 0
+                self.outage.ok()
                 self.heads.changed.wait(min(self._sleep_s(), self.tick_s))
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                failures += 1
-                wait = retry_in(exc, failures)
-                metrics.health.ready("evaluator", False, str(unavailable(self.url, exc)))
-                log.warning("redis unavailable; evaluator retrying",
-                            error=str(unavailable(self.url, exc)), retry_in=round(wait, 3))
-                refresh_topology(self.client)  # a dead primary: find its promoted replica
-                self.stopping.wait(wait)
             except redis.RedisError as exc:
-                # refused (OOM at maxmemory, READONLY after a failover, a damaged key): the
+                # unreachable, failing over or refused (OOM at maxmemory, a damaged key): the
                 # process stays up and tries again, rather than crash-looping under a supervisor
-                failures += 1
-                wait = retry_in(exc, failures)
-                metrics.health.ready("evaluator", False, f"redis refused a call: {exc}")
-                if topology_error(exc):  # CLUSTERDOWN until a replica is promoted, MOVED, ...
-                    log.warning("redis cluster is failing over or moving slots; evaluator retrying",
-                                error=str(exc), retry_in=round(wait, 3))
-                    refresh_topology(self.client)
-                else:
-                    log.error("redis refused a call; evaluator retrying", error=str(exc),
-                              retry_in=round(wait, 3))
-                self.stopping.wait(wait)
+                self.stopping.wait(backed_off("evaluator", self.outage, exc, self.url, self.client))
         metrics.health.ready("evaluator", False, "stopping")
         with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
             self.ownership.release_all()

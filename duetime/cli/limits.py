@@ -6,8 +6,9 @@ from datetime import timedelta
 
 import click
 
-from duetime.cli.common import duration_option, echo_json, fail_cleanly, plain_app, table
-from duetime.client.limits import KINDS, PER, Limit, Limits, make_limit
+from duetime.cli.common import duration_option, echo_listing, fail_cleanly, plain_app
+from duetime.client.limits import PER, Limit, Limits, make_limit
+from duetime.common.limit_fields import KINDS
 
 
 @click.group()
@@ -73,14 +74,12 @@ def clear_limit(ctx: click.Context, kind: str, name: str) -> None:
 def list_limits(ctx: click.Context, as_json: bool) -> None:
     """The limits set in the namespace."""
     found = _store(ctx).list()
-    if as_json:
-        echo_json([_to_dict(lim) for lim in found])
-        return
-    click.echo(table(("KIND", "NAME", "CONCURRENCY", "RATE", "PER", "BURST", "WEIGHT"), [
-        (lim.kind, lim.name, lim.concurrency or "", "" if lim.rate is None else f"{lim.rate:g}",
-         f"{lim.per_ms / 1000:g}s", "" if lim.burst is None else f"{lim.burst:g}",
-         lim.weight or "")
-        for lim in found]))
+    echo_listing(as_json, found, _to_dict,
+                 ("KIND", "NAME", "CONCURRENCY", "RATE", "PER", "BURST", "WEIGHT"), lambda: [
+                     (lim.kind, lim.name, lim.concurrency or "",
+                      "" if lim.rate is None else f"{lim.rate:g}", f"{lim.per_ms / 1000:g}s",
+                      "" if lim.burst is None else f"{lim.burst:g}", lim.weight or "")
+                     for lim in found])
 
 
 @limits.command("payload")

@@ -213,12 +213,12 @@ class ScheduleStore:
                 self.scripts.schedule_upsert(keys=keys, args=args, client=pipe)
                 sent.append(i)
             todo = []
-            for i, (status, version) in zip(sent, self._call(pipe.execute) if sent else [],
-                                             strict=True):
-                if status == b"conflict":
+            for i, res in zip(sent, self._call(pipe.execute) if sent else [], strict=True):
+                status, version = tr.status_detail(res)
+                if status == "conflict":
                     todo.append(i)
                 else:
-                    out[i] = (status.decode(), int(version))
+                    out[i] = (status, int(version))
         if todo:
             raise DuetimeError(f"schedule {defs[todo[0]].name!r} kept changing under us; try again")
         return [out[i] for i in range(len(defs))]
@@ -264,13 +264,13 @@ class ScheduleStore:
         p, _ = self._where(name)
         keys, args = tr.schedule_pause(self.keys, p, name, paused, note)
         res = self._call(self.scripts.schedule_pause, keys=keys, args=args)
-        if res == b"missing":
+        if tr.status(res) == b"missing":
             raise ScheduleNotFound(f"no schedule {name!r}")
 
     def delete(self, name: str) -> None:
         p, _ = self._where(name)
         keys, args = tr.schedule_delete(self.keys, p, name)
-        if not self._call(self.scripts.schedule_delete, keys=keys, args=args):
+        if not tr.counts(self._call(self.scripts.schedule_delete, keys=keys, args=args))[0]:
             raise ScheduleNotFound(f"no schedule {name!r}")
 
     # -- runs outside the evaluator ------------------------------------------------------
@@ -282,8 +282,9 @@ class ScheduleStore:
         for run_id, occ in runs:
             flat += [run_id, occ, occ, 1, occ]
         keys, args = tr.materialize(self.keys, p, name, info.queue, flat)
-        status, created = self._call(self.scripts.materialize, keys=keys, args=args)
-        if status == b"missing":
+        status, created = tr.status_detail(
+            self._call(self.scripts.materialize, keys=keys, args=args))
+        if status == "missing":
             raise ScheduleNotFound(f"no schedule {name!r}")
         return int(created)
 

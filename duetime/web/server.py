@@ -271,29 +271,36 @@ class ConsoleApp:
         response.delete_cookie(WRITE_COOKIE)
         return response
 
-    async def schedule_action(self, request: Request) -> Response:
+    async def _action(self, request: Request, target: str) -> tuple[FormData, str, str] | Response:
+        """A write action's form, its target (a schedule's name, a run's id) and the action; or
+        the response refusing it (see `writable`)."""
         form = await self.writable(request)
         if isinstance(form, Response):
             return form
-        name, action = request.path_params["name"], request.path_params["action"]
-        store = self.console.schedules
+        return form, request.path_params[target], request.path_params["action"]
+
+    async def schedule_action(self, request: Request) -> Response:
+        got = await self._action(request, "name")
+        if isinstance(got, Response):
+            return got
+        form, name, action = got
         if action == "pause":
             note = str(form.get("note") or "paused from the web console")[:500]
-            await run_in_threadpool(store.set_paused, name, True, note)
+            await run_in_threadpool(self.console.schedules.set_paused, name, True, note)
         elif action == "resume":
-            await run_in_threadpool(store.set_paused, name, False)
+            await run_in_threadpool(self.console.schedules.set_paused, name, False)
         elif action == "trigger":
-            run_id = await run_in_threadpool(store.trigger, name)
+            run_id = await run_in_threadpool(self.console.schedules.trigger, name)
             return RedirectResponse(f"/runs/{_seg(run_id)}?flash=triggered", status_code=303)
         else:
             raise HTTPException(404)
         return RedirectResponse(f"/schedules/{_seg(name)}?flash={action}d", status_code=303)
 
     async def run_action(self, request: Request) -> Response:
-        form = await self.writable(request)
-        if isinstance(form, Response):
-            return form
-        run_id, action = request.path_params["run_id"], request.path_params["action"]
+        got = await self._action(request, "run_id")
+        if isinstance(got, Response):
+            return got
+        form, run_id, action = got
         adm = self.console.admin
         note = str(form.get("note") or "")[:500]
         if action == "replay":
