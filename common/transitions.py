@@ -221,7 +221,7 @@ REPLY = {
     "fail": "status", "release": "status", "reap": "counts", "materialize": "status",
     "schedule_upsert": "status", "schedule_pause": "status", "schedule_delete": "counts",
     "partition_owners": "counts", "cancel": "status", "replay": "status", "resolve": "status",
-    "purge": "counts", "schedule_quarantine": "status", "wait": "status",
+    "purge": "counts", "schedule_quarantine": "status", "wait": "status", "handback": "status",
 }
 
 
