@@ -36,7 +36,7 @@ def _source(lua_dir: Path, name: str) -> str:
     lib, body = (lua_dir / "_lib.lua").read_text(), (lua_dir / f"{name}.lua").read_text()
     if "K." not in lib + body:
         return lib + "\n" + body
-    return scripts.assemble(name, lib, body)
+    return scripts.assemble(name, lambda f: (lua_dir / f).read_text())
 
 
 def _cpu_us(r: redis.Redis) -> float:

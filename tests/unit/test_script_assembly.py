@@ -31,11 +31,11 @@ def test_no_key_suffix_is_spelled_in_a_lua_script():
     named = re.compile(r"""['"]""" + _alt(NAMED))
     joined = re.compile(r"""\.\.\s*['"]""" + _alt(WHOLE) + """['"]""")
     found = []
-    for path in sorted(LUA.glob("*.lua")):
+    for path in sorted(LUA.rglob("*.lua")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("--", 1)[0]
             if named.search(code) or joined.search(code):
-                found.append(f"{path.name}:{n}: {line.strip()}")
+                found.append(f"{path.relative_to(LUA)}:{n}: {line.strip()}")
     assert not found, "key suffixes spelled outside common/keys.py:\n" + "\n".join(found)
 
 
@@ -95,26 +95,96 @@ def test_each_script_carries_only_the_helpers_it_uses():
     assert "local function" not in scripts.source("schedule_delete")
 
 
+def _span(file: str) -> scripts.Span:
+    [span] = [s for s in scripts.layout() if s.file == file]
+    return span
+
+
 def test_line_numbers_of_the_assembled_scripts_name_the_file():
+    lib = (LUA / "_lib.lua").read_text().splitlines()
     for name in scripts.SCRIPT_NAMES:
         src = scripts.source(name).splitlines()
-        own = (LUA / f"{name}.lua").read_text().splitlines()
-        base = scripts.STRIDE * (scripts.SCRIPT_NAMES.index(name) + 1)
-        for n, line in enumerate(own, 1):
-            if n == 1 and line.startswith("#!"):
-                assert src[0] == line  # flags stay on the first line
-                continue
-            assert src[base + n - 1] == scripts._suffixes(line, name), (name, n)
-            assert scripts.locate(base + n) == f"{name}.lua:{n}"
-        lib = (LUA / "_lib.lua").read_text().splitlines()
-        for n, line in enumerate(src[: scripts.STRIDE], 1):
+        own = f"{name}.lua"
+        for file in [*scripts.includes((LUA / own).read_text()), own]:
+            base = _span(file).first
+            for n, line in enumerate((LUA / file).read_text().splitlines(), 1):
+                if file == own and n == 1 and line.startswith("#!"):
+                    assert src[0] == line  # flags stay on the first line
+                    continue
+                assert src[base + n - 2] == scripts._suffixes(line, file), (file, n)
+                assert scripts.locate(base + n - 1) == f"{file}:{n}"
+        for n, line in enumerate(src[: len(lib)], 1):
             if line and not line.startswith("#!"):
                 assert scripts._suffixes(lib[n - 1], "_lib.lua") == line
                 assert scripts.locate(n) == f"_lib.lua:{n}"
-    line = 2 * scripts.STRIDE + 30  # the second script, claim.lua, line 30
+    line = _span("claim.lua").first + 29  # claim.lua, line 30
     msg = f"ERR user_script:{line}: attempt to index a nil value on @user_script:{line}."
     assert scripts.explain(msg) == (
         "ERR claim.lua:30: attempt to index a nil value on @claim.lua:30.")
+    step = _span("claim/lanes.lua").first + 11
+    assert scripts.explain(f"user_script:{step}: x") == "claim/lanes.lua:12: x"
+    last = scripts.layout()[-1]
+    assert scripts.locate(last.first + last.count) == f"user_script:{last.first + last.count}"
+
+
+def test_every_file_of_lua_has_a_line_range_of_its_own():
+    spans = scripts.layout()
+    files = {str(p.relative_to(LUA)) for p in LUA.rglob("*.lua")}
+    assert {s.file for s in spans} == files  # every step file is included by a script
+    for a, b in zip(spans, spans[1:], strict=False):
+        assert a.first + a.count < b.first
+
+
+def _reader(files: dict[str, str]):
+    def read(name: str) -> str:
+        if name in files:
+            return files[name]
+        return (LUA / name).read_text()
+    return read
+
+
+def test_a_script_of_any_size_assembles_and_keeps_its_line_numbers():
+    """The numbering is computed from the files' sizes: no ceiling on a script's length."""
+    body = "#!lua\n" + "\n".join(f"local x{i} = {i}" for i in range(1200)) + "\nreturn x1\n"
+    read = _reader({"wait.lua": body})
+    src = scripts.assemble("wait", read).splitlines()
+    first = [s for s in scripts._layout(read) if s.file == "wait.lua"][0].first
+    assert src[0] == "#!lua" and src[first - 1] == scripts.SLOT_GUARD
+    assert src[first + 1199] == "local x1199 = 1199"
+
+
+def test_a_script_carries_its_step_files_whole_and_the_helpers_they_use():
+    src = scripts.source("claim")
+    for file in scripts.includes((LUA / "claim.lua").read_text()):
+        assert file.startswith("claim/")
+        for line in (LUA / file).read_text().splitlines():
+            assert scripts._suffixes(line, file) in src
+    # finish_unstarted is used by claim/admission.lua only, not by claim.lua's own lines
+    assert "finish_unstarted" not in (LUA / "claim.lua").read_text()
+    assert "local function finish_unstarted" in src
+    assert "local function retry_or_dead" not in src
+
+
+def test_a_step_used_before_its_definition_is_refused():
+    files = {"claim/next_due.lua": "local function next_due(c)\n  return later(c)\nend\n"
+             "local function later(c)\n  return 1\nend\n"}
+    with pytest.raises(ValueError, match="`next_due` uses `later`"):
+        scripts.assemble("claim", _reader(files))
+
+
+def test_a_step_file_with_a_statement_is_refused():
+    """A step file runs before the script's slot check: definitions only."""
+    files = {"claim/next_due.lua": "redis.call('DEL', KEYS[1])\n"}
+    with pytest.raises(ValueError, match="holds only definitions"):
+        scripts.assemble("claim", _reader(files))
+
+
+def test_held_scan_is_one_named_constant():
+    text = "\n".join(p.read_text() for p in sorted(LUA.rglob("*.lua")))
+    assert text.count("local HELD_SCAN = 32") == 1
+    code = [scripts._strip_comment(line) for line in text.splitlines()]
+    assert not [line for line in code if re.search(r"\b3[12]\b", line) and "HELD_SCAN" not in line
+                and "LANES_PER_CLAIM" not in line]
 
 
 def test_memory_flags_match_what_each_script_may_do():
@@ -138,5 +208,5 @@ def test_every_script_first_checks_whether_its_slot_is_moving():
     tests/integration/test_reshard.py shows what it prevents."""
     for name in scripts.SCRIPT_NAMES:
         lines = scripts.source(name).splitlines()
-        base = scripts.STRIDE * (scripts.SCRIPT_NAMES.index(name) + 1)
-        assert lines[base] == scripts.SLOT_GUARD, name  # its own line 1, before its code
+        first = _span(f"{name}.lua").first
+        assert lines[first - 1] == scripts.SLOT_GUARD, name  # its own line 1, before its code
