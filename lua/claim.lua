@@ -5,6 +5,10 @@
 -- Applies, atomically, the starting deadline (-> missed) and the schedule's overlap policy
 -- (a schedule and its runs share this partition). The attempt's history entry is written
 -- when the attempt ends; while it runs, the run hash holds worker, fence and start.
+-- Tested by: tests/integration/test_scripts.py, tests/limits/test_concurrency.py,
+--   tests/limits/test_rate.py, tests/limits/test_fairness.py, tests/limits/test_priority.py,
+--   tests/property/test_damaged_records.py, tests/integration/test_cluster.py,
+--   tests/integration/test_reshard.py
 -- KEYS[1] due zset     T:due:<queue>       KEYS[2] retry zset   T:retry:<queue>
 -- KEYS[3] leases zset  T:leases            KEYS[4] done zset    T:done
 -- KEYS[5] deadlines    T:deadlines         KEYS[6] events       T:events
@@ -38,11 +42,14 @@
 -- A run record without a known state, or marked running without a lease, is dead-lettered
 -- with the reason (never dropped); an index entry whose record is gone, or is in another
 -- state, is stale and only removed.
--- Returns {next_due_ms or -1, missed, skipped, held_concurrency, held_rate, run fields...}:
--- 12 fields per run (see common/transitions.py). next_due_ms is the earliest due/retry time
--- left in this partition and queue (or when a limit frees); missed/skipped count the runs
--- this call finished instead of starting; held_* count runs a limit held back for the first
--- time (per limit).
+-- Returns a header, then the same fields for each run claimed (common/transitions.py
+-- CLAIM_REPLY_HEADER and CLAIM_RUN_FIELDS, checked by tests/unit/test_script_assembly.py):
+-- Reply header: next_due_ms missed skipped held_concurrency held_rate
+-- Reply per run: run_id fence attempt task payload due_ms timeout_ms idempotent key schedule
+--   ready_ms limited_by
+-- next_due_ms is the earliest due/retry time left in this partition and queue (or when a
+-- limit frees), -1 for none; missed/skipped count the runs this call finished instead of
+-- starting; held_* count runs a limit held back for the first time (per limit).
 -- The claim, as a recipe: each step lives in the file of lua/claim/ named beside it, included
 -- (whole, in this order, before this body) by common/scripts.py. `c` is the claim's state,
 -- handed to every step; one script call, so the whole batch is one atomic transition.
@@ -106,5 +113,9 @@ save_buckets(c)
 
 -- 4. the reply: next time worth trying, what this call finished or held, the runs
 local out = c.out
-out[1], out[2], out[3], out[4], out[5] = next_due(c), c.missed, c.skipped, c.held_c, c.held_r
+out[1] = next_due(c)  -- next_due_ms
+out[2] = c.missed  -- missed
+out[3] = c.skipped  -- skipped
+out[4] = c.held_c  -- held_concurrency
+out[5] = c.held_r  -- held_rate
 return out

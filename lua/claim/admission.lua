@@ -3,6 +3,8 @@
 -- it; a schedule's overlap policy may skip it or buffer it. A record in no known state, or
 -- marked running without a lease, is dead-lettered with the reason (never dropped); an entry
 -- whose record is gone or in another state is stale, and only leaves the index.
+-- Tested by: tests/integration/test_scripts.py, tests/property/test_damaged_records.py,
+--   tests/integration/test_schedules.py
 
 -- The run's fields a claim decides on and hands out, one HMGET: 1 state, 2 deadline,
 -- 3 schedule, 4 overlap, 5 fence, 6 attempt, 7 task, 8 payload, 9 due, 10 timeout,

@@ -1,6 +1,8 @@
 -- claim/index.lua: the index writes of a claim, one command per index for the whole batch.
 -- Every candidate whose record was read (started, finished, dead-lettered or stale) leaves
 -- the set it was met in, and the priority and laned indexes; runs a limit holds stay.
+-- Tested by: tests/integration/test_scripts.py, tests/limits/test_fairness.py,
+--   tests/limits/test_priority.py
 
 -- Candidate number n was read: note the indexes it leaves (its lane at once).
 local function leave_indexes(c, n, id)

@@ -3,6 +3,7 @@
 -- tenant first, each a share of the batch by its weight, interleaved; the due-order path then
 -- passes laned runs by (retries, releases, replays and schedule runs are not laned and keep
 -- their due order). c.lane_of[id] is the lane a candidate was taken from.
+-- Tested by: tests/limits/test_fairness.py, tests/limits/test_tenants.py
 
 -- How many tenants of the lane index one claim serves (the next ones wait for later claims).
 local LANES_PER_CLAIM = 32

@@ -2,6 +2,7 @@
 -- its score in T:leases is the expiry (written with the batch, claim/index.lua), the run
 -- hash's worker and fence say who holds it. The attempt's history entry is written when the
 -- attempt ends; while it runs, the run hash holds worker, fence and start.
+-- Tested by: tests/integration/test_scripts.py, tests/unit/test_script_assembly.py
 
 -- Appends the run to the reply. The reply's fields per run, in this order, are
 -- common/transitions.py CLAIM_RUN_FIELDS (a test reads the `-- name` of each line below).

@@ -1,4 +1,5 @@
 -- claim/next_due.lua: the reply's next time worth claiming this partition and queue.
+-- Tested by: tests/limits/test_rate.py, tests/limits/test_concurrency.py
 
 -- The earliest due or retry time left (-1: none), or, when runs a limit holds are still at
 -- the head, when a limit may free (at most 1 s away), so the worker sleeps instead of

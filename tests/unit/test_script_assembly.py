@@ -3,6 +3,7 @@ script uses, a line numbering that names the file, flags where they matter."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 import tokenize
@@ -210,3 +211,42 @@ def test_every_script_first_checks_whether_its_slot_is_moving():
         lines = scripts.source(name).splitlines()
         first = _span(f"{name}.lua").first
         assert lines[first - 1] == scripts.SLOT_GUARD, name  # its own line 1, before its code
+
+
+def _written(text: str, slot: str) -> list[str]:
+    """The `-- name` of each `out[<slot> N] = ...` line, in the order of N."""
+    got = re.findall(r"^\s*out\[" + re.escape(slot) + r"(\d+)\] = .*--\s*(\w+)\s*$", text, re.M)
+    return [name for _, name in sorted(got, key=lambda x: int(x[0]))]
+
+
+def test_the_claim_reply_is_written_and_read_by_the_same_names():
+    """claim.lua's header, the Lua that writes the reply and common/transitions.py, which
+    reads it by name, list the same fields in the same order."""
+    from duetime.common import transitions as tr
+
+    claim = (LUA / "claim.lua").read_text()
+    header = re.search(r"^-- Reply header: (.*)$", claim, re.M).group(1).split()
+    per_run = re.search(r"^-- Reply per run: (.*(?:\n--   .*)*)", claim, re.M).group(1)
+    per_run = per_run.replace("--", " ").split()
+    assert tuple(header) == tr.CLAIM_REPLY_HEADER
+    assert tuple(per_run) == tr.CLAIM_RUN_FIELDS
+    assert tuple(_written(claim, "")) == tr.CLAIM_REPLY_HEADER
+    assert tuple(_written((LUA / "claim" / "lease.lua").read_text(), "o + ")) == tr.CLAIM_RUN_FIELDS
+    assert set(tr.CLAIM_RUN_FIELDS) <= {f.name for f in dataclasses.fields(tr.Claimed)}
+
+
+def _tested_by(path: Path) -> list[str]:
+    m = re.search(r"^-- Tested by: (.*(?:\n--   .*)*)", path.read_text(), re.M)
+    assert m, f"{path.relative_to(LUA)} has no `-- Tested by:` line"
+    return m.group(1).replace("--", " ").replace(",", " ").split()
+
+
+def test_every_script_names_the_tests_that_cover_it():
+    """A newcomer changing a script (or a step of claim.lua) knows which tests to run:
+    `pytest $(the files of its Tested by line)`."""
+    for path in sorted(LUA.rglob("*.lua")):
+        named = _tested_by(path)
+        assert named, path
+        for test in named:
+            assert test.startswith("tests/") and test.endswith(".py"), (path, test)
+            assert (ROOT / test).is_file(), f"{path.relative_to(LUA)} names {test}: no such file"
