@@ -77,9 +77,9 @@ local c = {
   -- the candidates (claim/candidates.lua)
   ids = {}, froms = {}, scores = {}, seen = {}, lane_of = {},
   -- limit state (claim/limits.lua)
-  conc = {}, bucket = {}, free_at = nil, held_n = 0, held_c = 0, held_r = 0,
+  conc = {}, bucket = {}, free_at = nil, held_c = 0, held_r = 0,
   -- what the batch did: the index writes, the leases, the reply (claim/index.lua, lease.lua)
-  from_due = {}, from_retry = {}, from_prio = {}, from_lane = {}, leased = {},
+  from_due = {}, from_retry = {}, leased = {},
   out = {-1, 0, 0, 0, 0}, taken = 0, missed = 0, skipped = 0,
 }
 
@@ -94,18 +94,26 @@ due_order_candidates(c, d, r, skip)
 -- 2. each candidate in order: limits, then admission, then the lease. Past HELD_SCAN held
 -- runs in one call the rest waits for the next (bounded cost while a limit is full; other
 -- partitions are not affected, see docs/fairness.md)
+local start = lease_starter(c)
+local prefix, lims, limit, froms, scores = c.prefix, c.lims, c.limit, c.froms, c.scores
+local from_due, from_retry, taken, held = c.from_due, c.from_retry, 0, 0
 for n, id in ipairs(c.ids) do
-  if c.taken >= c.limit or c.held_n >= HELD_SCAN then break end
-  local run_key = c.prefix .. K.run .. id
+  if taken >= limit or held >= HELD_SCAN then break end
+  local run_key = prefix .. K.run .. id
   local why, scopes = nil, nil
-  if c.lims then why, scopes = held_by_limit(c, run_key) end
-  if not why then  -- held back by a limit: left where it is
-    local f = read_run(run_key)
-    leave_indexes(c, n, id)
-    local starts, deadline = admit(c, id, run_key, f)
-    if starts then start_run(c, n, id, run_key, f, deadline, scopes) end
+  if lims then why, scopes = held_by_limit(c, run_key) end
+  if why then
+    held = held + 1  -- a run a limit holds back stays where it is
+  else
+    local f, starts, deadline = admit(c, id, run_key)
+    if froms[n] then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
+    if starts then
+      taken = taken + 1
+      start(id, run_key, f, scores[n], deadline, scopes)
+    end
   end
 end
+c.taken = taken
 
 -- 3. the batch's writes: indexes and leases, token buckets
 write_indexes(c)

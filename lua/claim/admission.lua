@@ -6,15 +6,6 @@
 -- Tested by: tests/integration/test_scripts.py, tests/property/test_damaged_records.py,
 --   tests/integration/test_schedules.py
 
--- The run's fields a claim decides on and hands out, one HMGET: 1 state, 2 deadline,
--- 3 schedule, 4 overlap, 5 fence, 6 attempt, 7 task, 8 payload, 9 due, 10 timeout,
--- 11 idempotent, 12 key, 13 cancel_requested, 14 limited_by.
-local function read_run(run_key)
-  return redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
-    'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested',
-    'limited_by')
-end
-
 -- The overlap policy of a scheduled run; returns true when the run may start now.
 local function overlap_allows(c, id, sched, overlap)
   if overlap == 'allow' or overlap == '' then return true end  -- nothing to track
@@ -67,16 +58,22 @@ local function not_waiting(c, id, run_key, state)
   -- any other state: a stale index entry (cancelled, deleted)
 end
 
--- true (and the starting deadline to clear, if any) when the run starts now; else it was
--- finished (cancelled, missed, skipped), buffered, dead-lettered, or is a stale entry.
-local function admit(c, id, run_key, f)
+-- Reads candidate `id` (one HMGET, fields below) and decides: returns its fields, whether it
+-- starts now, and then the starting deadline entry to clear (if any). A candidate that does not
+-- start was finished (cancelled, missed, skipped), buffered, dead-lettered, or is stale.
+-- Fields: 1 state, 2 deadline, 3 schedule, 4 overlap, 5 fence, 6 attempt, 7 task, 8 payload,
+-- 9 due, 10 timeout, 11 idempotent, 12 key, 13 cancel_requested, 14 limited_by.
+local function admit(c, id, run_key)
+  local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
+    'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested',
+    'limited_by')
   local state = f[1]
   if state ~= 'scheduled' and state ~= 'retrying' then
     not_waiting(c, id, run_key, state)
-    return false
+    return f, false
   end
   local deadline, sched = tonumber(f[2]), f[3]
-  if (tonumber(f[5]) or 0) > 0 then deadline = nil end  -- a starting deadline: retries are not late starts
+  if (tonumber(f[5]) or 0) > 0 then deadline = nil end  -- a retry is not a late start
   if f[13] then
     finish_unstarted(c.prefix, id, 'cancelled', 'cancel requested before it could run again',
       c.now, c.done_key, c.deadlines_key, c.events_key)
@@ -85,7 +82,7 @@ local function admit(c, id, run_key, f)
       c.done_key, c.deadlines_key, c.events_key)
     c.missed = c.missed + 1
   elseif not sched or sched == '' or overlap_allows(c, id, sched, f[4] or '') then
-    return true, deadline
+    return f, true, deadline
   end
-  return false
+  return f, false
 end

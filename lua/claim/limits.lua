@@ -100,7 +100,6 @@ local function held_by_limit(c, run_key)
     why, kind = blocked_by(c, scopes)
   end
   if why then
-    c.held_n = c.held_n + 1
     if g[4] ~= why then
       redis.call('HSET', run_key, 'limited_by', why)
       if kind == 'c' then c.held_c = c.held_c + 1 else c.held_r = c.held_r + 1 end
