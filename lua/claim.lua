@@ -5,10 +5,10 @@
 -- Applies, atomically, the starting deadline (-> missed) and the schedule's overlap policy
 -- (a schedule and its runs share this partition). The attempt's history entry is written
 -- when the attempt ends; while it runs, the run hash holds worker, fence and start.
--- Tested by: tests/integration/test_scripts.py, tests/limits/test_concurrency.py,
---   tests/limits/test_rate.py, tests/limits/test_fairness.py, tests/limits/test_priority.py,
---   tests/property/test_damaged_records.py, tests/integration/test_cluster.py,
---   tests/integration/test_reshard.py
+-- Tested by: tests/integration/test_scripts.py, tests/limits/test_admission.py,
+--   tests/limits/test_concurrency.py, tests/limits/test_rate.py, tests/limits/test_fairness.py,
+--   tests/limits/test_priority.py, tests/property/test_damaged_records.py,
+--   tests/integration/test_cluster.py, tests/integration/test_reshard.py
 -- KEYS[1] due zset     T:due:<queue>       KEYS[2] retry zset   T:retry:<queue>
 -- KEYS[3] leases zset  T:leases            KEYS[4] done zset    T:done
 -- KEYS[5] deadlines    T:deadlines         KEYS[6] events       T:events

@@ -3,7 +3,8 @@
 -- retry set), c.scores[n] (when it became claimable); c.seen[id] marks a run already taken.
 -- Priority runs come first, then the tenant lanes (claim/lanes.lua), then the due and retry
 -- sets merged in due order. The window is the batch, plus HELD_SCAN when limits are set.
--- Tested by: tests/integration/test_scripts.py, tests/limits/test_priority.py
+-- Tested by: tests/integration/test_scripts.py, tests/limits/test_admission.py,
+--   tests/limits/test_priority.py
 
 -- What this partition and queue have besides plain runs: limits, priority runs, tenant lanes.
 -- One EXISTS when there are none (the hot path).

@@ -3,7 +3,11 @@
 -- tenant first, each a share of the batch by its weight, interleaved; the due-order path then
 -- passes laned runs by (retries, releases, replays and schedule runs are not laned and keep
 -- their due order). c.lane_of[id] is the lane a candidate was taken from.
--- Tested by: tests/limits/test_fairness.py, tests/limits/test_tenants.py
+-- When limits are set, each lane is read HELD_SCAN runs past its share, after every lane's
+-- share: a run a limit holds never hides the runs of its lane behind it (another task of the
+-- tenant, say), within the claim's bound of HELD_SCAN held runs (docs/fairness.md).
+-- Tested by: tests/limits/test_fairness.py, tests/limits/test_admission.py,
+--   tests/limits/test_tenants.py
 
 -- How many tenants of the lane index one claim serves (the next ones wait for later claims).
 local LANES_PER_CLAIM = 32
@@ -21,30 +25,35 @@ local function lane_candidates(c, d)
     total = total + weights[x]
   end
   local want = math.max(c.limit - #ids, 1)
+  local past = lims and HELD_SCAN or 0  -- read past held runs only when a limit may hold one
   local served, picked, most = {}, {}, 0
   for x, t in ipairs(tenants) do
     local lane = c.prefix .. K.lane .. c.queue .. '|' .. t
     local quantum = math.max(1, math.ceil(want * weights[x] / total))
-    local got = redis.call('ZRANGE', lane, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, quantum,
-      'WITHSCORES')
+    local got = redis.call('ZRANGE', lane, '-inf', horizon, 'BYSCORE', 'LIMIT', 0,
+      quantum + past, 'WITHSCORES')
     if #got == 0 then
       if redis.call('EXISTS', lane) == 0 then redis.call('ZREM', keys.lanes, t) end
     else
       served[#served + 1] = now_s
       served[#served + 1] = t
-      picked[#picked + 1] = {lane, got}
+      picked[#picked + 1] = {lane, got, 2 * quantum}
       if #got > most then most = #got end
     end
   end
   -- interleaved (first of each lane, then second, ...), so a batch smaller than the shares
-  -- still splits fairly; a lane entry whose run left the due set (cancelled, say) is met
-  -- like any stale index entry, and removed from its lane then
-  for x = 1, most, 2 do
-    for _, lg in ipairs(picked) do
-      local id = lg[2][x]
-      if id and not seen[id] and #ids < c.scan then
-        local n = #ids + 1
-        ids[n], froms[n], scores[n], seen[id], lane_of[id] = id, true, lg[2][x + 1], true, lg[1]
+  -- still splits fairly: first every lane's share, then (limits set) the runs past it. A lane
+  -- entry whose run left the due set (cancelled, say) is met like any stale index entry, and
+  -- removed from its lane then
+  for pass = 1, past > 0 and 2 or 1 do
+    for x = 1, most, 2 do
+      for _, lg in ipairs(picked) do
+        local id = lg[2][x]
+        if id and (x <= lg[3]) == (pass == 1) and not seen[id] and #ids < c.scan then
+          local n = #ids + 1
+          ids[n], froms[n], scores[n], seen[id], lane_of[id] = id, true, lg[2][x + 1], true,
+            lg[1]
+        end
       end
     end
   end

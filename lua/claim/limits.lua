@@ -4,8 +4,8 @@
 -- are read at most once per call, counted in `c` while the claim runs and written back once.
 -- c.conc[scope] = {max, count, key, hold told} or false (no concurrency limit);
 -- c.bucket[scope] = {tokens, rate per ms, burst, key, taken} or false (no rate limit).
--- Tested by: tests/limits/test_concurrency.py, tests/limits/test_rate.py,
---   tests/limits/test_cluster_limits.py
+-- Tested by: tests/limits/test_concurrency.py, tests/limits/test_admission.py,
+--   tests/limits/test_rate.py, tests/limits/test_cluster_limits.py
 
 -- How far one claim reads past runs a limit holds back, to others that may start: the
 -- due-order window is the batch plus HELD_SCAN, and a claim stops after meeting HELD_SCAN
