@@ -30,7 +30,8 @@ def _runs(app: duetime.App, ids: list[str]) -> list[Any]:
 
 
 @pytest.mark.parametrize("concurrency", [2, 8])
-def test_every_run_a_limit_holds_in_a_lane_records_the_limit(app, concurrency):
+def test_every_run_a_limit_holds_in_a_lane_records_the_limit(app: duetime.App,
+                                                            concurrency: int) -> None:
     """8 runs of a tenant limited to 1 per hour: 1 starts, and all 7 held runs say why (a
     worker's claim asks for about half its concurrency: the lane is read past its share)."""
     app.set_limit("tenant", "acme", rate=1, per="1h", burst=1)
@@ -52,7 +53,8 @@ def test_every_run_a_limit_holds_in_a_lane_records_the_limit(app, concurrency):
 
 
 @pytest.mark.parametrize("tenant", ["acme", None])
-def test_a_tenants_unlimited_runs_start_behind_its_held_ones(app, tenant):
+def test_a_tenants_unlimited_runs_start_behind_its_held_ones(app: duetime.App,
+                                                             tenant: str | None) -> None:
     """19 runs held by a task's rate limit ahead of 5 runs of another task of the same tenant
     (its lane): the 5 start; the held ones wait, each saying why."""
     app.set_limit("task", "noop", rate=1, per="1h", burst=1)
@@ -75,7 +77,7 @@ def test_a_tenants_unlimited_runs_start_behind_its_held_ones(app, tenant):
         assert len(held) == 19 and {r.limited_by for r in held} == {"task:noop:rate"}
 
 
-def test_held_priority_runs_do_not_block_a_startable_run_behind_them(app):
+def test_held_priority_runs_do_not_block_a_startable_run_behind_them(app: duetime.App) -> None:
     """Priority runs come first in a claim; when a limit holds them, the claim reads on."""
     r = sync_client(app.redis_url)
     k, scripts = app.keys, Scripts(r)
@@ -133,10 +135,14 @@ def _set(kind: str, name: str, lim: tuple[int | None, int | None], weight: int |
                    per="1h", burst=burst, weight=weight)
 
 
+def _s(v: Any) -> str:
+    return "" if v is None else v.decode() if isinstance(v, bytes) else str(v)
+
+
 def _blocking(r: redis.Redis, k: Any, task: str, tenant: str | None) -> set[str]:
     """The limits that hold a run of `task` and `tenant` back right now, as `limited_by`
     names them (read from the partition's counts and buckets, not from the script)."""
-    lims = {a.decode(): b.decode() for a, b in r.hgetall(k.limits(0)).items()}
+    lims = {_s(a): _s(b) for a, b in r.hgetall(k.limits(0)).items()}
     now = server_time_ms(r)
     scopes = ["queue:default", f"task:{task}"] + ([f"tenant:{tenant}"] if tenant else [])
     out = set()
@@ -145,8 +151,8 @@ def _blocking(r: redis.Redis, k: Any, task: str, tenant: str | None) -> set[str]
             out.add(f"{s}:concurrency")
         if f"{s}:r" in lims:
             rate, burst = map(float, lims[f"{s}:r"].split())
-            tokens, ts = r.hmget(k.bucket(0, s), "tokens", "ts")
-            left = burst if tokens is None else min(burst, float(tokens) + (now - int(ts)) * rate)
+            tokens, ts = (_s(v) for v in r.hmget(k.bucket(0, s), "tokens", "ts"))
+            left = burst if not tokens else min(burst, float(tokens) + (now - int(ts)) * rate)
             if left < 1:
                 out.add(f"{s}:rate")
     return out
@@ -163,7 +169,8 @@ def prop_r(url: str) -> Iterator[redis.Redis]:
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(mix=mix_st)
-def test_a_run_a_limit_allows_never_waits_behind_held_ones(prop_r, url, mix):
+def test_a_run_a_limit_allows_never_waits_behind_held_ones(prop_r: redis.Redis, url: str,
+                                                           mix: dict[str, Any]) -> None:
     r, ns = prop_r, f"adm{uuid.uuid4().hex[:8]}"
     papp.configure(redis_url=url, namespace=ns)
     k, scripts = papp.keys, Scripts(r)
@@ -189,12 +196,10 @@ def test_a_run_a_limit_allows_never_waits_behind_held_ones(prop_r, url, mix):
             if len(got) == n:
                 continue  # a full batch: what it did not read waits for the next claim
             for run_id in r.zrange(k.due(0, "default"), 0, -1):
-                state, task, tenant, why = (
-                    None if v is None else v.decode()
-                    for v in r.hmget(k.run(0, run_id.decode()), "state", "task", "tenant",
-                                     "limited_by"))
+                state, task, tenant, why = (_s(v) for v in r.hmget(
+                    k.run(0, _s(run_id)), "state", "task", "tenant", "limited_by"))
                 assert state == "scheduled"
-                blocking = _blocking(r, k, task, tenant)
+                blocking = _blocking(r, k, task, tenant or None)
                 # it may not start (no run a limit allows was left behind), and says why
                 assert blocking, (run_id, task, tenant, len(got), n)
                 assert why in blocking, (run_id, why, blocking)

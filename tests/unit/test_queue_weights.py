@@ -43,14 +43,14 @@ def _shares(weights: dict[str, int], in_flight: int, runs: dict[str, int], claim
 
 @pytest.mark.parametrize("in_flight", [1, 2])
 @pytest.mark.parametrize("low_runs", [4, 1])
-def test_a_weight_is_a_share_of_the_runs_claimed(in_flight, low_runs):
+def test_a_weight_is_a_share_of_the_runs_claimed(in_flight: int, low_runs: int) -> None:
     """high:5,low:1 gives low 1/6 of the runs, with one or two claims in flight, and whether a
     low claim brings back a full batch or a single run."""
     shares = _shares({"high": 5, "low": 1}, in_flight, {"high": 4, "low": low_runs})
     assert shares["low"] == pytest.approx(1 / 6, abs=0.005)
 
 
-def test_a_queue_back_from_idle_does_not_catch_up():
+def test_a_queue_back_from_idle_does_not_catch_up() -> None:
     """A queue idle for a while starts at the current virtual time: no burst afterwards."""
     shares = _shares({"high": 5, "low": 1}, 2, {"high": 4, "low": 4}, claims=6000,
                      idle=("low", 1000, 3000))

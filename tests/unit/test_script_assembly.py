@@ -26,7 +26,7 @@ def _alt(words: list[str]) -> str:
     return "(" + "|".join(map(re.escape, words)) + ")"
 
 
-def test_no_key_suffix_is_spelled_in_a_lua_script():
+def test_no_key_suffix_is_spelled_in_a_lua_script() -> None:
     """Scripts name keys `prefix .. K.<kind> .. id`; a quoted suffix would be a second
     spelling that common/keys.py cannot change."""
     named = re.compile(r"""['"]""" + _alt(NAMED))
@@ -52,7 +52,7 @@ def _literals(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def test_no_key_suffix_is_spelled_in_python_outside_keys_py():
+def test_no_key_suffix_is_spelled_in_python_outside_keys_py() -> None:
     """A key name is built by a Keyspace method; a string like `"run:"`, `":due:"` or
     `"}leases"` elsewhere would be a second spelling."""
     named = re.compile(r"(^|[:}])" + _alt(NAMED))
@@ -64,7 +64,7 @@ def test_no_key_suffix_is_spelled_in_python_outside_keys_py():
     assert not found, "key suffixes spelled outside common/keys.py:\n" + "\n".join(found)
 
 
-def test_every_key_kind_has_a_keyspace_method_of_its_name():
+def test_every_key_kind_has_a_keyspace_method_of_its_name() -> None:
     k = Keyspace("ns", 4)
     for name, suffix in SUFFIX.items():
         build = getattr(k, name)
@@ -72,17 +72,17 @@ def test_every_key_kind_has_a_keyspace_method_of_its_name():
         assert build(*args) == k.prefix(0) + suffix + ("x" if len(args) == 2 else "")
 
 
-def test_scripts_get_the_suffixes_from_keys_py():
+def test_scripts_get_the_suffixes_from_keys_py() -> None:
     src = scripts.source("complete")
     assert "K.run" not in src and repr(SUFFIX["run"]) in src
 
 
-def test_an_unknown_key_kind_is_refused_when_the_scripts_are_assembled():
+def test_an_unknown_key_kind_is_refused_when_the_scripts_are_assembled() -> None:
     with pytest.raises(ValueError, match="K.nosuchkind"):
         scripts._suffixes("local k = prefix .. K.nosuchkind .. id", "x.lua")
 
 
-def test_each_script_carries_only_the_helpers_it_uses():
+def test_each_script_carries_only_the_helpers_it_uses() -> None:
     lib = scripts.helpers()
     assert {"now_ms", "int_s", "emit", "retry_or_dead", "leave_running"} <= lib.keys()
     enqueue = scripts.source("enqueue")
@@ -101,7 +101,7 @@ def _span(file: str) -> scripts.Span:
     return span
 
 
-def test_line_numbers_of_the_assembled_scripts_name_the_file():
+def test_line_numbers_of_the_assembled_scripts_name_the_file() -> None:
     lib = (LUA / "_lib.lua").read_text().splitlines()
     for name in scripts.SCRIPT_NAMES:
         src = scripts.source(name).splitlines()
@@ -128,7 +128,7 @@ def test_line_numbers_of_the_assembled_scripts_name_the_file():
     assert scripts.locate(last.first + last.count) == f"user_script:{last.first + last.count}"
 
 
-def test_every_file_of_lua_has_a_line_range_of_its_own():
+def test_every_file_of_lua_has_a_line_range_of_its_own() -> None:
     spans = scripts.layout()
     files = {str(p.relative_to(LUA)) for p in LUA.rglob("*.lua")}
     assert {s.file for s in spans} == files  # every step file is included by a script
@@ -136,7 +136,7 @@ def test_every_file_of_lua_has_a_line_range_of_its_own():
         assert a.first + a.count < b.first
 
 
-def _reader(files: dict[str, str]):
+def _reader(files: dict[str, str]) -> scripts.Reader:
     def read(name: str) -> str:
         if name in files:
             return files[name]
@@ -144,7 +144,7 @@ def _reader(files: dict[str, str]):
     return read
 
 
-def test_a_script_of_any_size_assembles_and_keeps_its_line_numbers():
+def test_a_script_of_any_size_assembles_and_keeps_its_line_numbers() -> None:
     """The numbering is computed from the files' sizes: no ceiling on a script's length."""
     body = "#!lua\n" + "\n".join(f"local x{i} = {i}" for i in range(1200)) + "\nreturn x1\n"
     read = _reader({"wait.lua": body})
@@ -154,7 +154,7 @@ def test_a_script_of_any_size_assembles_and_keeps_its_line_numbers():
     assert src[first + 1199] == "local x1199 = 1199"
 
 
-def test_a_script_carries_its_step_files_whole_and_the_helpers_they_use():
+def test_a_script_carries_its_step_files_whole_and_the_helpers_they_use() -> None:
     src = scripts.source("claim")
     for file in scripts.includes((LUA / "claim.lua").read_text()):
         assert file.startswith("claim/")
@@ -166,21 +166,21 @@ def test_a_script_carries_its_step_files_whole_and_the_helpers_they_use():
     assert "local function retry_or_dead" not in src
 
 
-def test_a_step_used_before_its_definition_is_refused():
+def test_a_step_used_before_its_definition_is_refused() -> None:
     files = {"claim/next_due.lua": "local function next_due(c)\n  return later(c)\nend\n"
              "local function later(c)\n  return 1\nend\n"}
     with pytest.raises(ValueError, match="`next_due` uses `later`"):
         scripts.assemble("claim", _reader(files))
 
 
-def test_a_step_file_with_a_statement_is_refused():
+def test_a_step_file_with_a_statement_is_refused() -> None:
     """A step file runs before the script's slot check: definitions only."""
     files = {"claim/next_due.lua": "redis.call('DEL', KEYS[1])\n"}
     with pytest.raises(ValueError, match="holds only definitions"):
         scripts.assemble("claim", _reader(files))
 
 
-def test_held_scan_is_one_named_constant():
+def test_held_scan_is_one_named_constant() -> None:
     text = "\n".join(p.read_text() for p in sorted(LUA.rglob("*.lua")))
     assert text.count("local HELD_SCAN = 32") == 1
     code = [scripts._strip_comment(line) for line in text.splitlines()]
@@ -188,7 +188,7 @@ def test_held_scan_is_one_named_constant():
                 and "LANES_PER_CLAIM" not in line]
 
 
-def test_memory_flags_match_what_each_script_may_do():
+def test_memory_flags_match_what_each_script_may_do() -> None:
     """At maxmemory: a heartbeat, a partition-lease renewal and the deleting scripts still run;
     every other script is refused before it writes (a shebang without allow-oom)."""
     allow_oom = {n for n in scripts.SCRIPT_NAMES
@@ -198,13 +198,13 @@ def test_memory_flags_match_what_each_script_may_do():
         assert scripts.source(n).startswith("#!lua"), n
 
 
-def test_lua_knows_the_same_run_states_as_python():
+def test_lua_knows_the_same_run_states_as_python() -> None:
     src = (LUA / "_lib.lua").read_text()
     block = re.search(r"local STATES = \{(.*?)\}", src, re.S).group(1)
     assert set(re.findall(r"(\w+) = true", block)) == set(STATES)
 
 
-def test_every_script_first_checks_whether_its_slot_is_moving():
+def test_every_script_first_checks_whether_its_slot_is_moving() -> None:
     """The resharding guard (scripts.SLOT_GUARD) runs before anything else in every script;
     tests/integration/test_reshard.py shows what it prevents."""
     for name in scripts.SCRIPT_NAMES:
@@ -219,15 +219,16 @@ def _written(text: str, slot: str) -> list[str]:
     return [name for _, name in sorted(got, key=lambda x: int(x[0]))]
 
 
-def test_the_claim_reply_is_written_and_read_by_the_same_names():
+def test_the_claim_reply_is_written_and_read_by_the_same_names() -> None:
     """claim.lua's header, the Lua that writes the reply and common/transitions.py, which
     reads it by name, list the same fields in the same order."""
     from duetime.common import transitions as tr
 
     claim = (LUA / "claim.lua").read_text()
-    header = re.search(r"^-- Reply header: (.*)$", claim, re.M).group(1).split()
-    per_run = re.search(r"^-- Reply per run: (.*(?:\n--   .*)*)", claim, re.M).group(1)
-    per_run = per_run.replace("--", " ").split()
+    head = re.search(r"^-- Reply header: (.*)$", claim, re.M)
+    runs = re.search(r"^-- Reply per run: (.*(?:\n--   .*)*)", claim, re.M)
+    assert head and runs
+    header, per_run = head.group(1).split(), runs.group(1).replace("--", " ").split()
     assert tuple(header) == tr.CLAIM_REPLY_HEADER
     assert tuple(per_run) == tr.CLAIM_RUN_FIELDS
     assert tuple(_written(claim, "")) == tr.CLAIM_REPLY_HEADER
@@ -241,7 +242,7 @@ def _tested_by(path: Path) -> list[str]:
     return m.group(1).replace("--", " ").replace(",", " ").split()
 
 
-def test_every_script_names_the_tests_that_cover_it():
+def test_every_script_names_the_tests_that_cover_it() -> None:
     """A newcomer changing a script (or a step of claim.lua) knows which tests to run:
     `pytest $(the files of its Tested by line)`."""
     for path in sorted(LUA.rglob("*.lua")):
