@@ -74,8 +74,8 @@ local c = {
   now_s = int_s(now), until_s = int_s(now + lease),
   -- what the partition has besides plain runs (read_options)
   lims = nil, prio = false, lanes = false, scan = tonumber(ARGV[3]),
-  -- the candidates (claim/candidates.lua)
-  ids = {}, froms = {}, scores = {}, seen = {}, lane_of = {},
+  -- the candidates (claim/candidates.lua, lanes.lua: picked, past_read)
+  ids = {}, froms = {}, scores = {}, seen = {}, lane_of = {}, picked = nil, past_read = false,
   -- limit state (claim/limits.lua)
   conc = {}, bucket = {}, free_at = nil, held_c = 0, held_r = 0,
   -- what the batch did: the index writes, the leases, the reply (claim/index.lua, lease.lua)
@@ -96,23 +96,31 @@ due_order_candidates(c, d, r, skip)
 -- partitions are not affected, see docs/fairness.md)
 local start = lease_starter(c)
 local prefix, lims, limit, froms, scores = c.prefix, c.lims, c.limit, c.froms, c.scores
-local from_due, from_retry, taken, held = c.from_due, c.from_retry, 0, 0
-for n, id in ipairs(c.ids) do
-  if taken >= limit or held >= HELD_SCAN then break end
-  local run_key = prefix .. K.run .. id
-  local why, scopes = nil, nil
-  if lims then why, scopes = held_by_limit(c, run_key) end
-  if why then
-    held = held + 1  -- a run a limit holds back stays where it is
-  else
-    local f, starts, deadline = admit(c, id, run_key)
-    if froms[n] then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
-    if starts then
-      taken = taken + 1
-      start(id, run_key, f, scores[n], deadline, scopes)
+local ids, from_due, from_retry, taken, held = c.ids, c.from_due, c.from_retry, 0, 0
+local first = 1
+repeat
+  local last = #ids
+  for n = first, last do
+    if taken >= limit or held >= HELD_SCAN then break end
+    local id = ids[n]
+    local run_key = prefix .. K.run .. id
+    local why, scopes = nil, nil
+    if lims then why, scopes = held_by_limit(c, run_key) end
+    if why then
+      held = held + 1  -- a run a limit holds back stays where it is
+    else
+      local f, starts, deadline = admit(c, id, run_key)
+      if froms[n] then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
+      if starts then
+        taken = taken + 1
+        start(id, run_key, f, scores[n], deadline, scopes)
+      end
     end
   end
-end
+  first = last + 1
+  -- held runs and room left: once, the lanes past their shares (claim/lanes.lua)
+until held == 0 or taken >= limit or held >= HELD_SCAN
+  or not lanes_past_shares(c, (limit - taken) + (HELD_SCAN - held))
 c.taken = taken
 
 -- 3. the batch's writes: indexes and leases, token buckets

@@ -3,9 +3,10 @@
 -- tenant first, each a share of the batch by its weight, interleaved; the due-order path then
 -- passes laned runs by (retries, releases, replays and schedule runs are not laned and keep
 -- their due order). c.lane_of[id] is the lane a candidate was taken from.
--- When limits are set, each lane is read HELD_SCAN runs past its share, after every lane's
--- share: a run a limit holds never hides the runs of its lane behind it (another task of the
--- tenant, say), within the claim's bound of HELD_SCAN held runs (docs/fairness.md).
+-- When a limit held runs and the batch is not full, the lanes are read again past their shares
+-- (lanes_past_shares): a run a limit holds never hides the runs of its lane behind it (another
+-- task of the tenant, say), within the claim's bound of HELD_SCAN held runs (docs/fairness.md).
+-- Read only then: a claim whose limits hold nothing pays nothing for it.
 -- Tested by: tests/limits/test_fairness.py, tests/limits/test_admission.py,
 --   tests/limits/test_tenants.py
 
@@ -25,35 +26,31 @@ local function lane_candidates(c, d)
     total = total + weights[x]
   end
   local want = math.max(c.limit - #ids, 1)
-  local past = lims and HELD_SCAN or 0  -- read past held runs only when a limit may hold one
   local served, picked, most = {}, {}, 0
   for x, t in ipairs(tenants) do
     local lane = c.prefix .. K.lane .. c.queue .. '|' .. t
     local quantum = math.max(1, math.ceil(want * weights[x] / total))
-    local got = redis.call('ZRANGE', lane, '-inf', horizon, 'BYSCORE', 'LIMIT', 0,
-      quantum + past, 'WITHSCORES')
+    local got = redis.call('ZRANGE', lane, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, quantum,
+      'WITHSCORES')
     if #got == 0 then
       if redis.call('EXISTS', lane) == 0 then redis.call('ZREM', keys.lanes, t) end
     else
       served[#served + 1] = now_s
       served[#served + 1] = t
-      picked[#picked + 1] = {lane, got, 2 * quantum}
+      picked[#picked + 1] = {lane, got, quantum}
       if #got > most then most = #got end
     end
   end
+  c.picked = picked
   -- interleaved (first of each lane, then second, ...), so a batch smaller than the shares
-  -- still splits fairly: first every lane's share, then (limits set) the runs past it. A lane
-  -- entry whose run left the due set (cancelled, say) is met like any stale index entry, and
-  -- removed from its lane then
-  for pass = 1, past > 0 and 2 or 1 do
-    for x = 1, most, 2 do
-      for _, lg in ipairs(picked) do
-        local id = lg[2][x]
-        if id and (x <= lg[3]) == (pass == 1) and not seen[id] and #ids < c.scan then
-          local n = #ids + 1
-          ids[n], froms[n], scores[n], seen[id], lane_of[id] = id, true, lg[2][x + 1], true,
-            lg[1]
-        end
+  -- still splits fairly; a lane entry whose run left the due set (cancelled, say) is met
+  -- like any stale index entry, and removed from its lane then
+  for x = 1, most, 2 do
+    for _, lg in ipairs(picked) do
+      local id = lg[2][x]
+      if id and not seen[id] and #ids < c.scan then
+        local n = #ids + 1
+        ids[n], froms[n], scores[n], seen[id], lane_of[id] = id, true, lg[2][x + 1], true, lg[1]
       end
     end
   end
@@ -69,4 +66,37 @@ local function lane_candidates(c, d)
     for x = 1, #ds do if sc[x] then skip[ds[x]] = true end end
   end
   return skip
+end
+
+-- Once per call, after a limit held runs and the batch is not full: the runs of each lane past
+-- the share it was read for (a lane whose share was all there), interleaved, at most `room`
+-- in all and HELD_SCAN per lane. Returns true when it added candidates.
+local function lanes_past_shares(c, room)
+  if c.past_read or not c.picked or room <= 0 then return false end
+  c.past_read = true
+  local ids, froms, scores, seen, lane_of = c.ids, c.froms, c.scores, c.seen, c.lane_of
+  local more, most = {}, 0
+  for _, lg in ipairs(c.picked) do
+    local lane, got, quantum = lg[1], lg[2], lg[3]
+    if #got == 2 * quantum then
+      local next = redis.call('ZRANGE', lane, '-inf', c.horizon, 'BYSCORE', 'LIMIT', quantum,
+        math.min(room, HELD_SCAN), 'WITHSCORES')
+      if #next > 0 then
+        more[#more + 1] = {lane, next}
+        if #next > most then most = #next end
+      end
+    end
+  end
+  local added = 0
+  for x = 1, most, 2 do
+    for _, lg in ipairs(more) do
+      local id = lg[2][x]
+      if id and not seen[id] and added < room then
+        local n = #ids + 1
+        ids[n], froms[n], scores[n], seen[id], lane_of[id] = id, true, lg[2][x + 1], true, lg[1]
+        added = added + 1
+      end
+    end
+  end
+  return added > 0
 end
