@@ -14,6 +14,8 @@ from duetime.common.scripts import Scripts
 import duetime
 from tests.apps import basic
 
+pytestmark = pytest.mark.scripts
+
 
 @pytest.fixture
 def lc(app, r):
@@ -372,6 +374,7 @@ def _line_of(script: str, text: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if text in line)
 
 
+@pytest.mark.scripts(memory="fakeredis reports a script error without the file and line")
 def test_an_error_inside_a_script_names_its_file_and_line(app, r, url):
     """Direct calls, pipelines and the asyncio client: the message points at heartbeat.lua's
     own line, not at a line of the assembled source."""
@@ -403,6 +406,7 @@ def test_an_error_inside_a_script_names_its_file_and_line(app, r, url):
     assert where in asyncio.run(from_asyncio())
 
 
+@pytest.mark.scripts(memory="fakeredis reports a script error without the file and line")
 def test_a_redis_error_inside_a_helper_names_lib_and_line(app, r):
     """WRONGTYPE raised by redis.call inside a _lib.lua helper (emit's XADD) is located there."""
     run_id = app.enqueue(basic.noop)
@@ -426,6 +430,7 @@ def at_maxmemory(r):
         r.config_set("maxmemory", old)
 
 
+@pytest.mark.scripts(memory="fakeredis has no maxmemory (CONFIG SET) to refuse writes with")
 def test_heartbeats_extend_leases_while_the_reaper_is_refused(app, r, lc, at_maxmemory):
     """At maxmemory a heartbeat still extends a lease (allow-oom), while reap.lua, claim.lua and
     enqueue.lua are refused as a whole before they write anything: the reaper cannot expire
@@ -531,6 +536,7 @@ def test_a_call_sent_again_after_a_lost_reply_changes_nothing(app, r, lc):
     assert not app.get_run(other).attempts[0].late
 
 
+@pytest.mark.scripts(memory="fakeredis has no maxmemory (CONFIG SET) to refuse writes with")
 def test_a_bulk_enqueue_stopped_by_redis_says_which_runs_exist(app, r, at_maxmemory):
     """maxmemory is reached part way through a bulk enqueue: the error lists the ids that were
     created and those that were not (each script call is all or nothing), and it is right."""
