@@ -13,7 +13,11 @@ Which server a test runs on depends on what it proves (docs/testing.md):
 - Every other test proves Python logic and runs once, on Valkey: the server `make demo`
   starts, so the one kind a newcomer runs is the one the suite runs most.
 
-`pytest -m scripts` is the fast lane: every test that covers `lua/`.
+`pytest -m scripts` runs every test that covers `lua/` (minutes: clusters, failovers and worker
+processes among them); `make test-scripts`, i.e. `pytest -m "scripts and not slow"`, is the
+fast lane (under a minute): the tests that drive the scripts directly or through an
+in-process worker. A test using a fixture that starts processes (PROCESS_FIXTURES) is marked
+`slow` here.
 """
 
 from __future__ import annotations
@@ -66,6 +70,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     kinds = [pytest.param(k, marks=pytest.mark.skip(reason=f"memory: {reason}"))
              if k == "memory" and reason else k for k in SCRIPT_KINDS]
     metafunc.parametrize("server", kinds, indirect=True)
+
+
+PROCESS_FIXTURES = frozenset({"procs", "cprocs", "rcluster", "cluster"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects anything
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts worker, scheduler or cluster processes takes seconds: it is `slow`
+    (out of the fast lane `-m "scripts and not slow"`, still in `make test`)."""
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

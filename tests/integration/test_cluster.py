@@ -25,6 +25,8 @@ from tests.apps import basic
 from tests.conftest import ROOT, Procs, wait_for
 from tests.integration.test_schedules import occurrence, run_field, runs_of
 
+pytestmark = [pytest.mark.scripts, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module", params=["redis", "valkey", "redis+replicas"])
 def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:

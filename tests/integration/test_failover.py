@@ -30,6 +30,8 @@ PROBES_PER_PARTITION = 3
 PROBE_DUE_S = (0.5, 2.5, 3.5)  # after the kill
 NODE_TIMEOUT_S = 2.0
 
+pytestmark = [pytest.mark.scripts, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module", params=["redis", "valkey"])
 def rcluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:

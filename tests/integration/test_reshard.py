@@ -43,6 +43,8 @@ MIGRATE_BATCH = 10  # keys per MIGRATE, as `redis-cli --cluster reshard` pipelin
 RUN_S = 0.05  # each run sleeps this long, so runs of the moving partition are in flight
 LONG_S = 6.0  # a few runs last longer than the move: heartbeats meet it
 
+pytestmark = [pytest.mark.scripts, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module", params=KINDS)
 def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
