@@ -202,7 +202,7 @@ def test_primary_failover_under_load(rcluster: EmbeddedCluster, capsys):
                 probes += [app.enqueue(fo.work, [0], key=k,
                                        at=duetime_at(t_plan + PROBE_DUE_S[i % len(PROBE_DUE_S)]))
                            for i, k in enumerate(_probe_keys(app.keys, dead, f"{attempt}-"))]
-                wait_for(lambda: _in_sync(victim), 5, interval=0.01, what="replica in sync")
+                wait_for(lambda: _in_sync(victim), 30, interval=0.01, what="replica in sync")
                 if time.time() < t_plan:
                     break
             else:
