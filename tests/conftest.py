@@ -73,21 +73,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 PROCESS_FIXTURES = frozenset({"procs", "cprocs", "rcluster", "cluster"})
-MODULE_CLUSTERS = frozenset({"rcluster", "cluster", "fleet"})  # module-scoped, seconds to start
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects anything, and before xdist groups
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects anything
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that starts worker, scheduler or cluster processes takes seconds: it is `slow`
-    (out of the fast lane `-m "scripts and not slow"`, still in `make test`). Under
-    `make test`'s two xdist processes (`--dist loadgroup`), the tests of a module that starts a
-    cluster once for all of them stay in one process (one group per module)."""
+    (out of the fast lane `-m "scripts and not slow"`, still in `make test`)."""
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        if PROCESS_FIXTURES & names:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        if MODULE_CLUSTERS & names:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")
