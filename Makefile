@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-floors lint typecheck bench venv dist clean screenshots
+.PHONY: demo test test-floors test-scripts soak lint typecheck bench venv dist clean screenshots
 
 $(BIN)/duetime: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,17 @@ test: venv
 	$(BIN)/python .ci/typecheck.py
 	@command -v chromedriver >/dev/null 2>&1 || echo "note: no chromium/chromedriver: the web console's \
 	browser tests are skipped (apt-get install -y chromium chromium-driver to run them)"
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+
+# the fast lane: the tests that prove lua/ on Redis, Valkey and the in-memory backend, under a
+# minute (docs/testing.md); `pytest -m scripts` adds the cluster, failover and worker-process ones
+test-scripts: venv
+	$(BIN)/python -m pytest -q -m "scripts and not slow" $(PYTEST_ARGS)
+
+# the tests again with the latency bounds CI cannot promise on a loaded machine asserted too
+# (DUETIME_SOAK=1, docs/testing.md), for a quiet machine
+soak: venv
+	DUETIME_SOAK=1 $(BIN)/python -m pytest -q tests/integration/test_failover.py $(PYTEST_ARGS)
 
 # The declared lower bounds are true: one fresh venv with every dependency at the lowest
 # version pyproject.toml allows (constraints/floors.txt), duetime installed there, and the fast

@@ -1,5 +1,24 @@
 """Fixtures: real Redis and Valkey servers on free loopback ports, one namespace per test,
-and worker/reaper processes started the way an operator starts them."""
+and worker/reaper processes started the way an operator starts them.
+
+Which server a test runs on depends on what it proves (docs/testing.md):
+
+- A test marked `scripts` (`pytestmark = pytest.mark.scripts` in its module, or the mark on
+  the test) proves a Lua script's behaviour: the `server` fixture (and `url`, `r`, `app`
+  built on it) runs it on Redis, on Valkey and on `memory`, the in-memory backend of
+  `duetime.testing` (fakeredis running the same Lua, in this process). A test that needs a
+  real server process (a worker subprocess, a restart, CONFIG, ACLs) says why with
+  `@pytest.mark.scripts(memory="<reason>")`: its `memory` case is skipped with that reason.
+  Tests using `procs` skip it on their own (a subprocess cannot reach this process's memory).
+- Every other test proves Python logic and runs once, on Valkey: the server `make demo`
+  starts, so the one kind a newcomer runs is the one the suite runs most.
+
+`pytest -m scripts` runs every test that covers `lua/` (minutes: clusters, failovers and worker
+processes among them); `make test-scripts`, i.e. `pytest -m "scripts and not slow"`, is the
+fast lane (under a minute): the tests that drive the scripts directly or through an
+in-process worker. A test using a fixture that starts processes (PROCESS_FIXTURES) is marked
+`slow` here.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +37,51 @@ from duetime.common.connection import sync_client
 from duetime.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVER_KINDS = ("redis", "valkey")
+SERVER_KINDS = ("redis", "valkey")  # the real servers, both started once per session
+SCRIPT_KINDS = (*SERVER_KINDS, "memory")  # what a `scripts` test runs on
+DEFAULT_KIND = "valkey"  # what every other test runs on
+NO_MEMORY_WITH_PROCS = "a worker subprocess cannot reach this process's in-memory backend"
+
+
+class MemoryServer:
+    """The `memory` server kind: the in-memory backend of duetime.testing, named by its URL
+    (one per test, forgotten after it)."""
+
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self.url = f"memory://t{uuid.uuid4().hex[:10]}"
+
+    def stop(self) -> None:
+        from duetime.common import memory
+
+        memory.reset(self.url)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`scripts` tests get one case per server kind; the others none (they run on
+    DEFAULT_KIND)."""
+    mark = metafunc.definition.get_closest_marker("scripts")
+    if mark is None or "server" not in metafunc.fixturenames:
+        return
+    reason = mark.kwargs.get("memory")
+    if reason is None and "procs" in metafunc.fixturenames:
+        reason = NO_MEMORY_WITH_PROCS
+    kinds = [pytest.param(k, marks=pytest.mark.skip(reason=f"memory: {reason}"))
+             if k == "memory" and reason else k for k in SCRIPT_KINDS]
+    metafunc.parametrize("server", kinds, indirect=True)
+
+
+PROCESS_FIXTURES = frozenset({"procs", "cprocs", "rcluster", "cluster"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects anything
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts worker, scheduler or cluster processes takes seconds: it is `slow`
+    (out of the fast lane `-m "scripts and not slow"`, still in `make test`)."""
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -33,13 +96,21 @@ def servers() -> Iterator[dict[str, EmbeddedServer]]:
             s.stop()
 
 
-@pytest.fixture(params=SERVER_KINDS)
-def server(request: pytest.FixtureRequest, servers: dict[str, EmbeddedServer]) -> EmbeddedServer:
-    return servers[request.param]
+@pytest.fixture
+def server(request: pytest.FixtureRequest,
+           servers: dict[str, EmbeddedServer]) -> Iterator[EmbeddedServer | MemoryServer]:
+    """The server of this test: its case's kind for a `scripts` test, else DEFAULT_KIND."""
+    kind = getattr(request, "param", DEFAULT_KIND)
+    if kind != "memory":
+        yield servers[kind]
+        return
+    memory = MemoryServer()
+    yield memory
+    memory.stop()
 
 
 @pytest.fixture
-def url(server: EmbeddedServer) -> str:
+def url(server: EmbeddedServer | MemoryServer) -> str:
     return server.url
 
 

@@ -3,8 +3,6 @@ fixes are in the same commits)."""
 
 from __future__ import annotations
 
-import time
-
 import redis
 
 from duetime.embedded import EmbeddedServer
@@ -29,7 +27,10 @@ def test_a_worker_started_while_the_server_refuses_writes_starts(
     try:
         admin.config_set("maxmemory", max(1, int(admin.info("memory")["used_memory"]) // 2))
         w = procs.worker(app="tests.apps.chaos:app")
-        time.sleep(3.0)
+        # the worker is through its start-up once it listens on its wake channel (SUBSCRIBE
+        # comes after "worker started"): an event to wait for, where a pause proved nothing
+        wait_for(lambda: admin.pubsub_channels(app.keys.wake_channel) or w.poll() is not None, 30,
+                 what="the worker to subscribe to its wake channel")
         assert w.poll() is None, (w.stderr.read().decode() if w.stderr else "")
         admin.config_set("maxmemory", 0)
         run_id = chaos_app.quick.enqueue(0.0)

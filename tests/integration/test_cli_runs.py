@@ -106,6 +106,7 @@ def test_cancel_scheduled_retrying_and_running_runs(app, url, namespace, procs):
     assert "no run" in one_line_error(cli(url, namespace, "runs", "cancel", "ghost"), 1)
 
 
+@pytest.mark.scripts  # proves its scripts: runs on every server kind
 def test_replay_links_runs_and_needs_force_for_success(app, url, namespace):
     d = Driver(app)
     [dead_id] = d.dead(basic.fatal, 1)
@@ -140,6 +141,7 @@ def test_replay_links_runs_and_needs_force_for_success(app, url, namespace):
     assert app.replay(trig) == replayed  # the Python API agrees
 
 
+@pytest.mark.scripts  # proves its scripts: runs on every server kind
 def test_dead_letters_list_show_replay_all_and_purge(app, url, namespace):
     d = Driver(app)
     fatal_ids = d.dead(basic.fatal, 5)
@@ -181,6 +183,7 @@ def test_dead_letters_list_show_replay_all_and_purge(app, url, namespace):
     one_line_error(cli(url, namespace, "dead", "purge", "--before", "yesterday"), 2)
 
 
+@pytest.mark.scripts  # proves its scripts: runs on every server kind
 def test_uncertain_list_and_resolve(app, url, namespace):
     d = Driver(app)
     a, b, c = d.uncertain(basic.nonidem, 3)

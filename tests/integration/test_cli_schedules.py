@@ -11,6 +11,7 @@ from tests.integration.opkit import as_json, cli, ok, one_line_error
 APP = "tests.apps.basic:app"
 
 
+@pytest.mark.scripts  # proves its scripts: runs on every server kind
 def test_schedule_lifecycle_from_the_cli(app, url, namespace):
     def run(*args: str):
         return cli(url, namespace, *args)

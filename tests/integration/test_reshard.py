@@ -43,6 +43,8 @@ MIGRATE_BATCH = 10  # keys per MIGRATE, as `redis-cli --cluster reshard` pipelin
 RUN_S = 0.05  # each run sleeps this long, so runs of the moving partition are in flight
 LONG_S = 6.0  # a few runs last longer than the move: heartbeats meet it
 
+pytestmark = [pytest.mark.scripts, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module", params=KINDS)
 def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
@@ -422,7 +424,11 @@ def test_a_stuck_move_holds_back_only_its_own_partitions_schedules(cluster, capp
     with redis.Redis(port=src.port) as s:
         s.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", node_id(dst))
     t0 = time.time() * 1000
-    time.sleep(5)  # the scheduler's back-off on the refusals grows to seconds meanwhile
+    # six occurrences of the other schedule are materialized meanwhile (about 6 s: the
+    # scheduler's back-off on the refusals grows to seconds), however long a loaded machine takes
+    fired = capp.get_schedule(other).materialized_count
+    wait_for(lambda: capp.get_schedule(other).materialized_count >= fired + 6, 60,
+             what="the other partition's schedule to fire six times")
     t1 = time.time() * 1000
     stuck_before = capp.get_schedule("stuck").materialized_count
     for node in (src, dst):  # the operator settles the slot where it was

@@ -16,6 +16,8 @@ import duetime
 from tests.apps import basic
 from tests.conftest import wait_for
 
+pytestmark = pytest.mark.scripts
+
 
 @pytest.fixture
 def lc(app, r):
@@ -374,6 +376,7 @@ def _line_of(script: str, text: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if text in line)
 
 
+@pytest.mark.scripts(memory="fakeredis reports a script error without the file and line")
 def test_an_error_inside_a_script_names_its_file_and_line(app, r, url):
     """Direct calls, pipelines and the asyncio client: the message points at heartbeat.lua's
     own line, not at a line of the assembled source."""
@@ -405,6 +408,7 @@ def test_an_error_inside_a_script_names_its_file_and_line(app, r, url):
     assert where in asyncio.run(from_asyncio())
 
 
+@pytest.mark.scripts(memory="fakeredis reports a script error without the file and line")
 def test_a_redis_error_inside_a_helper_names_lib_and_line(app, r):
     """WRONGTYPE raised by redis.call inside a _lib.lua helper (emit's XADD) is located there."""
     run_id = app.enqueue(basic.noop)
@@ -428,6 +432,7 @@ def at_maxmemory(r):
         r.config_set("maxmemory", old)
 
 
+@pytest.mark.scripts(memory="fakeredis has no maxmemory (CONFIG SET) to refuse writes with")
 def test_heartbeats_extend_leases_while_the_reaper_is_refused(app, r, lc, at_maxmemory):
     """At maxmemory a heartbeat still extends a lease (allow-oom), while reap.lua, claim.lua and
     enqueue.lua are refused as a whole before they write anything: the reaper cannot expire
@@ -533,6 +538,7 @@ def test_a_call_sent_again_after_a_lost_reply_changes_nothing(app, r, lc):
     assert not app.get_run(other).attempts[0].late
 
 
+@pytest.mark.scripts(memory="fakeredis has no maxmemory (CONFIG SET) to refuse writes with")
 def test_a_bulk_enqueue_stopped_by_redis_says_which_runs_exist(app, r, at_maxmemory):
     """maxmemory is reached part way through a bulk enqueue: the error lists the ids that were
     created and those that were not (each script call is all or nothing), and it is right."""
@@ -619,3 +625,74 @@ def test_each_script_reply_reads_with_the_decoder_of_its_shape(app, r, lc):
     assert tr.counts(scripts.schedule_delete(keys=keys, args=args)) == [0]
     keys, args = tr.complete(app.keys, p2, [(c2.run_id, c2.fence)])
     assert scripts.complete(keys=keys, args=args) == [b"late_succeeded"]  # each: a word per run
+
+
+def test_release_gives_a_run_back_at_its_due_time_without_burning_an_attempt(app, r, lc):
+    """release.lua (graceful shutdown): an idempotent run goes back to its due set at its own
+    due time with its attempt count undone; a non-idempotent one becomes uncertain; an old
+    fence changes nothing."""
+    run_id = app.enqueue(basic.noop)
+    due_ms = int(app.get_run(run_id).due.timestamp() * 1000)
+    [(p, c)] = lc.claim(worker="w1")
+
+    def release(run: str, fence: int) -> str:
+        keys, args = tr.release(app.keys, p, "default", run, fence)
+        return lc.scripts.release(keys=keys, args=args).decode()
+
+    assert release(run_id, c.fence + 1) == "stale"
+    assert app.get_run(run_id).state == "running"
+    assert release(run_id, c.fence) == "released"
+    run = app.get_run(run_id)
+    assert run.state == "scheduled" and run.attempt == 0
+    assert [a.outcome for a in run.attempts] == ["released"]
+    assert r.zscore(app.keys.due(p, "default"), run_id) == due_ms
+    assert r.zscore(app.keys.leases(p), run_id) is None
+    [(_, again)] = lc.claim(worker="w2")  # claimable again, as its first attempt
+    assert again.run_id == run_id and again.attempt == 1 and again.fence == c.fence + 1
+
+    other = app.enqueue(basic.nonidem, [0.0])
+    [(q, d)] = lc.claim(worker="w1", p=app.keys.partition_of_run(other))
+    keys, args = tr.release(app.keys, q, "default", other, d.fence)
+    assert lc.scripts.release(keys=keys, args=args) == b"uncertain"
+    assert app.get_run(other).state == "uncertain"
+    assert r.zscore(app.keys.uncertain(q), other) is not None
+
+
+def test_wait_counts_a_waiter_until_the_run_ends_and_then_answers_its_state(app, r, lc):
+    """wait.lua: on a run still to end it counts the waiter (the ending script then notifies
+    it on the run's notify list); on an ended one it answers the state; on none, 'missing'."""
+    run_id = app.enqueue(basic.noop)
+    p = app.keys.partition_of_run(run_id)
+
+    def wait(run: str) -> str:
+        keys, args = tr.wait(app.keys, p, run)
+        return lc.scripts.wait(keys=keys, args=args).decode()
+
+    assert wait(run_id) == "waiting"
+    assert wait(run_id) == "waiting"
+    assert r.hget(app.keys.run(p, run_id), "waited") == b"2"
+    [(_, c)] = lc.claim(p=p)
+    assert lc.complete(p, c) == "succeeded"
+    assert r.llen(app.keys.notify(p, run_id)) == 2  # one element per waiter
+    assert wait(run_id) == "succeeded"
+    assert wait("no-such-run") == "missing"
+
+
+def test_quarantine_sets_a_schedule_aside_unless_it_changed_meanwhile(app, r, lc):
+    """schedule_quarantine.lua: compare-and-set on the version the evaluator read; the
+    schedule leaves the evaluator's due set for the quarantine index, with its reason."""
+    app.schedule("q1", duetime.Every(60), basic.noop)
+    p = app.keys.partition_of_schedule("q1")
+    version = r.hget(app.keys.sched(p, "q1"), "version")
+
+    def quarantine(name: str, read: bytes | str) -> str:
+        keys, args = tr.schedule_quarantine(app.keys, p, name, read, "unreadable trigger")
+        return lc.scripts.schedule_quarantine(keys=keys, args=args).decode()
+
+    assert quarantine("q1", b"not-" + version) == "changed"
+    assert r.zscore(app.keys.sched_due(p), "q1") is not None
+    assert quarantine("q1", version) == "quarantined"
+    assert r.zscore(app.keys.sched_due(p), "q1") is None
+    assert r.zscore(app.keys.quarantine(p), "q1") is not None
+    assert r.hget(app.keys.sched(p, "q1"), "quarantined") == b"unreadable trigger"
+    assert quarantine("gone", "") == "missing"

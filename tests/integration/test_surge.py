@@ -8,6 +8,7 @@ import re
 import time
 from datetime import timedelta
 
+import pytest
 from duetime.common.schedules import stagger_for
 from duetime.scheduler.evaluator import Evaluator
 
@@ -61,6 +62,7 @@ def test_10000_hourly_schedules_surge_until_the_default_stagger_is_set(app, url,
     assert "flat: no second holds more than 500" in lint()
 
 
+@pytest.mark.scripts  # proves its scripts: runs on every server kind
 def test_the_evaluator_applies_own_stagger_policy_and_zero(app, url, namespace):
     every = duetime.Every(timedelta(seconds=1))
     app.schedule("st-auto", every, basic.noop)

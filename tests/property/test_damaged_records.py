@@ -28,7 +28,7 @@ from tests.chaos.fleet import Fleet
 from tests.chaos.proxy import ProxyHub
 from tests.conftest import SERVER_KINDS, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.scripts, pytest.mark.slow]
 CI = settings(derandomize=True, max_examples=8, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

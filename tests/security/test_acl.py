@@ -161,7 +161,13 @@ def test_each_role_runs_its_part_and_nothing_is_refused(acl, namespace: str, tmp
                      ["schedule", "delete", "acl-new"], ["enqueue", "chaos.quick", "--app", APP]):
             res = cli(url, namespace, *args)
             assert res.exit_code == 0, (args, res.stdout[-300:], res.stderr[-500:])
-        time.sleep(1.0)
+        # the scheduler and the last worker serve on after the operators' commands (shown by
+        # work they do, not by a pause): a run enqueued now succeeds, the schedule fires again
+        fired = app.get_schedule("acl-every").materialized_count
+        after = chaos_app.quick.enqueue(0.0)
+        wait_until(lambda: app.get_run(after).state == "succeeded", 30, "a run after the repairs")
+        wait_until(lambda: app.get_schedule("acl-every").materialized_count > fired, 30,
+                   "the schedule to fire after the repairs")
         for p in (procs[0], procs[-1]):  # the scheduler and the last worker
             assert p.poll() is None, "a process stopped"
     finally:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -178,6 +177,7 @@ def test_a_paused_schedule_creates_no_run_while_paused(page, wapp, web, procs, t
     base = web(TOKEN)
     wapp.schedule("heartbeat", duetime.Every(timedelta(seconds=1)), webapp.tick, owner="sre")
     wapp.schedule("paris-report", duetime.Cron("30 2 * * *", tz="Europe/Paris"), webapp.tick)
+    wapp.schedule("witness", duetime.Every(timedelta(seconds=1)), webapp.tick)  # keeps firing
     procs.duetime("scheduler", "--tick", "100ms")
     procs.worker(app=APP)
     wait_for(lambda: wapp.get_schedule("heartbeat").materialized_count >= 3, 30,
@@ -189,7 +189,11 @@ def test_a_paused_schedule_creates_no_run_while_paused(page, wapp, web, procs, t
     info = wapp.get_schedule("heartbeat")
     assert info.paused
     created = info.materialized_count
-    time.sleep(3.5)  # three occurrences pass
+    # three occurrences pass with the scheduler evaluating throughout: the unpaused witness
+    # schedule materializes three more (an event, not a pause the scheduler might sleep through)
+    witnessed = wapp.get_schedule("witness").materialized_count
+    wait_for(lambda: wapp.get_schedule("witness").materialized_count >= witnessed + 3, 30,
+             what="three more occurrences of the witness schedule")
     assert wapp.get_schedule("heartbeat").materialized_count == created
     page.refresh()
     assert page.find_elements(*by('#timeline tr.occ[data-status="pending"]'))

@@ -4,7 +4,6 @@ occurrence of a schedule (read by derived run id)."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 
 from duetime.common import series
@@ -27,15 +26,16 @@ def test_one_sample_per_step_whichever_scheduler_writes_it_and_the_stream_is_cap
     steps = {"fast": (300, 4)}
     a, b = series.SeriesWriter(insp, steps), series.SeriesWriter(insp, steps)
     key = wapp.keys.series("fast")
-    # land early in a step, so both writers see the same one
-    time.sleep((300 - insp.now_ms() % 300) / 1000 + 0.01)
+    # the writers' clock is the test's: early in a step, so both writers see the same one
+    clock = [(insp.now_ms() // 300 + 1) * 300 + 10]
+    insp.now_ms = lambda: clock[0]  # type: ignore[method-assign]
     assert a.record() == ["fast"]
     assert b.record() == [] and a.record() == []  # the step has its point
     points = series.read(wapp.store.client, wapp.redis_url, key)
     assert len(points) == 1 and points[0].queues["default"]["backlog"] == 7
     assert points[0].t_ms % 300 == 0
     for _ in range(6):
-        time.sleep(0.31)
+        clock[0] += 310  # into the next step
         assert (a.record() or b.record()) == ["fast"]
     points = series.read(wapp.store.client, wapp.redis_url, key)
     assert len(points) == 4 and [p.t_ms for p in points] == sorted({p.t_ms for p in points})
