@@ -11,6 +11,22 @@ local function write_indexes(c)
     redis.call('ZREM', c.due_key, unpack(from_due))
     if c.prio then redis.call('ZREM', keys.prio, unpack(from_due)) end
     if c.lanes then
+      -- a laned run met on another path (the priority index, say) leaves its lane too, or the
+      -- lane's next claim would spend a slot on its stale entry and return short: its lane is
+      -- named by its tenant ('' for none)
+      local others = {}
+      for _, id in ipairs(from_due) do
+        if not c.lane_of[id] then others[#others + 1] = id end
+      end
+      if #others > 0 then
+        local sc = redis.call('ZMSCORE', keys.laned, unpack(others))
+        for x, id in ipairs(others) do
+          if sc[x] then
+            local tenant = redis.call('HGET', c.prefix .. K.run .. id, 'tenant') or ''
+            c.lane_of[id] = c.prefix .. K.lane .. c.queue .. '|' .. tenant
+          end
+        end
+      end
       -- laned, or laned once but met in due order (its lane was gone): tidy up
       redis.call('ZREM', keys.laned, unpack(from_due))
       local by_lane, lanes = {}, {}
