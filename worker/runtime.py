@@ -21,6 +21,7 @@ import inspect
 import signal
 from typing import Any
 
+import redis
 import redis.asyncio as aredis
 from duetime.common import metrics
 from duetime.common.connection import async_client, unavailable
@@ -119,7 +120,15 @@ class Worker:
         try:
             await self.clock.sync(self.client)
             await self.due.refresh(self.client)
+        except REDIS_ERRORS as exc:
+            raise unavailable(self.url, exc) from None
+        try:
             await self.unknown.publish()  # before the first claim: runs of these tasks stay
+        except redis.exceptions.OutOfMemoryError as exc:
+            # at maxmemory the worker still starts (docs/states.md); its tasks are published
+            # again every SEEN_EVERY_S, and runs it does not know are only handed back meanwhile
+            log.warning("redis is at maxmemory: this worker's tasks not published yet",
+                        worker_id=self.id, error=str(exc)[:200])
         except REDIS_ERRORS as exc:
             raise unavailable(self.url, exc) from None
         if handle_signals:
