@@ -21,7 +21,7 @@ from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
 from duetime.common.names import check_name, check_owner
 from duetime.common.schedules import ScheduleDef, parse_stagger, seeded
-from duetime.common.tasks import Hook, Registry, Task, TaskSpec
+from duetime.common.tasks import Duration, Hook, Instant, Registry, Task, TaskSpec
 from duetime.common.time.spec import Trigger
 
 if TYPE_CHECKING:  # operator tools are imported where used: a worker process never loads them
@@ -33,7 +33,6 @@ R = TypeVar("R")
 ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue", "tenant",
                             "priority"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
-Duration = timedelta | float | str
 
 
 class ScheduleOptions(TypedDict, total=False):
@@ -228,8 +227,8 @@ class App:
         task: TaskRef,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        at: datetime | str | None = None,
-        delay: timedelta | float | str | None = None,
+        at: Instant | None = None,
+        delay: Duration | None = None,
         key: str | None = None,
         queue: str | None = None,
         tenant: str | None = None,
@@ -260,8 +259,8 @@ class App:
         task: TaskRef,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        at: datetime | None = None,
-        delay: timedelta | float | None = None,
+        at: Instant | None = None,
+        delay: Duration | None = None,
         key: str | None = None,
         queue: str | None = None,
         tenant: str | None = None,
