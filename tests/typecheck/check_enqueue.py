@@ -65,6 +65,8 @@ def unknown_keywords_are_refused() -> None:
 
 def options_take_what_the_runtime_takes() -> None:
     # the README's own lines
+    assert_type(send_invoice.options(key="invoice-43").enqueue(43), str)
+    assert_type(send_invoice.options(delay="30s").enqueue(44), str)
     assert_type(send_invoice.enqueue(43, key="invoice-43"), str)
     assert_type(send_invoice.enqueue(44, delay="30s"), str)
     # durations: a string, seconds (int or float), a timedelta; instants: aware or ISO-8601
