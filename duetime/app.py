@@ -185,9 +185,10 @@ class App:
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task: `@app.task` or `@app.task(name=..., retries=...)`.
 
-        Returns a `Task`: called, it runs the function as before; `.enqueue(*args, key=...,
-        at=..., delay=..., queue=..., **kwargs)` creates a run (arguments checked against the
-        function's signature), `.aenqueue(...)` from asyncio code. The name defaults to
+        Returns a `Task`: called, it runs the function as before; `.enqueue(*args, **kwargs)`
+        or `.options(key=..., at=..., delay=..., queue=...).enqueue(*args, **kwargs)` creates a
+        run (arguments checked against the function's signature, by a type checker too; see
+        `Task`), `.aenqueue(...)` from asyncio code. The name defaults to
         `module.qualname`; name it explicitly if the code may move (runs store the name).
         The return value is stored on the run (msgpack, capped like payloads, kept for the
         retention period) for `app.wait`; `store_result=False` skips that. `tenant` is the
