@@ -676,12 +676,14 @@ class Cron(Trigger):
     ``0 */5 * * * *`` differently. A five-field expression fires at second 0.
 
     Besides numbers, names, ``*``, ranges, steps, lists and ``H`` (see ``seed``), the day
-    fields take croniter's calendar items: ``L`` (last day of the month); ``nW`` or ``Wn``
+    fields take calendar items: ``L`` (last day of the month); ``LW`` (its last weekday);
+    ``L-n`` (n days before the last day, n 1-27); ``nW`` or ``Wn``
     (the weekday, Monday to Friday, nearest day n, never leaving the month: Saturday the 1st
     gives Monday the 3rd, Sunday the 31st gives Friday the 29th; an n past the month's end
-    counts as its last day, so ``31W`` is the last weekday of every month); ``d#n`` (the n-th
+    counts as its last day, so ``31W`` is ``LW``); ``d#n`` (the n-th
     weekday d, n 1-5: ``5#3`` or ``FRI#3``, absent in months without one); ``Ld`` (the last
-    weekday d: ``L5``, ``LFRI``). They mix with plain items in lists (``1,15,L``), and the two
+    weekday d: ``L5``, ``LFRI``). They mix with plain items and H in lists (``1,15,L``, ``H,L``,
+    ``1#2,3``: a list is a union), never with H inside one item, and the two
     day fields combine by cron's rule: when both are restricted (neither starts with ``*``)
     either may match, otherwise both must.
 
