@@ -40,6 +40,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "cancel_requested": _iso(run.cancel_requested), "resolved_as": run.resolved_as,
         "heartbeat": _iso(run.heartbeat), "lease_expires": _iso(run.lease_expires),
         "tenant": run.tenant, "limited_by": run.limited_by, "result_error": run.result_error,
+        "coalesced": run.coalesced, "coalesced_from": _iso(run.coalesced_from),
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
              "started": _iso(a.started), "ended": _iso(a.ended), "outcome": a.outcome,
@@ -62,6 +63,8 @@ def run_to_text(run: Run, now: datetime | None = None) -> str:
             if k in _TIMES and now is not None:
                 text += f"  ({relative(getattr(run, k), now)})"
             lines.append(f"  {k:<17} {text}")
+    if run.coalesced > 1:  # a catch-up run: the occurrences it stands for
+        lines.append(f"  {'coalesced':<17} {run.coalesced} occurrences, from {d['coalesced_from']}")
     if run.error:
         lines.append(f"  error             {run.error.splitlines()[0]}")
     lines.append("  attempts:")
