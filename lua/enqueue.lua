@@ -23,6 +23,9 @@
 -- Refused as a whole at maxmemory (no allow-oom flag): a call creates all its runs or none.
 -- Returns how many runs were created (the others existed already).
 local due_key, prefix = KEYS[1], ARGV[1]
+-- an index of the wrong type refuses the call before it writes a run it could not index
+local bad = damaged_index({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset'})
+if bad then return bad end
 local queue = string.match(ARGV[3], '|(.*)$') or ''
 local lanes = redis.call('EXISTS', KEYS[4]) == 1
 local now = now_ms()

@@ -123,6 +123,7 @@ class Evaluator:
         self._triggers: dict[tuple[str, bytes], Trigger] = {}
         self.materialized = 0
         self._moved: set[int] = set()  # partitions a step moved on (materialised or quarantined)
+        self._aside: dict[int, int] = {}  # partition -> server ms: not evaluated before then
         self._policy_ms = 0  # the namespace's default stagger
         self._policy_at = -POLICY_EVERY_S  # monotonic time it was read
 
@@ -163,7 +164,11 @@ class Evaluator:
             if isinstance(head, Exception):  # a damaged index stops its partition only
                 self._damaged_partition(p, self.keys.sched_due(p), head)
                 continue
-            self.heads.set(p, head_ms(head[0][1]) if head else None, mark)
+            ms = head_ms(head[0][1]) if head else None
+            aside = self._aside.get(p, 0)
+            if ms is not None and ms < aside:
+                ms = aside  # set aside after a damaged key or no progress: not before then
+            self.heads.set(p, ms, mark)
 
     def _damaged_partition(self, p: int, key: str, exc: Exception) -> None:
         """A partition's index cannot be read (a key of the wrong type, ...): the other
@@ -172,7 +177,11 @@ class Evaluator:
             raise exc  # the server, not this key: the loop backs off
         log.error("damaged key: a partition's schedules wait until it is repaired; the others go on",
                   key=key, partition=p, error=str(exc), fix="duetime doctor names it")
-        self.heads.set(p, self._now_ms() + DAMAGED_RETRY_MS, self.heads.mark())
+        self._set_aside(p)
+
+    def _set_aside(self, p: int) -> None:
+        self._aside[p] = until = self._now_ms() + DAMAGED_RETRY_MS
+        self.heads.set(p, until, self.heads.mark())
 
     def tick(self) -> int:
         """A full pass: renew ownership when due, read every owned partition's head, evaluate
@@ -208,6 +217,8 @@ class Evaluator:
         self._moved.clear()
         for i in range(0, len(due), BATCH):
             created += self._evaluate(due[i : i + BATCH], now)
+        self._moved -= set(self._aside)
+        self._aside = {p: t for p, t in self._aside.items() if t > now}
         self._read_heads(ready)  # where each stands now (a batch may have left some due)
         # a partition whose due schedules could not be moved on (every one skipped or refused)
         # would be found due again at once: it waits a few seconds instead of spinning
@@ -217,7 +228,7 @@ class Evaluator:
             if h is not None and h <= now + self.lead_ms:
                 log.warning("due schedules of a partition could not be evaluated; retrying later",
                             partition=p, retry_in_ms=DAMAGED_RETRY_MS)
-                self.heads.set(p, now + DAMAGED_RETRY_MS, self.heads.mark())
+                self._set_aside(p)
         return created
 
     def _sleep_s(self) -> float:
@@ -304,7 +315,12 @@ class Evaluator:
         reason = reason[:500]
         keys, args = tr.schedule_quarantine(self.keys, p, name, version, reason)
         self._moved.add(p)  # out of the due set: the partition moved on
-        if self.scripts.schedule_quarantine(keys=keys, args=args) == b"quarantined":
+        try:
+            status = self.scripts.schedule_quarantine(keys=keys, args=args)
+        except redis.ResponseError as exc:  # the partition's own indexes are damaged
+            self._damaged_partition(p, self.keys.quarantine(p), exc)
+            return
+        if status == b"quarantined":
             metrics.QUARANTINED.inc()
             log.error("schedule quarantined: its record cannot be evaluated; the others go on",
                       schedule=name, reason=reason,
