@@ -210,7 +210,7 @@ class NamespaceReader:
             return k.due(p, q) if kind == "due" else k.retry(p, q)
 
         leases = dead = uncertain = 0
-        for _ in range(P):
+        for p in range(P):
             for q in qs:
                 st = stats[q]
                 for kind in ("due", "retry"):

@@ -49,13 +49,6 @@ local function run_fields(run_key, ...)
   return f, nil
 end
 
--- A run whose own record key is of the wrong type cannot be written: its id goes to the dead
--- set, with the reason (naming the key) in the partition's events; the key is left as found.
-local function dead_unreadable(dead_key, events_key, run_id, now, reason)
-  redis.call('ZADD', dead_key, now, run_id)
-  emit(events_key, run_id, 'dead', reason)
-end
-
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -74,6 +67,13 @@ end
 local function emit(events_key, run_id, kind, detail)
   redis.call('XADD', events_key, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
     'run', run_id, 'event', kind, 'detail', detail or '')
+end
+
+-- A run whose own record key is of the wrong type cannot be written: its id goes to the dead
+-- set, with the reason (naming the key) in the partition's events; the key is left as found.
+local function dead_unreadable(dead_key, events_key, run_id, now, reason)
+  redis.call('ZADD', dead_key, now, run_id)
+  emit(events_key, run_id, 'dead', reason)
 end
 
 -- Close the current attempt: one JSON entry per attempt, pushed when it ends, so entry
