@@ -15,15 +15,14 @@ import pytest
 import redis
 from duetime.common import transitions as tr
 from duetime.common.connection import ensure_meta, server_time_ms
-from duetime.common.errors import DamagedState
 from duetime.common.scripts import Scripts
-from duetime.ops.doctor import run_checks
-from duetime.ops.inspect import Inspector
 from duetime.scheduler.evaluator import Evaluator
 from duetime.scheduler.gauges import Gauges
 from duetime.scheduler.reaper import Reaper
 
 import duetime
+from duetime.ops.doctor import run_checks
+from duetime.ops.inspect import Inspector
 from tests.apps import basic
 from tests.integration.opkit import cli
 
@@ -98,7 +97,7 @@ def test_an_infinite_lease_or_deadline_score_does_not_stop_the_reaper(kit, index
     p_bad, p_ok = 0, 1
     [victim] = kit.enqueue_in(p_bad)
     [c_bad] = kit.claim(p_bad)
-    getattr(kit.r, "zadd")(getattr(kit.k, index)(p_bad), {victim: score})
+    kit.r.zadd(getattr(kit.k, index)(p_bad), {victim: score})
     [rid] = kit.enqueue_in(p_ok)
     [c] = kit.claim(p_ok)
     kit.r.zadd(kit.k.leases(p_ok), {rid: 0})  # its worker died: the lease expired
@@ -331,6 +330,8 @@ def test_a_damaged_schedule_field_is_quarantined_naming_it(app, kit, url, field,
 
 # -- values read back: meta and limits --------------------------------------------------------
 def test_a_damaged_partition_count_is_refused_with_a_reason(app, kit, url, namespace):
+    from duetime.common.errors import DamagedState
+
     kit.r.hset(kit.k.meta, "partitions", "abc")
     with pytest.raises(DamagedState, match="partitions"):
         ensure_meta(kit.r, kit.k, url)
@@ -341,6 +342,8 @@ def test_a_damaged_partition_count_is_refused_with_a_reason(app, kit, url, names
 
 @pytest.mark.parametrize("raw", ["[]", "{", '{"concurrency": "x"}', '{"rate": 1e400}'])
 def test_a_damaged_limit_is_refused_with_a_reason(app, kit, url, namespace, raw):
+    from duetime.common.errors import DamagedState
+
     kit.r.hset(kit.k.limit_config, "queue:bogus", raw)
     with pytest.raises(DamagedState, match="queue:bogus"):
         app.limits()
