@@ -55,7 +55,7 @@ class Limit:
                           sort_keys=True)
 
     @classmethod
-    def from_json(cls, scope: bytes | str, raw: bytes | str, key: str = "<ns>:limits") -> Limit:
+    def from_json(cls, scope: bytes | str, raw: bytes | str, key: str = "the limits hash") -> Limit:
         """A limit as stored in `<ns>:limits`; a field no duetime process writes (edited by
         hand) is refused with DamagedState naming the key and field."""
         scope = scope.decode(errors="replace") if isinstance(scope, bytes) else scope
