@@ -207,7 +207,7 @@ class NamespaceReader:
         stats = {q: QueueStats(q) for q in qs}
 
         def zkey_of(kind: str, p: int, q: str) -> str:
-            return k.due(p, q) if kind == "due" else k.retry(p, q)
+            return str(k.due(p, q) if kind == "due" else k.retry(p, q))
 
         leases = dead = uncertain = 0
         for p in range(P):

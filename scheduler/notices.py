@@ -96,8 +96,8 @@ def about_a_key(exc: BaseException) -> bool:
     key of the wrong type; a runtime error located in a script), not a refusal by the server
     (OOM, READONLY, a connection lost): those stop one partition, not the loop."""
     text = str(exc)
-    return isinstance(exc, redis.ResponseError) and (
-        text.startswith(("DAMAGED", "WRONGTYPE")) or ".lua:" in text)
+    return bool(isinstance(exc, redis.ResponseError) and (
+        text.startswith(("DAMAGED", "WRONGTYPE")) or ".lua:" in text))
 
 
 def report_health(part: str, listener: Listener) -> None:
