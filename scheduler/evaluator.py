@@ -68,7 +68,7 @@ BATCH = 200
 def _about_the_record(exc: Exception) -> bool:
     """An error raised while a script read a schedule's own record (a runtime error located in
     a script, or a key of the wrong type), not a refusal by the server (OOM, READONLY, ...)."""
-    return about_a_key(exc)
+    return bool(about_a_key(exc))
 
 
 class Ownership:
