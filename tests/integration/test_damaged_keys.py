@@ -206,6 +206,8 @@ def test_a_wrong_type_run_key_under_a_lease_is_dead_lettered_naming_the_key(kit)
     assert any(run_key in e["detail"] for e in kit.events_about(p, "not a hash"))
     assert kit.state(good) == "retrying"  # the other run of the batch was recovered
     assert kit.r.lrange(run_key, 0, -1) == [b"not", b"a", b"hash"]  # left as found
+    listed = {s.id: s for s in Inspector(kit.r, kit.k, kit.url).list_runs(state="dead").runs}
+    assert run_key in (listed[bad].reason or "")
 
 
 def test_a_wrong_type_attempts_list_dead_letters_the_run_naming_the_key(kit):
