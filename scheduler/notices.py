@@ -174,5 +174,5 @@ class Listener(threading.Thread):
             kind, p, ms = data.decode().split("|")
             if kind in self.kinds:
                 self.heads.notice(int(p), int(float(ms)))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, OverflowError):  # 'inf' is no time either
             log.debug("ignored a message on the scheduler wake channel", data=repr(data[:80]))
