@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench venv dist clean screenshots
+.PHONY: demo test test-floors lint typecheck bench venv dist clean screenshots
 
 $(BIN)/duetime: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,9 +18,21 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check .
+	$(BIN)/python .ci/typecheck.py
 	@command -v chromedriver >/dev/null 2>&1 || echo "note: no chromium/chromedriver: the web console's \
 	browser tests are skipped (apt-get install -y chromium chromium-driver to run them)"
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The declared lower bounds are true: one fresh venv with every dependency at the lowest
+# version pyproject.toml allows (constraints/floors.txt), duetime installed there, and the fast
+# lane run in it (pip's cache keeps this to a few seconds after the first time).
+FLOORS_VENV := .venv-floors
+FLOORS_TESTS ?= tests/unit tests/integration/test_scripts.py tests/packaging/test_floors.py::test_floors_match_pyproject
+test-floors:
+	$(PY) -m venv --clear $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing]' 'pytest>=8' 'hypothesis>=6.100'
+	$(FLOORS_VENV)/bin/python -m pip check
+	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
 
 # the README's pictures of the web console, taken by its browser tests (needs chromium)
 screenshots: venv
@@ -28,6 +40,10 @@ screenshots: venv
 
 lint: venv
 	$(BIN)/ruff check .
+
+# mypy --strict on duetime/, common/, worker/, scheduler/ as one installed package (see the script)
+typecheck: venv
+	$(BIN)/python .ci/typecheck.py
 
 # duetime's own burst benchmark; the others (precision, schedules, script_cost, peers_run) are
 # listed with their arguments at the top of each bench/*.py
@@ -40,4 +56,4 @@ dist: venv
 	$(BIN)/pip wheel --no-deps -q -w dist .
 
 clean:
-	rm -rf $(VENV) *.egg-info build dist
+	rm -rf $(VENV) $(FLOORS_VENV) *.egg-info build dist

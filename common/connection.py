@@ -18,19 +18,11 @@ from duetime.common import memory, scripts
 from duetime.common.durability import Durability, make_durable
 from duetime.common.errors import InvalidInput, PartitionMismatch, RedisRefused, RedisUnavailable
 from duetime.common.keys import Keyspace, stored_partitions
-from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.commands.policies import (
-    AsyncBasePolicyResolver,
-    AsyncPolicyResolver,
-    AsyncStaticPolicyResolver,
-    BasePolicyResolver,
-    PolicyResolver,
-    StaticPolicyResolver,
-)
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -94,38 +86,71 @@ class _SSLConnection(_ExplainScriptErrors, redis.SSLConnection):
 _SYNC = {redis.Connection: _Connection, redis.SSLConnection: _SSLConnection}
 
 
-# EVAL/EVALSHA take their keys after a count. Without a policy for them, redis-py's cluster
-# client asks the *default node* (`COMMAND GETKEYS`) where each script call goes: one more
-# round trip per call, and, once that node has died, every script call fails although the
-# replica that replaced it serves the slot (found in a failover test). Routed as keyed
-# commands, the slot comes from the first key, locally.
-_KEYED = CommandPolicies(request_policy=RequestPolicy.DEFAULT_KEYED,
-                         response_policy=ResponsePolicy.DEFAULT_KEYED)
-_SCRIPT_POLICIES = {"core": {c: _KEYED for c in ("eval", "evalsha", "eval_ro", "evalsha_ro")}}
+# EVAL/EVALSHA take their keys after a count. redis-py 8's cluster client routes commands by
+# "policies": without one for them, it asks the *default node* (`COMMAND GETKEYS`) where each
+# script call goes: one more round trip per call, and, once that node has died, every script
+# call fails although the replica that replaced it serves the slot (found in a failover test).
+# Routed as keyed commands, the slot comes from the first key, locally. redis-py before 8 has
+# no policies and routes EVAL/EVALSHA by their first key itself: nothing to add there. The
+# names come from the public `redis.commands.policies` (which re-exports the policy types), so
+# no private module of redis-py is imported, and `import duetime` works on every redis-py the
+# dependency range allows (tests/packaging/test_floors.py).
+def _script_policy_resolvers() -> tuple[Any, Any] | None:
+    """(sync resolver class, async resolver class), or None where redis-py has no policies."""
+    try:
+        # the policy types are re-exported there by import (redis-py declares no __all__)
+        from redis.commands.policies import (  # type: ignore[attr-defined]
+            AsyncBasePolicyResolver,
+            AsyncPolicyResolver,
+            AsyncStaticPolicyResolver,
+            BasePolicyResolver,
+            CommandPolicies,
+            PolicyResolver,
+            RequestPolicy,
+            ResponsePolicy,
+            StaticPolicyResolver,
+        )
+    except ImportError:
+        return None
+    keyed = CommandPolicies(request_policy=RequestPolicy.DEFAULT_KEYED,
+                            response_policy=ResponsePolicy.DEFAULT_KEYED)
+    policies = {"core": {c: keyed for c in ("eval", "evalsha", "eval_ro", "evalsha_ro")}}
+
+    class ScriptPolicies(BasePolicyResolver):
+        def __init__(self, fallback: PolicyResolver | None = None) -> None:
+            super().__init__(policies, fallback or StaticPolicyResolver())
+
+        def with_fallback(self, fallback: PolicyResolver) -> PolicyResolver:
+            return ScriptPolicies(fallback)
+
+    class AsyncScriptPolicies(AsyncBasePolicyResolver):
+        def __init__(self, fallback: AsyncPolicyResolver | None = None) -> None:
+            super().__init__(policies, fallback or AsyncStaticPolicyResolver())
+
+        def with_fallback(self, fallback: AsyncPolicyResolver) -> AsyncPolicyResolver:
+            return AsyncScriptPolicies(fallback)
+
+    return ScriptPolicies, AsyncScriptPolicies
 
 
-class _ScriptPolicies(BasePolicyResolver):
-    def __init__(self, fallback: PolicyResolver | None = None) -> None:
-        super().__init__(_SCRIPT_POLICIES, fallback or StaticPolicyResolver())
-
-    def with_fallback(self, fallback: PolicyResolver) -> PolicyResolver:
-        return _ScriptPolicies(fallback)
+_RESOLVERS = _script_policy_resolvers()
 
 
-class _AsyncScriptPolicies(AsyncBasePolicyResolver):
-    def __init__(self, fallback: AsyncPolicyResolver | None = None) -> None:
-        super().__init__(_SCRIPT_POLICIES, fallback or AsyncStaticPolicyResolver())
-
-    def with_fallback(self, fallback: AsyncPolicyResolver) -> AsyncPolicyResolver:
-        return _AsyncScriptPolicies(fallback)
+def _policy_kw(is_async: bool) -> dict[str, Any]:
+    """The cluster client's `policy_resolver` argument, where redis-py takes one."""
+    if _RESOLVERS is None:
+        return {}
+    return {"policy_resolver": _RESOLVERS[1 if is_async else 0]()}
 
 
 class _Cluster(RedisCluster):
     """redis-py's cluster pipelines get a resolver of their own, not the client's."""
 
     def pipeline(self, *args: Any, **kwargs: Any) -> Any:
-        pipe = super().pipeline(*args, **kwargs)
-        pipe._policy_resolver = self._policy_resolver
+        # redis-py leaves RedisCluster.pipeline unannotated
+        pipe = super().pipeline(*args, **kwargs)  # type: ignore[no-untyped-call]
+        if hasattr(self, "_policy_resolver"):  # redis-py 8 and later (see _RESOLVERS)
+            pipe._policy_resolver = self._policy_resolver
         return pipe
 
 
@@ -159,7 +184,7 @@ def _sync_client(url: str, **kw: Any) -> redis.Redis:
     if cluster:  # the cluster client runs its own handshake, then calls ours
         ssl = urlsplit(real).scheme == "rediss"
         return _Cluster.from_url(  # type: ignore[return-value]
-            real, redis_connect_func=scripts.load_scripts, policy_resolver=_ScriptPolicies(),
+            real, redis_connect_func=scripts.load_scripts, **_policy_kw(False),
             connection_class=_SSLConnection if ssl else _Connection, **kw)
     client = redis.Redis.from_url(real, redis_connect_func=scripts.connect_and_load, **kw)
     pool = client.connection_pool
@@ -193,7 +218,9 @@ class _FastSSLConnection(_AsyncExplainScriptErrors, _HiredisPacking, aredis.SSLC
     pass
 
 
-_FAST = {aredis.Connection: _FastConnection, aredis.SSLConnection: _FastSSLConnection}
+# looked up with whatever class a node's settings hold (None where they name none)
+_FAST: dict[type[AbstractConnection] | None, type[aredis.Connection]] = {
+    aredis.Connection: _FastConnection, aredis.SSLConnection: _FastSSLConnection}
 
 
 def async_client(url: str, durability: Durability | None = None, **kw: Any) -> aredis.Redis:
@@ -211,6 +238,7 @@ def _async_client(url: str, **kw: Any) -> aredis.Redis:
     if memory.is_memory(url):
         return memory.async_client(url)  # type: ignore[no-any-return]
     real, cluster = _split(url)
+    client: aredis.Redis | AsyncRedisCluster
     kw.setdefault("socket_connect_timeout", 5)
     if cluster:
         # No retries inside redis-py: on a connection error its cluster pipeline closes every
@@ -218,7 +246,7 @@ def _async_client(url: str, **kw: Any) -> aredis.Redis:
         # running side by side on the live nodes whenever one went to a dead primary. duetime's
         # loops retry themselves, per partition, and re-read the slot map (refresh_topology).
         kw.setdefault("retry", AsyncRetry(NoBackoff(), 0))
-        client = AsyncRedisCluster.from_url(real, policy_resolver=_AsyncScriptPolicies(), **kw)
+        client = AsyncRedisCluster.from_url(real, **_policy_kw(True), **kw)
         # redis-py's asyncio cluster client takes no connect hook: give it to the connection
         # settings every node (present and discovered) is made from
         for target in (client, client.nodes_manager):

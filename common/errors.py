@@ -87,6 +87,18 @@ class RunFailed(DuetimeError):
         super().__init__(f"run {run.id} ({run.task}) {what}{detail}")
 
 
+class ResultNotStored(DuetimeError):
+    """The run succeeded (its effect happened) but its result cannot be given: the worker
+    could not store it (not encodable as msgpack, or over the result size cap) or the stored
+    one cannot be read. `.run` is the run, `.reason` says why."""
+
+    def __init__(self, run: Any) -> None:
+        self.run, self.state = run, run.state
+        self.reason = run.result_error or "result not stored"
+        super().__init__(f"run {run.id} ({run.task}) succeeded, but its result is not available: "
+                         f"{self.reason}")
+
+
 class WaitTimeout(DuetimeError, TimeoutError):
     """The run did not end within the wait's timeout; `.run` is how it stood then."""
 
@@ -104,11 +116,25 @@ class PartitionMismatch(DuetimeError):
 
 
 class Retry(Exception):  # noqa: N818 - raised by tasks, read as a verb
-    """Raised by a task: retry now, or after `delay` seconds, if attempts are left."""
+    """Raised by a task: retry now, or after `delay`, if attempts are left.
 
-    def __init__(self, delay: float | None = None, reason: str = "") -> None:
-        super().__init__(reason or (f"retry requested (delay {delay}s)" if delay else "retry"))
-        self.delay = delay
+    `delay` takes what `enqueue(delay=...)` takes: a timedelta, a number of seconds, or a
+    string like "90s", "1h30m" or "PT5M" (0 up to 100 years). A bad one is an InvalidTime
+    right where the Retry is made, in the task, whose traceback shows the line: it never
+    reaches the worker. `.delay` is the delay in seconds (None: retry at once, after the
+    task's own back-off), `.delay_ms` in whole milliseconds as the worker reports it."""
+
+    def __init__(self, delay: Any = None, reason: str = "") -> None:
+        from duetime.common.time.fmt import format_duration
+        from duetime.common.time.parse import DELAY, duration_ms
+
+        if not isinstance(reason, str):
+            raise InvalidInput(f"Retry(reason=...) must be a string, got {reason!r}")
+        parsed = None if delay is None else DELAY.parse(delay, "Retry(delay=...)")
+        self.delay_ms: int | None = None if parsed is None else duration_ms(parsed)
+        self.delay: float | None = None if parsed is None else parsed.total_seconds()
+        shown = f"retry requested (delay {format_duration(parsed)})" if parsed else "retry"
+        super().__init__(reason or shown)
 
 
 class Fatal(Exception):  # noqa: N818 - raised by tasks, read as a verb

@@ -112,6 +112,9 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
                           "came due earlier than they knew"),
     "tasks": KeyKind("tasks", "hash", "task name -> its options as JSON, published by workers, so "
                      "a producer without the task's code enqueues it with the right options"),
+    "task_seen": KeyKind("task_seen", "hash", "task name -> when a live worker that has its "
+                         "code last said so (ms): a run of a task no worker has known for the "
+                         "grace period is dead-lettered; by-name enqueues check it"),
     "wake": KeyKind("wake", "channel", "pub/sub: '<partition>|<queue>|<due ms>' wakes idle workers"),
     "limits": KeyKind("limits", "hash", "the limits set for the namespace (duetime limits set): "
                       "'<kind>:<name>' -> JSON; copied as per-partition shares into T:limits"),
@@ -287,6 +290,11 @@ class Keyspace:
     @cached_property
     def tasks(self) -> str:
         return self._global("tasks")
+
+    @cached_property
+    def task_seen(self) -> str:
+        """HASH task name -> when a live worker last published it (ms, worker/unknown.py)."""
+        return self._global("task_seen")
 
     @cached_property
     def limit_config(self) -> str:

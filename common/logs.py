@@ -56,4 +56,5 @@ def bind_run(run_id: str, task: str, attempt: int, **more: Any) -> None:
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger(name)
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name)  # as configured
+    return logger

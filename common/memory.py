@@ -45,7 +45,7 @@ def _server(url: str) -> Any:
 def sync_client(url: str) -> Any:
     import fakeredis
 
-    client = fakeredis.FakeRedis(server=_server(url))
+    client: Any = fakeredis.FakeRedis(server=_server(url))  # it carries the marker below
     client.duetime_plain_scripts = True  # fakeredis reads no `#!lua` line
     return client
 
@@ -53,7 +53,7 @@ def sync_client(url: str) -> Any:
 def async_client(url: str) -> Any:
     import fakeredis
 
-    client = fakeredis.FakeAsyncRedis(server=_server(url))
+    client: Any = fakeredis.FakeAsyncRedis(server=_server(url))
     client.duetime_plain_scripts = True
     return client
 

@@ -226,9 +226,9 @@ def serve(port: int | None, addr: str = "127.0.0.1", role: str = "scheduler",
                                                        flags=socket.AI_PASSIVE)[0]
     except socket.gaierror as exc:
         raise InvalidInput(f"metrics host {addr!r}: {exc.strerror}") from None
-    server_class = type("MetricsServer", (_Server,), {"address_family": family})
+    server_class: type[_Server] = type("MetricsServer", (_Server,), {"address_family": family})
     try:
-        httpd = make_server(sockaddr[0], port, _app(make_wsgi_app(registry(role)), probes or health),
+        httpd = make_server(str(sockaddr[0]), port, _app(make_wsgi_app(registry(role)), probes or health),
                             server_class, handler_class=_Quiet)
     except OSError as exc:
         raise DuetimeError(f"cannot serve metrics on {addr}:{port}: {exc.strerror}") from None

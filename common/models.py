@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from duetime.common.codec import unpack_payload, unpack_result
+from duetime.common.codec import NotStored, unpack_payload, unpack_result
 from duetime.common.errors import InvalidTime
 from duetime.common.time.parse import from_ms as exact_from_ms
 from duetime.common.time.parse import to_ms
@@ -94,7 +94,8 @@ class Run:
     heartbeat: datetime | None = None
     lease_expires: datetime | None = None
     # the task's return value once it succeeded (None when it returned None, did not store
-    # its result, or has not succeeded); result_error says why a stored one cannot be read
+    # its result, or has not succeeded); result_error says why there is none although the
+    # task returned one: not stored (not encodable, too large) or unreadable
     result: Any = None
     result_error: str | None = None
     # who the run is for, and the limit it last waited on (docs/fairness.md)
@@ -126,12 +127,15 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - damaged by hand: show it, do not crash
             args, kwargs = [f"<unreadable payload: {exc!r}>"], {}
         history = [Attempt.decode(a) for a in attempts]
-        result, result_error = None, s("result_error")
+        result: Any = None
+        result_error = s("result_error")
         if h.get(b"result"):
             try:
                 result = unpack_result(h[b"result"])
             except Exception as exc:  # noqa: BLE001 - damaged or too large: say so
                 result_error = f"unreadable result: {exc!r}"
+            if isinstance(result, NotStored):  # the worker could not store it: why
+                result, result_error = None, f"result not stored: {result.reason}"
         if s("state") == "running":
             # the attempt in progress is written to the history when it ends
             history.append(Attempt(number=n("attempt", 0), fence=n("fence", 0),

@@ -31,7 +31,7 @@ def jittered(failures: int, cap_s: float, base_s: float = BASE_S,
              rand: Callable[[], float] = random.random) -> float:
     """The wait after the `failures`-th failure in a row: doubling from `base_s` up to
     `cap_s`, drawn from its upper half (processes that failed together come back apart)."""
-    full = min(cap_s, base_s * 2 ** min(max(failures, 1) - 1, 30))
+    full: float = min(cap_s, base_s * 2 ** min(max(failures, 1) - 1, 30))
     return full * (0.5 + rand() / 2)
 
 
@@ -101,7 +101,7 @@ class Outage:
         """The wait after the current failure count (0 when there is no incident)."""
         if not self.failures:
             return 0.0
-        full = min(self.cap_s, self.base_s * 2 ** min(self.failures - 1, 30))
+        full: float = min(self.cap_s, self.base_s * 2 ** min(self.failures - 1, 30))
         return full * (0.5 + self._rand() / 2)
 
     def ok(self) -> None:

@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 from duetime.common.connection import server_time_ms, translated
@@ -100,7 +100,7 @@ class NamespaceReader:
         # of the namespace goes on without them (each read as empty); `doctor` names them.
         self.damaged: dict[str, str] = {}
 
-    def _exec(self, pipe: redis.client.Pipeline) -> list:
+    def _exec(self, pipe: redis.client.Pipeline) -> list[Any]:
         """The pipeline's replies; a command refused because its key is damaged (WRONGTYPE)
         reads as empty and the key is noted in `damaged`, so one bad key of one partition
         cannot fail a listing of the whole namespace."""
@@ -128,7 +128,8 @@ class NamespaceReader:
         """Every queue the namespace knows: registered at enqueue/schedule time, or served by a
         live worker."""
         with translated(self.url):
-            names = {_s(q) for q in self.client.smembers(self.keys.queues)}
+            # replies are bytes: no duetime client sets decode_responses
+            names = {_s(q) for q in cast(set[bytes], self.client.smembers(self.keys.queues))}
         for w in self.workers():
             names.update(w.queues)
         return sorted(n for n in names if n)
@@ -138,7 +139,8 @@ class NamespaceReader:
         one, so an entry without it belongs to a worker that is gone."""
         k = self.keys
         with translated(self.url):
-            ids = [(m.decode(), score) for m, score in self.client.zrange(k.workers, 0, -1, withscores=True)]
+            ids = [(m.decode(), score) for m, score
+                   in cast(list[tuple[bytes, float]], self.client.zrange(k.workers, 0, -1, withscores=True))]
         pipe = self.client.pipeline(transaction=False)
         for wid, _ in ids:
             pipe.hgetall(k.worker(wid))
@@ -166,7 +168,7 @@ class NamespaceReader:
         """(live schedulers, unowned partitions), from one read of the owners table."""
         now = self.now_ms()
         with translated(self.url):
-            table = self.client.hgetall(self.keys.owners)
+            table = cast(dict[bytes, bytes], self.client.hgetall(self.keys.owners))
         seen: dict[str, int] = {}
         held: dict[str, list[int]] = {}
         for f, v in table.items():

@@ -51,6 +51,7 @@ SCRIPT_NAMES = (
     "purge",
     "schedule_quarantine",
     "wait",
+    "handback",
 )
 LIB = "_lib.lua"
 _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
@@ -297,18 +298,46 @@ class _AsyncScript(_Script):
         return await client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
-def _bind(script: _Script, default: Any) -> Any:
-    def call(keys: list[Any], args: list[Any], client: Any = None) -> Any:
-        return script(keys, args, default if client is None else client)
+class Bound:
+    """One script bound to the client its Scripts were made for: `(keys, args, client=None)`;
+    `client=` sends it elsewhere (a pipeline). On an asyncio client the call returns an
+    awaitable. The reply is what the server sent (decoded by common/transitions.py)."""
 
-    call.sha = script.sha  # type: ignore[attr-defined]
-    return call
+    __slots__ = ("script", "default", "sha")
+
+    def __init__(self, script: _Script, default: Any) -> None:
+        self.script, self.default, self.sha = script, default, script.sha
+
+    def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
+        return self.script(keys, args, self.default if client is None else client)
 
 
 class Scripts:
     """Attribute access to the scripts: `scripts.claim(keys=..., args=..., client=pipe)`;
     without `client=` the call goes to the client the Scripts were made for. The KEYS/ARGV
-    lists come from common/transitions.py."""
+    lists come from common/transitions.py. One attribute per name of SCRIPT_NAMES, declared
+    here so that a type checker sees them (tests/unit/test_scripts_typed.py keeps the two lists
+    equal)."""
+
+    enqueue: Bound
+    claim: Bound
+    heartbeat: Bound
+    complete: Bound
+    fail: Bound
+    release: Bound
+    reap: Bound
+    materialize: Bound
+    schedule_upsert: Bound
+    schedule_pause: Bound
+    schedule_delete: Bound
+    partition_owners: Bound
+    cancel: Bound
+    replay: Bound
+    resolve: Bound
+    purge: Bound
+    schedule_quarantine: Bound
+    wait: Bound
+    handback: Bound
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -316,4 +345,4 @@ class Scripts:
         plain_source = getattr(client, "duetime_plain_scripts", False)  # see common/memory.py
         for name in SCRIPT_NAMES:
             script = (_AsyncScript if is_async else _Script)(name, plain_source)
-            setattr(self, name, _bind(script, client))
+            setattr(self, name, Bound(script, client))

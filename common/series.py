@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 from duetime.common.connection import translated
@@ -94,8 +94,9 @@ class SeriesWriter:
             ov = insp.overview(activity=True, window_s=step_ms / 1000, sample=SAMPLE)
             with translated(insp.url):
                 try:
-                    client.xadd(keys.series(name), encode(ov), id=f"{start}-0", maxlen=cap,
-                                approximate=False)
+                    # redis-py wants exactly dict[FieldT, EncodableT] (dict is invariant)
+                    client.xadd(keys.series(name), encode(ov), id=f"{start}-0",  # type: ignore[arg-type]
+                                maxlen=cap, approximate=False)
                     written.append(name)
                 except redis.ResponseError as exc:  # another scheduler wrote this step first
                     if "equal or smaller" not in str(exc):
@@ -118,6 +119,8 @@ def read(client: redis.Redis, url: str, key: str, since_ms: int | None = None,
          count: int = 400) -> list[Point]:
     """The newest `count` points of one series from `since_ms` on, oldest first."""
     with translated(url):
-        entries = client.xrevrange(key, max="+", min=f"{since_ms}-0" if since_ms else "-",
-                                   count=count)
+        # a list, of bytes (no duetime client sets decode_responses), never None
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                       client.xrevrange(key, max="+", min=f"{since_ms}-0" if since_ms else "-",
+                                        count=count))
     return [p for p in (decode(i, f) for i, f in reversed(entries)) if p is not None]

@@ -16,11 +16,15 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from duetime.common.errors import InvalidInput, UnknownTask
-from duetime.common.names import check_name
+from duetime.common.names import check_name, check_owner
 from duetime.common.time.parse import Span
+from duetime.common.values import count, flag
 
 BACKOFF = Span(timedelta(0), timedelta(days=30))
 TIMEOUT = Span(timedelta(milliseconds=1), timedelta(days=7))
+# retries a task may declare: far beyond any sane retry policy (at a 1 s back-off base doubling
+# up to its cap, 1000 attempts take days), small enough that a typo such as 10**9 is refused
+MAX_RETRIES = 1000
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,16 @@ class TaskSpec:
         check_name("queue", self.queue)
         if self.tenant is not None:
             check_name("tenant", self.tenant)
-        if self.retries < 0:
-            raise InvalidInput(f"task {self.name!r}: retries must be >= 0, got {self.retries}")
+        what = f"task {self.name!r}:"
+        if self.fn is not None and not callable(self.fn):
+            raise InvalidInput(f"{what} the task must be a function, got {self.fn!r}")
+        count(self.retries, f"{what} retries", 0, MAX_RETRIES)
+        flag(self.idempotent, f"{what} idempotent")
+        flag(self.store_result, f"{what} store_result")
+        try:
+            check_owner(self.owner)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{what} {exc}") from None
         # durations in any accepted form (seconds, timedelta, "5m"), bounded, kept as seconds
         pair = tuple(self.backoff) if isinstance(self.backoff, tuple | list) else ()
         if len(pair) != 2:
@@ -56,7 +68,8 @@ class TaskSpec:
             raise InvalidInput(f"task {self.name!r}: backoff must be (base, max) with 0 <= base <= max")
         object.__setattr__(self, "backoff", (base.total_seconds(), cap.total_seconds()))
         if self.timeout is not None:
-            if isinstance(self.timeout, int | float) and self.timeout <= 0:
+            if (isinstance(self.timeout, int | float) and not isinstance(self.timeout, bool)
+                    and self.timeout <= 0):
                 raise InvalidInput(f"task {self.name!r}: timeout must be positive")
             timeout = TIMEOUT.parse(self.timeout, f"task {self.name!r}: timeout")
             object.__setattr__(self, "timeout", timeout.total_seconds())
@@ -111,19 +124,33 @@ class TaskSpec:
 
     @classmethod
     def by_name(cls, name: str, options_json: str | bytes | None) -> TaskSpec:
-        """A task known by name only, with the options a worker published (or the defaults)."""
-        o: dict[str, Any] = {}
-        if options_json:
-            try:
-                o = json.loads(options_json)
-            except ValueError:
-                o = {}
-        return cls(name=name, fn=None, queue=o.get("queue", "default"),
-                   retries=int(o.get("retries", 3)),
-                   backoff=tuple(o.get("backoff", (1.0, 300.0))),  # type: ignore[arg-type]
-                   timeout=o.get("timeout"), idempotent=bool(o.get("idempotent", True)),
-                   owner=o.get("owner"), store_result=bool(o.get("store_result", True)),
-                   tenant=o.get("tenant") or None)
+        """A task known by name only, with the options a worker published (or the defaults).
+
+        What a worker published is read back through the same checks as `@app.task`'s own
+        arguments: a record written by an older or damaged worker, or by hand (`"retries":
+        Infinity`), is refused with InvalidInput naming the task and the bad option, never
+        used half-read nor a raw OverflowError. Options this version does not know (published
+        by a newer worker) are ignored."""
+        if not options_json:
+            return cls(name=name)
+        where = f"task {name!r}: the options a worker published for it are unusable"
+        try:
+            o = json.loads(options_json)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"{where}: not JSON ({exc})") from None
+        if not isinstance(o, dict):
+            raise InvalidInput(f"{where}: expected a JSON object, got {str(o)[:60]!r}")
+        backoff = o.get("backoff", (1.0, 300.0))
+        try:
+            return cls(name=name, fn=None, queue=o.get("queue", "default"),
+                       retries=o.get("retries", 3),
+                       backoff=tuple(backoff) if isinstance(backoff, list) else backoff,
+                       timeout=o.get("timeout"), idempotent=o.get("idempotent", True),
+                       owner=o.get("owner"), store_result=o.get("store_result", True),
+                       tenant=o.get("tenant") or None)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{where} ({exc}); restart a worker that registers it to "
+                               "publish them again") from None
 
 
 P = ParamSpec("P")
@@ -171,13 +198,13 @@ class Task(Generic[P, R]):
         """Create one run of this task with these arguments; → its id. A repeated `key`
         returns the first run's id; `at` (aware) or `delay` (seconds or timedelta) schedule
         it; `queue` overrides the task's."""
-        return TaskOptions(self, at, delay, key, queue).enqueue(*args, **kwargs)  # type: ignore[arg-type]
+        return TaskOptions(self, at, delay, key, queue).enqueue(*args, **kwargs)
 
     async def aenqueue(self, *args: Any, key: str | None = None, at: datetime | None = None,
                        delay: timedelta | float | None = None, queue: str | None = None,
                        **kwargs: Any) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
-        return await TaskOptions(self, at, delay, key, queue).aenqueue(*args, **kwargs)  # type: ignore[arg-type]
+        return await TaskOptions(self, at, delay, key, queue).aenqueue(*args, **kwargs)
 
     def options(self, *, at: datetime | None = None, delay: timedelta | float | None = None,
                 key: str | None = None, queue: str | None = None) -> TaskOptions[P, R]:

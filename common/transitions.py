@@ -121,6 +121,14 @@ def release(k: Keyspace, p: int, queue: str, run_id: str, fence: int) -> Call:
             [k.prefix(p), run_id, fence, k.wake_channel, p, queue])
 
 
+def handback(k: Keyspace, p: int, queue: str, run_id: str, fence: int, worker_id: str,
+             first_ms: int, longest_ms: int) -> Call:
+    """A run of a task this worker does not know, given back unstarted (handback.lua)."""
+    return ([k.leases(p), k.due(p, queue), k.events(p)],
+            [k.prefix(p), run_id, fence, k.wake_channel, p, queue, first_ms, longest_ms,
+             worker_id])
+
+
 def heartbeat(k: Keyspace, p: int, lease_ms: int, held: list[tuple[str, str]]) -> Call:
     """held: (run id, owner token 'worker:fence') pairs of one partition."""
     args: list[Any] = [k.prefix(p), lease_ms]

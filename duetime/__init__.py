@@ -21,6 +21,7 @@ from duetime.common.errors import (
     PayloadTooLarge,
     RedisRefused,
     RedisUnavailable,
+    ResultNotStored,
     Retry,
     RunFailed,
     RunNotFound,
@@ -51,7 +52,8 @@ __all__ = [
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
-    "EnqueueIncomplete", "NotReplicated", "PartitionMismatch", "RunFailed", "WaitTimeout",
+    "EnqueueIncomplete", "NotReplicated", "PartitionMismatch", "RunFailed", "ResultNotStored",
+    "WaitTimeout",
     "WorkerStartFailed", "WorkerContext", "worker_context",
     "ServerBinaryNotFound",
     "__version__",

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from duetime.client.limits import Limit, Limits, make_limit
 from duetime.client.runs import ASYNC_SLICE, EnqueueRequest, RunStore
@@ -19,7 +19,7 @@ from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
-from duetime.common.names import check_name
+from duetime.common.names import check_name, check_owner
 from duetime.common.schedules import ScheduleDef, parse_stagger, seeded
 from duetime.common.tasks import Hook, Registry, Task, TaskSpec
 from duetime.common.time.spec import Trigger
@@ -34,6 +34,9 @@ ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "que
                             "priority"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
 CATALOGUE_TTL_S = 60.0  # how long a producer trusts the task options it read by name
+# a task a worker said it had the code of within this long can be enqueued by name (workers
+# may all be down for a while: runs queue up meanwhile)
+RECENT_S = 7 * 24 * 3600.0
 log = get_logger("duetime.app")
 
 
@@ -68,6 +71,8 @@ class App:
         self.durability = Durability(env.replicas if wait_replicas is None else wait_replicas,
                                      env.timeout_ms if wait_timeout_ms is None else wait_timeout_ms)
         self.redis_url = redis_url or os.environ.get("DUETIME_REDIS_URL") or DEFAULT_URL
+        if namespace is not None and not namespace:
+            raise InvalidInput("namespace must not be empty (None: the default, 'duetime')")
         self.keys = Keyspace(namespace or os.environ.get("DUETIME_NAMESPACE") or "duetime",
                              partitions)
         self.max_payload = max_payload
@@ -140,8 +145,8 @@ class App:
         name: str | None = None,
         queue: str = "default",
         retries: int = 3,
-        backoff: tuple[float, float] = (1.0, 300.0),
-        timeout: float | None = None,
+        backoff: tuple[float | str | timedelta, float | str | timedelta] = (1.0, 300.0),
+        timeout: float | str | timedelta | None = None,
         idempotent: bool = True,
         owner: str | None = None,
         store_result: bool = True,
@@ -160,7 +165,9 @@ class App:
         def register(f: Callable[P, R]) -> Task[P, R]:
             spec = TaskSpec(
                 name=f"{f.__module__}.{f.__qualname__}" if name is None else name, fn=f, queue=queue,
-                retries=retries, backoff=backoff, timeout=timeout, idempotent=idempotent,
+                # TaskSpec.__post_init__ turns any accepted duration into seconds
+                retries=retries, backoff=cast("tuple[float, float]", backoff),
+                timeout=cast("float | None", timeout), idempotent=idempotent,
                 owner=owner, store_result=store_result, tenant=tenant,
             )
             self.registry.add(spec)
@@ -195,20 +202,23 @@ class App:
         queue: str | None = None,
         tenant: str | None = None,
         priority: int = 0,
+        allow_unknown: bool = False,
     ) -> str:
         """Create one run; returns its id. A repeated `key` returns the first run's id.
 
         `task` is a task object, or a name: a service that only enqueues need not import the
         task's code (`app.enqueue("send-invoice", [42], queue="billing")`); the options come
-        from what a worker published for that name (see `publish_tasks`), else the defaults.
+        from what a worker published for that name (see `publish_tasks`). A name no live or
+        recent worker has published (a typo: its run would be dead-lettered later) raises
+        UnknownTask, unless `allow_unknown=True` (then enqueued with the default options).
         Where the task is registered here, the arguments are checked against its signature.
         `at`: an aware datetime or ISO-8601 string (1970..9999); `delay`: a timedelta, seconds
         or a string like "1h30m" (at most 100 years). Out of range: InvalidInput.
         `tenant` (default: the task's) names who the run is for: tenant limits and fair share
         apply to it, and it lives in its tenant's partition (docs/fairness.md). `priority`
         (1..100) puts it ahead of the queue's other due runs, higher first (its first attempt)."""
-        req = EnqueueRequest(self._resolve(task), args, kwargs or {}, at, delay, key, queue,
-                             tenant=tenant, priority=priority)
+        req = EnqueueRequest(self._resolve(task, allow_unknown=allow_unknown), args,
+                             kwargs or {}, at, delay, key, queue, tenant=tenant, priority=priority)
         run_id = self.store.enqueue(req)
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
@@ -224,16 +234,17 @@ class App:
         queue: str | None = None,
         tenant: str | None = None,
         priority: int = 0,
+        allow_unknown: bool = False,
     ) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
-        spec = await self._aresolve(task)
+        spec = await self._aresolve(task, allow_unknown)
         req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue, tenant=tenant,
                              priority=priority)
         [run_id] = await (await self._astore()).aenqueue_many([req])
         await self._aremember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
 
-    def enqueue_many(self, items: Iterable[dict[str, Any] | tuple]) -> list[str]:
+    def enqueue_many(self, items: Iterable[dict[str, Any] | tuple[Any, ...]]) -> list[str]:
         """Bulk enqueue, pipelined. Items are dicts of `enqueue`'s arguments or
         `(task, args)` / `(task, args, kwargs)` tuples. Nothing is written if an item is bad;
         if Redis stops the batch part way, EnqueueIncomplete says which runs were created."""
@@ -242,7 +253,7 @@ class App:
         self._remember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
         return ids
 
-    async def aenqueue_many(self, items: Iterable[dict[str, Any] | tuple]) -> list[str]:
+    async def aenqueue_many(self, items: Iterable[dict[str, Any] | tuple[Any, ...]]) -> list[str]:
         """`enqueue_many` for asyncio code: the loop is never held for more than a slice of
         the batch (see RunStore.aenqueue_many)."""
         items = list(items)
@@ -265,7 +276,7 @@ class App:
         return ids
 
     @staticmethod
-    def _requests(items: Iterable[dict[str, Any] | tuple],
+    def _requests(items: Iterable[dict[str, Any] | tuple[Any, ...]],
                   resolve: Callable[[Any], TaskSpec]) -> list[EnqueueRequest]:
         reqs = []
         # task object -> (task, spec): resolved once per call; holding the task keeps its id
@@ -295,28 +306,39 @@ class App:
         give runs the right retries, timeout, idempotency and owner. Workers do it at start."""
         specs = self.registry.specs()
         if specs:
+            now = int(time.time() * 1000)
             with translated(self.redis_url):
-                self.store.ready().hset(self.keys.tasks,
-                                        mapping={s.name: s.options_json() for s in specs})
+                pipe = self.store.ready().pipeline(transaction=False)
+                pipe.hset(self.keys.tasks, mapping={s.name: s.options_json() for s in specs})
+                pipe.hset(self.keys.task_seen, mapping={s.name: now for s in specs})
+                pipe.execute()
 
-    def _resolve(self, task: TaskRef, published: bool = False) -> TaskSpec:
+    def _resolve(self, task: TaskRef, published: bool = False,
+                 allow_unknown: bool = False) -> TaskSpec:
         """A task object, or a name. A name this app has no code for is taken with the options
-        a worker published for it. Without that, it is refused (UnknownTask: a misspelt name)
-        when this app registers tasks of its own or `published` is asked (a schedule fires for
-        ever), and enqueued with the default options by a pure producer, an app with no tasks."""
+        a worker published for it. A name no live or recent worker has published (see
+        `_by_name`) is refused (UnknownTask: a misspelt name), unless `allow_unknown` (then it
+        takes the default options); `published` refuses it in any case (a schedule fires for
+        ever)."""
         if isinstance(task, str) and self.registry.find(task) is None:
             check_name("task name", task)
             spec = self._by_name(task)
-            if task not in self._published and (published or self.registry.names()):
+            if task not in self._published and (published or not allow_unknown):
                 known = ", ".join(self.registry.names()) or "none"
+                hint = "" if published else "; allow_unknown=True enqueues it all the same"
                 raise UnknownTask(f"unknown task {task!r}: not registered in this app "
-                                  f"(registered: {known}) and no worker has published it")
+                                  f"(registered: {known}) and no live or recent worker has "
+                                  f"published it{hint}")
+            if task not in self._published and task not in self._warned:
+                self._warned.add(task)
+                log.warning("task not registered here and not published by any live or recent "
+                            "worker; enqueued with the default options", task=task)
             return spec
         return self.registry.resolve(task)
 
-    async def _aresolve(self, task: TaskRef) -> TaskSpec:
+    async def _aresolve(self, task: TaskRef, allow_unknown: bool = False) -> TaskSpec:
         if isinstance(task, str) and self.registry.find(task) is None:
-            return await asyncio.to_thread(self._resolve, task)
+            return await asyncio.to_thread(self._resolve, task, False, allow_unknown)
         return self._resolve(task)
 
     def _by_name(self, name: str) -> TaskSpec:
@@ -324,13 +346,20 @@ class App:
         hit = self._catalogue.get(name)
         if hit is None or time.monotonic() - hit[0] > CATALOGUE_TTL_S:
             with translated(self.redis_url):
-                raw = self.store.ready().hget(self.keys.tasks, name)
-            if raw is None and name not in self._warned and not self.registry.names():
-                self._warned.add(name)
-                log.warning("task not registered here and not published by any worker: "
-                            "enqueued with the default options", task=name)
-            if raw is not None:
+                pipe = self.store.ready().pipeline(transaction=False)
+                pipe.hget(self.keys.tasks, name)
+                pipe.hget(self.keys.task_seen, name)
+                raw, seen = pipe.execute()
+            # published: its options are there, and a worker said it had the code within
+            # RECENT_S (no time at all: published by a worker that kept none, taken as recent)
+            try:
+                recent = seen is None or time.time() * 1000 - int(seen) <= RECENT_S * 1000
+            except ValueError:
+                recent = False
+            if raw is not None and recent:
                 self._published.add(name)
+            else:
+                self._published.discard(name)
             hit = self._catalogue[name] = (time.monotonic(), TaskSpec.by_name(name, raw))
         return hit[1]
 
@@ -462,6 +491,7 @@ class App:
         spec = self._resolve(task, published=True)
         if tenant is not None:
             check_name("tenant", tenant)
+        owner = check_owner(owner)
         lateness_ms, jitter_ms, tolerance_ms = ScheduleDef.durations(lateness, jitter,
                                                                      miss_tolerance)
         return ScheduleDef(

@@ -32,7 +32,7 @@ def run_demo(url: str | None, count: int, workers: int) -> None:
         app: App = demo_app.app
         app.configure(redis_url=url, namespace=namespace)
 
-        items: list[tuple] = []
+        items: list[tuple[object, list[object]]] = []
         for i in range(count):
             if i % 50 == 7:
                 items.append((demo_app.broken, [i]))

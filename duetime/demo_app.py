@@ -12,7 +12,7 @@ app = duetime.App()
 
 
 @app.task(name="demo.resize", backoff=(0.2, 1.0))
-def resize(image: str, width: int) -> dict:
+def resize(image: str, width: int) -> dict[str, str | int]:
     time.sleep(random.uniform(0.001, 0.01))
     return {"image": image, "width": width}
 

@@ -54,8 +54,9 @@ def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: 
             if status == "created":
                 created.append(name)
         metrics.serve(metrics_port, role="scheduler")
-        parts = [Evaluator(url, app.keys, lead_ms=1000), Reaper(url, app.keys, tick_s=0.5),
-                 Gauges(url, app.keys, interval_s=2.0)]
+        parts: list[Evaluator | Reaper | Gauges] = [
+            Evaluator(url, app.keys, lead_ms=1000), Reaper(url, app.keys, tick_s=0.5),
+            Gauges(url, app.keys, interval_s=2.0)]
         threads = [threading.Thread(target=x.run, name=type(x).__name__, daemon=True) for x in parts]
         for t in threads:
             t.start()

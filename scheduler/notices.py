@@ -11,6 +11,7 @@ costs at most `SAFETY_S`; an idle scheduler sends almost nothing.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import math
 import random
@@ -75,17 +76,17 @@ class Heads:
             else:
                 self.due[p] = ms
 
-    def drop_except(self, keep: set[int]) -> None:
+    def drop_except(self, keep: builtins.set[int]) -> None:  # builtins: Heads has a set()
         with self._lock:
             for p in [p for p in self.due if p not in keep]:
                 del self.due[p]
 
-    def ready(self, until_ms: int, among: set[int] | None = None) -> list[int]:
+    def ready(self, until_ms: int, among: builtins.set[int] | None = None) -> list[int]:
         with self._lock:
             return sorted(p for p, ms in self.due.items()
                           if ms <= until_ms and (among is None or p in among))
 
-    def earliest(self, among: set[int] | None = None) -> int | None:
+    def earliest(self, among: builtins.set[int] | None = None) -> int | None:
         with self._lock:
             times = [ms for p, ms in self.due.items() if among is None or p in among]
         return min(times) if times else None
@@ -131,7 +132,8 @@ class Listener(threading.Thread):
     def run(self) -> None:
         delay = 0.1
         while not self.stopping.is_set():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=False)
+            # redis-py leaves Redis.pubsub unannotated
+            pubsub = self.client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
             try:
                 pubsub.subscribe(*self.channels)
                 while not self.stopping.is_set():

@@ -21,6 +21,8 @@ log = get_logger("duetime.scheduler")
 class _Part(threading.Thread):
     """A thread of the scheduler process that remembers how it ended."""
 
+    error: BaseException | None
+
     def __init__(self, name: str, target: Callable[[], None]) -> None:
         super().__init__(name=name, daemon=True)
         self._body, self.error = target, None

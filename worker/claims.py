@@ -220,4 +220,4 @@ class Claimer:
         for (p, q), n in group:
             ks, args = tr.claim(self.keys, p, q, cfg.worker_id, n, cfg.lease_ms, cfg.claim_ahead_ms)
             await self.scripts.claim(keys=ks, args=args, client=pipe)
-        return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+        return await pipe.execute(raise_on_error=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 
@@ -17,6 +18,8 @@ MAX_LEASE_MS = 24 * 3600 * 1000
 MAX_CONCURRENCY = 10_000
 MAX_WEIGHT = 1000
 MIN_REFRESH_S = 0.01
+DEFAULT_UNKNOWN_TASK_GRACE_MS = 10 * 60 * 1000
+MAX_UNKNOWN_TASK_GRACE_MS = 30 * 24 * 3600 * 1000
 LOG_ERROR_TEXT_ENV = "DUETIME_LOG_ERROR_TEXT"
 
 
@@ -47,6 +50,9 @@ class WorkerConfig:
     # queue -> weight: claims shared in proportion (no starvation); None: strict priority in
     # the order of `queues` (see worker/due.py)
     queue_weights: dict[str, int] | None = None
+    # a run of a task this worker does not know goes back to its queue for a worker that
+    # knows it; dead-lettered once no live worker has published the task for this long
+    unknown_task_grace_ms: int = DEFAULT_UNKNOWN_TASK_GRACE_MS
 
     def __post_init__(self) -> None:
         self.validate()
@@ -67,11 +73,15 @@ class WorkerConfig:
         _number_in("refresh_s", self.refresh_s, MIN_REFRESH_S, 3600.0)
         check_name("worker id", self.worker_id)
         _int_in("max_result", self.max_result, 1, 512 * 1024 * 1024)
+        _int_in("unknown_task_grace_ms", self.unknown_task_grace_ms, 1, MAX_UNKNOWN_TASK_GRACE_MS)
         if self.queue_weights is not None:
             if set(self.queue_weights) != set(self.queues):
                 raise InvalidInput("queue_weights must give a weight to every queue served")
             for q, w in self.queue_weights.items():
                 _int_in(f"weight of queue {q!r}", w, 1, MAX_WEIGHT)
+
+
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 
 def parse_queues(text: str) -> tuple[list[str], dict[str, int] | None]:
@@ -84,7 +94,10 @@ def parse_queues(text: str) -> tuple[list[str], dict[str, int] | None]:
         if not item:
             continue
         name, sep, w = item.rpartition(":")
-        if sep and name and w.isdigit():
+        if sep and name and _NUMBER.fullmatch(w):  # a weight, to be checked: not part of a name
+            if not w.isdigit() or not 1 <= int(w) <= MAX_WEIGHT:
+                raise InvalidInput(f"queue {name!r}: weight must be an integer in "
+                                   f"1..{MAX_WEIGHT}, got {w!r}")
             weighted = True
             check_name("queue", name)
             names.append(name)
@@ -93,6 +106,8 @@ def parse_queues(text: str) -> tuple[list[str], dict[str, int] | None]:
             check_name("queue", item)
             names.append(item)
             weights[item] = 1
+    if not names:
+        raise InvalidInput(f"--queues names no queue, got {text!r}")
     return names, (weights if weighted else None)
 
 

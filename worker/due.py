@@ -91,6 +91,7 @@ class DueTimes:
             self._held = {k: u for k, u in self._held.items() if u > t}
         held, served = self._held, self._served
         keys = [(k, d) for k, d in self.next_due.items() if d <= horizon_ms and k not in held]
+        due: list[tuple[float, int, float, tuple[int, str]]]  # (rank or virtual time, served, due, key)
         if self._weights is None:
             rank = self._rank
             due = [(rank[k[1]], served.get(k, 0), d, k) for k, d in keys]
@@ -151,8 +152,9 @@ class DueTimes:
             log.info("partition available again", partition=p, queue=q, worker_id=self.worker_id)
 
     async def refresh(self, client: aredis.Redis) -> bool:
-        """Read the head of every due and retry set served, in one pipeline. True when a
-        read met a failover (see `refuse`)."""
+        """Read the head of every due and retry set served, in one pipeline (the wake listener
+        calls it whenever its subscription (re)connects); a head earlier than known wakes the
+        claim loop. True when a read met a failover (see `refuse`)."""
         seq = self.seq
         pipe = client.pipeline(transaction=False)
         order: list[Key] = []
@@ -162,7 +164,7 @@ class DueTimes:
                 pipe.zrange(self.keys.retry(p, q), 0, 0, withscores=True)
                 order.append((p, q))
         res: list[Any] = await pipe.execute(raise_on_error=False)
-        moving = False
+        moving = earlier = False
         for i, key in enumerate(order):
             due, retry = res[2 * i], res[2 * i + 1]
             failed = [r for r in (due, retry) if isinstance(r, Exception)]
@@ -171,5 +173,13 @@ class DueTimes:
                 self.next_due.setdefault(key, 0.0)
                 continue
             heads = [s for part in (due, retry) for _, s in part]
+            before = self.next_due.get(key)
             self.set(key, min(heads) if heads else None, seq)
+            after = self.next_due.get(key)
+            earlier |= after is not None and (before is None or after < before)
+        if earlier:
+            # a run the worker had not heard of (its notice came while the wake subscription
+            # was down, e.g. across a Redis restart): the claim loop may be asleep until the
+            # next refresh, so wake it now
+            self._on_earlier()
         return moving

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duetime.common import metrics
-from duetime.common.codec import pack_result, unpack_payload
+from duetime.common.codec import pack_not_stored, pack_result, unpack_payload
 from duetime.common.context import RunContext, set_current
 from duetime.common.errors import Fatal, InvalidInput, Retry, UnknownTask
 from duetime.common.logs import bind_run
@@ -30,11 +30,13 @@ from duetime.common.models import from_ms
 from duetime.common.outcomes import FailMode, Outcome
 from duetime.common.retrycost import ATTEMPT_OUTCOMES
 from duetime.common.tasks import Registry, TaskSpec
+from duetime.common.time.parse import DELAY, duration_ms
 from duetime.common.transitions import Claimed
 from duetime.worker.clock import ServerClock
 from duetime.worker.config import WorkerConfig
 from duetime.worker.errors import frames_text, log_message, record_text
 from duetime.worker.reporter import Reporter
+from duetime.worker.unknown import UnknownTasks
 
 log = get_logger("duetime.worker")
 LEASE_LOST, UNRECORDED = Outcome.LEASE_LOST.value, Outcome.UNRECORDED.value
@@ -88,6 +90,9 @@ class Executor:
         self.processed = 0
         self._owners: dict[str, str] = {}  # task -> its owner ('' if none), for the cost counts
         self._debug = log.is_enabled_for(logging.DEBUG)
+        # runs of tasks not registered here: handed back while some worker knows them (the
+        # Worker sets it; None: dead-lettered at once, as a bare Executor always did)
+        self.unknown: UnknownTasks | None = None
 
     # -- starting -------------------------------------------------------------------------
     def start(self, p: int, queue: str, c: Claimed, now_ms: float) -> None:
@@ -137,6 +142,33 @@ class Executor:
 
     # -- executing ------------------------------------------------------------------------
     async def _execute(self, ex: Execution, c: Claimed, wait_s: float) -> None:
+        """The attempt's task: nothing raised in it is ever lost. A failure of the worker's own
+        code before the outcome was handed to the reporter is logged with the run id and
+        reported as the attempt's failure (a retry, with that error on the attempt); after
+        the hand-over, it is logged and the outcome handed over stands."""
+        try:
+            await self._attempt(ex, c, wait_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the worker's own failure: never unlogged
+            ctx = ex.ctx
+            handed = ex.key in self.reporter.unsent
+            log.error("worker failed while executing an attempt", run_id=ctx.run_id,
+                      task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
+                      schedule=ctx.schedule, error=f"{type(exc).__name__}: {str(exc)[:300]}",
+                      outcome_reported=handed, traceback=frames_text(exc))
+            if handed or ex.lost or ex.superseded:
+                return
+            try:
+                self.reporter.fail(ex, f"worker error while executing the attempt: "
+                                       f"{type(exc).__name__}: {str(exc)[:500]}", "error", 0)
+            except Exception as again:  # noqa: BLE001 - the lease lapses; the reaper retries
+                log.error("attempt outcome could not be handed to the reporter; the run is "
+                          "retried when its lease expires", run_id=ctx.run_id, task=ctx.task,
+                          attempt=ctx.attempt, worker_id=self.worker_id,
+                          error=f"{type(again).__name__}: {str(again)[:300]}")
+
+    async def _attempt(self, ex: Execution, c: Claimed, wait_s: float) -> None:
         ctx = ex.ctx
         report: str | None = "complete"
         mode: FailMode = "error"
@@ -173,9 +205,20 @@ class Executor:
         except UnknownTask as exc:
             report, mode, exc_type = "fail", "fatal", "UnknownTask"
             err = f"{exc}; worker {self.worker_id} cannot run it"
+            if self.unknown is not None:  # a rolling deploy: back for a worker that knows it
+                try:
+                    reason = await self.unknown.verdict(ctx.task, c.due_ms)
+                except asyncio.CancelledError:  # stopping meanwhile: it goes back all the same
+                    reason = None
+                if reason is None:
+                    report = "handback"
+                else:
+                    err = f"{reason}; worker {self.worker_id} cannot run it"
         except Retry as exc:
             report, mode, err, exc_type = "fail", "retry", str(exc), type(exc).__name__
-            delay_ms = int((exc.delay or 0) * 1000)
+            delay_ms, bad = _retry_delay_ms(exc)
+            if bad:  # a Retry subclass that skipped Retry.__init__: a plain failure
+                mode, err = "error", f"{err} ({bad})"
         except Fatal as exc:
             report, mode, err, exc_type = "fail", "fatal", record_text(exc), type(exc).__name__
             frames = frames_text(exc)
@@ -205,11 +248,25 @@ class Executor:
             if self._waiting and self._waiting.get(ctx.run_id) is ex:
                 del self._waiting[ctx.run_id]
             self._on_free()
-        self.processed += 1
-        elapsed = time.perf_counter() - started if ran else 0.0
-        if ran:
-            metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
-        self._cost(ex, report, mode, elapsed)
+        if report == "handback":  # nothing ran: no attempt, no cost
+            assert self.unknown is not None
+            self.unknown.handed_back += 1
+            log.info("run of a task this worker does not know handed back", run_id=ctx.run_id,
+                     task=ctx.task, worker_id=self.worker_id, queue=ctx.queue)
+            self.reporter.hand_back(ex)
+            return
+        try:
+            self.processed += 1
+            elapsed = time.perf_counter() - started if ran else 0.0
+            if ran:
+                metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
+            self._cost(ex, report, mode, elapsed)
+        except Exception as exc:  # noqa: BLE001 - counting must not change the outcome
+            log.error("worker failed counting an attempt; its outcome is reported as decided",
+                      run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
+                      worker_id=self.worker_id, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            if report == "fail":
+                err = f"{err} (and the worker failed counting it: {type(exc).__name__}: {exc})"
         if report is None or ex.superseded:
             # nothing to report: the lease was lost (a later attempt claimed here may report),
             # or the loop is being torn down (the reaper will recover the run)
@@ -278,18 +335,21 @@ class Executor:
 
     def _pack(self, ex: Execution, value: Any) -> bytes:
         """The return value as stored on the run; one that cannot be stored (too large, not
-        msgpack) is said in the log (never its content) and the run succeeds without it."""
+        msgpack) is said in the log (never its content) and the run succeeds with the reason
+        stored in its place: `wait` raises ResultNotStored saying why, never returns None."""
         try:
             return pack_result(value, self.cfg.max_result)
-        except InvalidInput as exc:
+        except Exception as exc:  # noqa: BLE001 - InvalidInput, or a failing __str__/default
+            why = str(exc) if isinstance(exc, InvalidInput) else f"{type(exc).__name__}: {exc}"
             log.warning("result not stored", run_id=ex.ctx.run_id, task=ex.ctx.task,
-                        attempt=ex.ctx.attempt, worker_id=self.worker_id, why=str(exc)[:200])
-            return b""
+                        attempt=ex.ctx.attempt, worker_id=self.worker_id, why=why[:200])
+            return pack_not_stored(why)
 
     async def _call(self, ex: Execution, spec: TaskSpec, args: list[Any], kwargs: dict[str, Any],
                     timeout: float | None) -> Any:
         """Run the task body; → its return value. While it runs, `_bodies` names its attempt: a
         later attempt of the run claimed meanwhile waits for it (`_follow`)."""
+        assert spec.fn is not None  # a task registered with this worker has its function
         set_current(ex.ctx)
         bind_run(ex.ctx.run_id, ex.ctx.task, ex.ctx.attempt, worker_id=self.worker_id,
                  schedule=ex.ctx.schedule)
@@ -396,6 +456,21 @@ class Executor:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _retry_delay_ms(exc: Retry) -> tuple[int, str]:
+    """The delay a Retry asks for, in ms, and '' (or why it cannot be used). Retry() parses
+    it when made; a subclass that never called Retry.__init__ is read with the same parser."""
+    ms = getattr(exc, "delay_ms", None)
+    if isinstance(ms, int) and not isinstance(ms, bool):
+        return ms, ""
+    delay = getattr(exc, "delay", None)
+    if delay is None:
+        return 0, ""
+    try:
+        return duration_ms(DELAY.parse(delay, "Retry(delay=...)")), ""
+    except InvalidInput as bad:
+        return 0, str(bad)
 
 
 async def _within(timeout: float, aw: Any) -> Any:

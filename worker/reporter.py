@@ -27,6 +27,7 @@ from duetime.common.retrycost import Ledger
 from duetime.common.retrycost import commands as cost_commands
 from duetime.common.scripts import Scripts
 from duetime.worker.errors import REDIS_ERRORS
+from duetime.worker.unknown import HANDBACK_FIRST_MS, HANDBACK_LONGEST_MS
 
 if TYPE_CHECKING:
     from duetime.worker.execution import Execution
@@ -71,6 +72,11 @@ class Reporter:
         self.unsent[ex.key] = ex
         self._queue.put_nowait(("release", ex, _NO_ARGS))
 
+    def hand_back(self, ex: Execution) -> None:
+        """A run of a task this worker does not know, unstarted (worker/unknown.py)."""
+        self.unsent[ex.key] = ex
+        self._queue.put_nowait(("handback", ex, _NO_ARGS))
+
     def close(self) -> None:
         """No more reports: `run` ends once the waiting ones are sent (or given up)."""
         self._queue.put_nowait(None)
@@ -98,7 +104,13 @@ class Reporter:
                 closed_at = time.monotonic()
                 self._closing = True
             items = carry + [b for b in batch if b is not None]
-            carry = await self.flush(items) if items or self._cost_due() else []
+            if items or self._cost_due():
+                try:
+                    carry = await self.flush(items)
+                except Exception as exc:  # noqa: BLE001 - a fault of the worker's own code
+                    carry = await self._isolate(items, exc)
+            else:
+                carry = []
         if self.ledger:  # the last counts, once (reports given up above are not retried here)
             with contextlib.suppress(*REDIS_ERRORS):
                 self._closing = True
@@ -110,6 +122,53 @@ class Reporter:
             log.error("outcomes not recorded: Redis did not take them before shutdown",
                       runs=[ex.ctx.run_id for _, ex, _ in carry][:20], count=len(carry),
                       worker_id=self.worker_id)
+
+    async def _isolate(self, items: list[Item], exc: Exception) -> list[Item]:
+        """A flush failed with an error that is not Redis's (a fault in duetime's own code, or
+        in a value of one report): logged with the run ids, then each report is sent alone, so
+        one bad report cannot hold back the others nor stop the reporter. A report that fails
+        alone too goes once more in its simplest form (a success without its result, with the
+        reason stored in its place; a failure with a plain error text); one that still fails
+        is given up and logged: its lease lapses and the reaper retries the run."""
+        log.error("outcome reports failed inside the worker; sending them one by one",
+                  runs=[ex.ctx.run_id for _, ex, _ in items][:20], count=len(items),
+                  error=f"{type(exc).__name__}: {str(exc)[:300]}", worker_id=self.worker_id)
+        carry: list[Item] = []
+        for item in items:
+            kind, ex, extra = item
+            sent = False
+            for first in (True, False):
+                attempt = item if first else self._simplest(item, exc)  # built only if needed
+                if attempt is None:
+                    break
+                try:
+                    carry += await self.flush([attempt])
+                    sent = True
+                    break
+                except Exception as again:  # noqa: BLE001 - said below, per run
+                    exc = again
+            if not sent:
+                self.unsent.pop(ex.key, None)
+                child(RUNS_FINISHED, ex.ctx.task, Outcome.UNRECORDED.value).inc()
+                log.error("outcome not recorded: it could not be sent; the run is retried when "
+                          "its lease expires", run_id=ex.ctx.run_id, task=ex.ctx.task,
+                          attempt=ex.ctx.attempt, report=kind, worker_id=self.worker_id,
+                          error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        return carry
+
+    @staticmethod
+    def _simplest(item: Item, exc: Exception) -> Item | None:
+        from duetime.common.codec import pack_not_stored
+
+        kind, ex, extra = item
+        why = f"the worker could not report it: {type(exc).__name__}: {str(exc)[:200]}"
+        if kind == "complete":
+            ex.result = pack_not_stored(why)
+            return item
+        if kind == "fail":
+            return ("fail", ex, (f"worker error while reporting the attempt: {why}",
+                                 "error", extra[2] if len(extra) > 2 else 0))
+        return None
 
     def _cost_due(self) -> bool:
         return bool(self.ledger) and (self._closing
@@ -202,6 +261,10 @@ class Reporter:
             keys, args = tr.fail(k, p, ctx.queue, ctx.run_id, ctx.fence, err, mode, delay_ms,
                                  random.random())
             await self.scripts.fail(keys=keys, args=args, client=pipe)
+        elif kind == "handback":
+            keys, args = tr.handback(k, p, ctx.queue, ctx.run_id, ctx.fence, self.worker_id,
+                                     HANDBACK_FIRST_MS, HANDBACK_LONGEST_MS)
+            await self.scripts.handback(keys=keys, args=args, client=pipe)
         else:
             keys, args = tr.release(k, p, ctx.queue, ctx.run_id, ctx.fence)
             await self.scripts.release(keys=keys, args=args, client=pipe)

@@ -38,6 +38,7 @@ from duetime.worker.errors import REDIS_ERRORS
 from duetime.worker.execution import Execution, Executor
 from duetime.worker.leases import LeaseKeeper
 from duetime.worker.reporter import Reporter
+from duetime.worker.unknown import UnknownTasks
 from duetime.worker.wake import WakeListener
 
 log = get_logger("duetime.worker")
@@ -65,6 +66,9 @@ class Worker:
         self.claimer = Claimer(self.client, self.scripts, keys, config, self.due, self.clock,
                                self.executor, self._wake)
         self.leases = LeaseKeeper(self.client, self.scripts, keys, config, self.executor)
+        self.unknown = UnknownTasks(self.client, keys, registry, self.clock,
+                                    config.unknown_task_grace_ms, self.id)
+        self.executor.unknown = self.unknown
         self.listener = WakeListener(self.client, keys.wake_channel, self.due, self.id)
         self.context = WorkerContext(worker_id=self.id)  # what start hooks give tasks
         set_worker_context(self.context)
@@ -105,6 +109,7 @@ class Worker:
         try:
             await self.clock.sync(self.client)
             await self.due.refresh(self.client)
+            await self.unknown.publish()  # before the first claim: runs of these tasks stay
         except REDIS_ERRORS as exc:
             raise unavailable(self.url, exc) from None
         if handle_signals:
@@ -119,6 +124,7 @@ class Worker:
         background = [
             asyncio.create_task(self.listener.run(), name="duetime-wake"),
             asyncio.create_task(self.leases.run(), name="duetime-heartbeat"),
+            asyncio.create_task(self.unknown.run(), name="duetime-task-seen"),
         ]
         reporter = asyncio.create_task(self.reporter.run(), name="duetime-report")
         try:

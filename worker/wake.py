@@ -50,7 +50,7 @@ class WakeListener:
                         self.on_message(msg["data"])
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
                 raise
             except ANY_REDIS_ERROR as exc:
                 delay = outage.failed(exc)
@@ -59,7 +59,7 @@ class WakeListener:
                           worker_id=self.worker_id, exc_info=True)
                 delay = 1.0
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
             await asyncio.sleep(delay)
 
     def on_message(self, data: object) -> None:

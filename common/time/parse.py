@@ -168,6 +168,7 @@ DELAY = Span(ZERO, MAX_DURATION)                              # enqueue --delay 
 LEASE = Span(timedelta(milliseconds=500), timedelta(days=1))  # worker --lease (heartbeat: 1/3)
 GRACE = Span(ZERO, timedelta(days=1))                         # worker --grace
 CLAIM_AHEAD = Span(ZERO, _S)                                  # worker --claim-ahead
+UNKNOWN_GRACE = Span(_S, timedelta(days=30))                  # worker --unknown-task-grace
 TICK = Span(timedelta(milliseconds=10), timedelta(minutes=10))  # scheduler/reaper ticks
 GAUGES_EVERY = Span(timedelta(milliseconds=100), timedelta(hours=1))
 LEAD = Span(ZERO, timedelta(hours=1))                         # scheduler --lead

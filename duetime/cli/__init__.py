@@ -52,6 +52,18 @@ def main(ctx: click.Context, redis_url: str | None, namespace: str | None, log_l
          durability: str | None) -> None:
     """duetime: a Redis-backed distributed job scheduler."""
     logs.configure(log_level)
+    if namespace is not None and not namespace.strip():
+        # an empty namespace would silently mean the default one: another team's keys
+        raise click.BadParameter("must not be empty (omit it for the default, 'duetime')",
+                                 param_hint="--namespace")
+    if namespace is not None:
+        from duetime.common.errors import InvalidInput
+        from duetime.common.names import check_name
+
+        try:
+            check_name("namespace", namespace)
+        except InvalidInput as exc:
+            raise click.BadParameter(str(exc), param_hint="--namespace") from None
     # every client this process (and the worker processes it starts) makes follows it
     if durability == "async":
         os.environ[ENV_REPLICAS] = "0"

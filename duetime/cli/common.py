@@ -165,13 +165,18 @@ def load_app(ref: str, url: str | None, namespace: str | None) -> App:
     return app
 
 
-def plain_app(ctx: click.Context) -> App:
+def plain_app(ctx: click.Context, wait_as: str | None = None) -> App:
     """An App without tasks, for commands that only read or manage records. Its partition
     count is the namespace's own (from `<ns>:meta`), so any namespace can be inspected; it
-    writes nothing until a command changes something."""
+    writes nothing until a command changes something. `wait_as`: a long-running process of
+    that role, which waits for a server not up yet (common/startup.py) instead of failing."""
     url, ns = ctx.obj["url"], ctx.obj["namespace"]
     app = App(redis_url=url, namespace=ns)
     note_default_server(ctx, app)
+    if wait_as is not None:
+        from duetime.common.startup import wait_for_server
+
+        wait_for_server(lambda: app.store.client.ping(), app.redis_url, wait_as)
     with translated(app.redis_url):
         raw = app.store.client.hget(app.keys.meta, "partitions")
     try:
@@ -196,8 +201,15 @@ def note_default_server(ctx: click.Context, app: App) -> None:
                f"(namespace {app.keys.namespace!r})", err=True)
 
 
-def app_for(ctx: click.Context, app_ref: str | None) -> App:
-    return load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"]) if app_ref else plain_app(ctx)
+def app_for(ctx: click.Context, app_ref: str | None, wait_as: str | None = None) -> App:
+    if not app_ref:
+        return plain_app(ctx, wait_as)
+    app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
+    if wait_as is not None:
+        from duetime.common.startup import wait_for_server
+
+        wait_for_server(lambda: app.store.client.ping(), app.redis_url, wait_as)
+    return app
 
 
 def inspector(app: App) -> Inspector:
@@ -213,7 +225,8 @@ def admin(app: App) -> RunAdmin:
 
 
 # -- parsing ----------------------------------------------------------------------------
-class DurationParam(click.ParamType):
+# click >= 8.4 makes ParamType generic; subscripting it would fail on the 8.1 floor
+class DurationParam(click.ParamType):  # type: ignore[type-arg]
     """A duration option read by the one duration parser and checked against its bounds; a
     bad one is a usage error (one `error:` line naming the option, exit 2)."""
 
@@ -231,7 +244,7 @@ class DurationParam(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-class InstantParam(click.ParamType):
+class InstantParam(click.ParamType):  # type: ignore[type-arg]  # as DurationParam
     """An ISO-8601 instant with a UTC offset, 1970..9999, as an aware UTC datetime."""
 
     name = "instant"

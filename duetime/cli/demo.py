@@ -8,8 +8,10 @@ from duetime.cli.common import fail_cleanly
 
 
 @click.command()
-@click.option("--runs", "count", default=300, show_default=True, help="Runs to enqueue.")
-@click.option("--workers", default=2, show_default=True, help="Worker processes to start.")
+@click.option("--runs", "count", default=300, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="Runs to enqueue.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Worker processes to start.")
 @click.pass_context
 @fail_cleanly
 def demo(ctx: click.Context, count: int, workers: int) -> None:

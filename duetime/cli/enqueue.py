@@ -21,15 +21,18 @@ from duetime.common.time.parse import DELAY
 @duration_option("--delay", span=DELAY, default=None, help="Due this long from now.")
 @click.option("--key", default=None, help="Idempotency key: the same key gives the same run.")
 @click.option("--queue", default=None, help="Default: the task's queue.")
+@click.option("--allow-unknown", is_flag=True, help="Enqueue a task no live or recent worker "
+              "has published (refused otherwise: a misspelt name), with the default options.")
 @click.pass_context
 @fail_cleanly
 def enqueue(ctx: click.Context, task: str, app_ref: str | None, args_json: str, kwargs_json: str,
             at: datetime | None, delay: timedelta | None, key: str | None,
-            queue: str | None) -> None:
+            queue: str | None, allow_unknown: bool) -> None:
     """Create one run of TASK and print its id."""
     args, kwargs = parse_payload(args_json, kwargs_json)
     if at and delay is not None:
         raise click.UsageError("give either --at or --delay, not both")
     app = _app_or_plain(ctx, app_ref)
-    run_id = app.enqueue(task, args=args, kwargs=kwargs, at=at, delay=delay, key=key, queue=queue)
+    run_id = app.enqueue(task, args=args, kwargs=kwargs, at=at, delay=delay, key=key, queue=queue,
+                         allow_unknown=allow_unknown)
     click.echo(run_id)

@@ -19,11 +19,11 @@ from duetime.cli.common import (
     table,
 )
 from duetime.common.connection import redact
+from duetime.common.overview import Overview
 from duetime.common.retrycost import MINUTE_MS, minute_of
 from duetime.common.time.fmt import ago, format_duration, human_duration, iso
 from duetime.common.time.parse import REFRESH, WAIT, WINDOW, from_ms
 from duetime.ops.doctor import run_checks
-from duetime.ops.inspect import Overview
 from duetime.ops.keyguide import KeyGuide
 from duetime.ops.render import lease_to_dict, overview_to_dict, scheduler_to_dict, worker_to_dict
 

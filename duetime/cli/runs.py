@@ -169,7 +169,7 @@ def dead() -> None:
     """Dead-lettered runs: failed for good (fatal error or attempts exhausted)."""
 
 
-def _dead_rows(runs: list[RunSummary], now: datetime) -> list[tuple]:
+def _dead_rows(runs: list[RunSummary], now: datetime) -> list[tuple[object, ...]]:
     return [(s.id, s.task, s.queue, s.owner, when(s.finished, now), s.attempt,
              (s.error or s.reason or "")[:80]) for s in runs]
 

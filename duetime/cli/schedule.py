@@ -71,11 +71,14 @@ def _stagger_ms(value: str | None, option: str = "--stagger") -> int | None:
         raise click.BadParameter(str(exc), param_hint=option) from None
 
 
-def _trigger(cron: str | None, tz: str, every: timedelta | None, at: datetime | None,
+def _trigger(cron: str | None, tz: str | None, every: timedelta | None, at: datetime | None,
              dst_gap: str, dst_fold: str) -> Trigger:
     given = [o for o, v in (("--cron", cron), ("--every", every), ("--at", at)) if v is not None]
     if len(given) != 1:
         raise click.UsageError("give exactly one of --cron, --every or --at")
+    if tz is not None and cron is None:  # it would be ignored: --every and --at are zone-free
+        raise click.UsageError(f"--tz applies to --cron only, not to {given[0]}")
+    tz = tz or "UTC"
     if every is not None:
         return Every(every)
     if at is not None:
@@ -87,6 +90,11 @@ def _trigger(cron: str | None, tz: str, every: timedelta | None, at: datetime | 
         raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
+# `schedule add` warns above this rate: at 1 ms a schedule makes 86 million runs a day (tens
+# of GB of run records within the retention, with or without a worker to run them)
+WARN_INTERVAL = timedelta(seconds=1)
+
+
 @click.group()
 def schedule() -> None:
     """Register and manage schedules (cron in a zone, fixed intervals, one-time instants)."""
@@ -95,7 +103,7 @@ def schedule() -> None:
 @schedule.command("add")
 @click.argument("name")
 @click.option("--cron", default=None, help=CRON_HELP)
-@click.option("--tz", default="UTC", show_default=True, help="IANA zone of --cron.")
+@click.option("--tz", default=None, help="IANA zone of --cron (default UTC).")
 @duration_option("--every", span=EVERY, default=None, help="Fixed interval (zone-free).")
 @instant_option("--at", default=None, help="One run at this instant.")
 @click.option("--task", required=True, help="Registered task name.")
@@ -134,7 +142,7 @@ def schedule() -> None:
 @click.option("--paused", is_flag=True, help="Create it paused.")
 @click.pass_context
 @fail_cleanly
-def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str, every: timedelta | None,
+def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str | None, every: timedelta | None,
                  at: datetime | None, task: str, app_ref: str, args_json: str, kwargs_json: str,
                  queue: str | None, catchup: str, max_catchup: int, miss_tolerance: timedelta | None,
                  lateness: timedelta | None, overlap: str, jitter: timedelta | None,
@@ -153,6 +161,11 @@ def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str, every
     nxt = (f"next fire {when(info.next_fire, server_now(app))}" if info.next_fire
            else "no further fire time")
     click.echo(f"{status} {name}: {info.trigger.describe()}; {nxt}")
+    if every is not None and every < WARN_INTERVAL:
+        per_day = timedelta(days=1) / every
+        click.echo(f"warning: schedule {name} fires more than once a second (every "
+                   f"{format_duration(every)}: {per_day:,.0f} runs a day, each kept for the "
+                   "retention); is that meant?", err=True)
 
 
 @schedule.command("list")

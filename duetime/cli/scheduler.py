@@ -21,6 +21,7 @@ from duetime.cli.common import (
 from duetime.cli.common import app_for as _app_or_plain
 from duetime.common import metrics
 from duetime.common.schedules import MISS_TOLERANCE
+from duetime.common.startup import wait_for_server, warn_unverified_tls
 from duetime.common.time.parse import GAUGES_EVERY, LEAD, RETENTION, TICK, duration_ms
 
 RETENTION_HELP = "How long finished runs (succeeded, missed, skipped, cancelled) are kept."
@@ -32,9 +33,10 @@ def _run_reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retent
 
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"]) if app_ref else App(
         redis_url=ctx.obj["url"], namespace=ctx.obj["namespace"])
+    metrics.serve(metrics_port, metrics_host, role="reaper")
+    wait_for_server(lambda: app.store.client.ping(), app.redis_url, "reaper")
     app.store.ready()
     announce(ctx, app, "reaper")
-    metrics.serve(metrics_port, metrics_host, role="reaper")
     reaper = Reaper(app.redis_url, app.keys, tick_s=tick.total_seconds(),
                     retention_ms=duration_ms(retention))
     signal.signal(signal.SIGTERM, lambda *_: reaper.stop())
@@ -83,12 +85,13 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: timedelta, tick: ti
     """Evaluate schedules into runs, and recover expired leases (run two or more)."""
     from duetime.scheduler.service import run_scheduler
 
-    app = _app_or_plain(ctx, app_ref)
+    metrics.serve(metrics_port, metrics_host, role="scheduler")  # unready while it waits
+    app = _app_or_plain(ctx, app_ref, wait_as="scheduler")
+    warn_unverified_tls(app.redis_url, "scheduler")
     client = app.store.ready()
     announce(ctx, app, "scheduler")
     known = {q.decode() if isinstance(q, bytes) else q for q in client.smembers(app.keys.queues)}
     metrics.preset_queue_gauges(sorted(known | set(app.registry.queues()) | {"default"}))
-    metrics.serve(metrics_port, metrics_host, role="scheduler")
     run_scheduler(app.redis_url, app.keys, lead_ms=duration_ms(lead),
                   tick_s=tick.total_seconds(), reap_tick_s=reap_tick.total_seconds(),
                   miss_tolerance_ms=None if miss_tolerance is None else duration_ms(miss_tolerance),

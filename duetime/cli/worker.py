@@ -22,7 +22,8 @@ from duetime.cli.common import (
 )
 from duetime.common import logs, metrics
 from duetime.common.errors import RedisRefused
-from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, duration_ms
+from duetime.common.startup import wait_for_server, warn_unverified_tls
+from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, duration_ms
 
 
 @click.command()
@@ -41,6 +42,10 @@ from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, duration_ms
 @duration_option("--claim-ahead", span=CLAIM_AHEAD, default="10ms", show_default=True,
                  help="Claim runs due this soon and start each exactly at its due time "
                  "(0 = claim only when due).")
+@duration_option("--unknown-task-grace", span=UNKNOWN_GRACE, default="10m", show_default=True,
+                 help="A run of a task this worker does not know goes back to its queue for a "
+                 "worker that knows it; it is dead-lettered once no live worker has published "
+                 "the task for this long.")
 @click.option("--metrics-port", default=None, type=METRICS_PORT,
               help=METRICS_PORT_HELP + " Process i of --processes: port + i.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
@@ -48,7 +53,7 @@ from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, duration_ms
 @fail_cleanly
 def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
            processes: int, lease: timedelta, grace: timedelta, claim_ahead: timedelta,
-           metrics_port: int | None, metrics_host: str) -> None:
+           unknown_task_grace: timedelta, metrics_port: int | None, metrics_host: str) -> None:
     """Execute runs: claim, run, heartbeat, report."""
     if processes > 1:
         _supervise(processes, metrics_port)
@@ -58,8 +63,18 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
     from duetime.worker.config import parse_queues
 
+    # everything is checked before the first write to Redis: a refused option writes nothing
     qs, weights = parse_queues(queues or ",".join(app.registry.queues() or ["default"]))
-    client = app.store.ready()  # clear error now if Redis is down
+    cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
+                       grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),
+                       max_result=app.max_payload, queue_weights=weights,
+                       unknown_task_grace_ms=duration_ms(unknown_task_grace))
+    metrics.preset(app.registry.names(), qs,
+                   {n: app.registry.get(n).owner or "" for n in app.registry.names()})
+    metrics.serve(metrics_port, metrics_host, role="worker")
+    warn_unverified_tls(app.redis_url, "worker")
+    wait_for_server(lambda: app.store.client.ping(), app.redis_url, "worker")
+    client = app.store.ready()
     try:
         client.sadd(app.keys.queues, *qs)  # the queue list `top` and the gauges read
         app.publish_tasks()  # producers without the code enqueue by name with these options
@@ -71,12 +86,6 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
         logs.get("duetime.cli").warning("redis is at maxmemory: queue names and task options "
                                         "not recorded yet", queues=qs)
     announce(ctx, app, "worker")
-    metrics.preset(app.registry.names(), qs,
-                   {n: app.registry.get(n).owner or "" for n in app.registry.names()})
-    metrics.serve(metrics_port, metrics_host, role="worker")
-    cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
-                       grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),
-                       max_result=app.max_payload, queue_weights=weights)
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
     asyncio.run(w.run())
     # threads of sync tasks that outlived the grace period were released; do not wait for them

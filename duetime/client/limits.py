@@ -156,7 +156,8 @@ class Limits:
         for p, share in enumerate(limit.shares(k.partitions)):
             gone = [f for f in fields if f not in share]
             if share:
-                pipe.hset(k.limits(p), mapping=share)
+                # redis-py wants a Mapping keyed by exactly FieldT (invariant in its key type)
+                pipe.hset(k.limits(p), mapping=share)  # type: ignore[arg-type]
             if gone:
                 pipe.hdel(k.limits(p), *gone)
         if limit.concurrency is None and limit.rate is None and limit.weight is None:

@@ -37,6 +37,7 @@ from duetime.common.errors import (
     NotReplicated,
     RedisRefused,
     RedisUnavailable,
+    ResultNotStored,
     RunFailed,
     RunNotFound,
     WaitTimeout,
@@ -91,9 +92,12 @@ def decode_read_run(keys: Keyspace, run_id: str, replies: list[Any]) -> Run:
 
 
 def outcome(run: Run) -> Any:
-    """What waiting on a run gives: its result once it succeeded; RunFailed (with the run)
+    """What waiting on a run gives: its result once it succeeded (ResultNotStored when the
+    task returned one that could not be stored); RunFailed (with the run)
     when it ended otherwise or is uncertain; None while it is still on its way."""
     if run.state == "succeeded":
+        if run.result_error:  # never None in place of a result that was not stored
+            raise ResultNotStored(run)
         return run.result
     if run.state in TERMINAL or run.state == "uncertain":
         raise RunFailed(run)
@@ -116,6 +120,21 @@ class EnqueueRequest:
     extra: dict[str, str | int] = field(default_factory=dict)
     tenant: str | None = None  # None: the task's default
     priority: int = 0  # 1..100: claimed before the queue's other due runs (higher first)
+
+
+def _check_arguments(spec: TaskSpec, req: EnqueueRequest) -> None:
+    """The task's arguments as the API takes them: a list or tuple of positional arguments
+    (a string would be split into characters, None is not "no arguments"), a dict of keyword
+    arguments by name; the tenant a name. Refused here, before anything is written."""
+    if not isinstance(req.args, list | tuple):
+        raise InvalidInput(f"task {spec.name!r}: args must be a list or tuple of the task's "
+                           f"positional arguments, got {type(req.args).__name__} "
+                           f"{repr(req.args)[:60]} (one argument x: [x])")
+    if not isinstance(req.kwargs, dict) or not all(isinstance(k, str) for k in req.kwargs):
+        raise InvalidInput(f"task {spec.name!r}: kwargs must be a dict of keyword arguments by "
+                           f"name, got {repr(req.kwargs)[:60]}")
+    if req.tenant is not None:
+        check_name("tenant", req.tenant)
 
 
 def task_fields(spec: TaskSpec, queue: str) -> list[Any]:
@@ -277,6 +296,7 @@ class RunStore:
         out = []
         for i, req in enumerate(reqs):
             spec = req.spec
+            _check_arguments(spec, req)
             queue = spec.queue if req.queue is None else req.queue
             if queue not in queues_ok:
                 queues_ok.add(check_name("queue", queue))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -157,7 +158,8 @@ class ScheduleStore:
     # -- the namespace's stagger policy ---------------------------------------------------
     def stagger_policy(self) -> int:
         """The default stagger (ms) of schedules registered without their own (0: none)."""
-        return self._call(read_stagger_policy, self.client, self.keys)
+        policy: int = self._call(read_stagger_policy, self.client, self.keys)
+        return policy
 
     def set_stagger_policy(self, stagger_ms: int) -> None:
         """Set (0: clear) the default stagger; evaluators apply it within seconds."""
@@ -256,7 +258,7 @@ class ScheduleStore:
             raise ScheduleNotFound(f"no schedule {name!r}")
 
     # -- runs outside the evaluator ------------------------------------------------------
-    def _create(self, name: str, runs: list[tuple[str, int]]) -> int:
+    def _create(self, name: str, runs: builtins.list[tuple[str, int]]) -> int:  # builtins: a list()
         """Create runs (id, occurrence ms), due at their occurrence, without compare-and-set."""
         info = self.get(name)
         p, _ = self._where(name)

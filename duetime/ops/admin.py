@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -48,7 +48,8 @@ class RunAdmin:
         check_name("run id", run_id)
         p = self.keys.partition_of_run(run_id)
         with translated(self.url):
-            queue = self.client.hget(self.keys.run(p, run_id), "queue")
+            # replies are bytes: no duetime client sets decode_responses
+            queue = cast(bytes | None, self.client.hget(self.keys.run(p, run_id), "queue"))
         if queue is None:
             raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
         return p, queue.decode()
@@ -93,7 +94,7 @@ class RunAdmin:
         if verdict not in VERDICTS:
             raise InvalidInput(f"verdict must be one of {', '.join(VERDICTS)}; got {verdict!r}")
         p, _ = self._where(run_id)
-        state = self.client.hget(self.keys.run(p, run_id), "state")
+        state = cast(bytes | None, self.client.hget(self.keys.run(p, run_id), "state"))
         if state != b"uncertain":
             raise InvalidState(f"run {run_id} is not uncertain (state "
                                f"{state.decode() if state else 'gone'}); nothing to resolve")

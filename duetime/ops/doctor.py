@@ -141,6 +141,14 @@ def check_partitions(client: redis.Redis, keys: Keyspace, configured: int | None
     except DamagedState as exc:
         return [Finding("partitions", "fatal", str(exc),
                         "restore the count the namespace was created with")]
+    if stored is None and not client.exists(keys.queues, keys.workers, keys.tasks, keys.owners,
+                                            keys.limit_config):
+        # a misspelt --namespace looks like a healthy, idle one: say it plainly
+        return [Finding("namespace", "warn", f"namespace {keys.namespace!r} does not exist: "
+                        "no meta record and none of its keys (queues, workers, tasks, "
+                        "schedulers, limits)",
+                        "check --namespace / DUETIME_NAMESPACE: every process writes the meta "
+                        "record when it starts")]
     if stored is None:
         return [Finding("partitions", "info", f"namespace {keys.namespace!r} has no meta record "
                         "yet (nothing was written to it)",

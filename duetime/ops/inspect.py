@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
 import redis
 
@@ -250,7 +251,8 @@ class Inspector(NamespaceReader):
         """A run held back by its schedule's overlap policy waits outside the due set."""
         p = self.keys.partition_of_schedule(schedule)
         with translated(self.url):
-            buffered = self.client.hget(self.keys.sched(p, schedule), "buffered")
+            # replies are bytes: no duetime client sets decode_responses
+            buffered = cast(bytes | None, self.client.hget(self.keys.sched(p, schedule), "buffered"))
         if buffered:
             yield buffered.decode(), 0.0
         yield from stream

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
@@ -68,7 +70,8 @@ class KeyGuide:
         attempt history, if any), a schedule (one running if any), a worker."""
         k, c = self.keys, self.client
         out: dict[str, str] = {}
-        queues = sorted(m.decode() for m in c.smembers(k.queues))
+        # replies are bytes: no duetime client sets decode_responses
+        queues = sorted(m.decode() for m in cast(set[bytes], c.smembers(k.queues)))
         out["queue"] = queues[0] if queues else "default"
         pipe = c.pipeline(transaction=False)
         for p in range(k.partitions):
@@ -89,7 +92,7 @@ class KeyGuide:
                 pipe.exists(k.sched_running(k.partition_of_schedule(n), n))
             running = [n for n, e in zip(names, pipe.execute(), strict=True) if e]
             out["running_name"] = running[0] if running else names[0]
-        workers = [m.decode() for m in c.zrevrange(k.workers, 0, 0)]
+        workers = [m.decode() for m in cast(list[bytes], c.zrevrange(k.workers, 0, 0))]
         if workers:
             out["worker"] = workers[0]
         return out
@@ -98,7 +101,7 @@ class KeyGuide:
         """A real key of this kind (one that exists if any does), built by the Keyspace method
         of the same name."""
         k = self.keys
-        build = getattr(k, name)
+        build: Callable[..., str] = getattr(k, name)  # its arguments depend on the kind
         if kind.item == "run":
             run = s.get("run", RUN)
             return build(k.partition_of_run(run) if run != RUN else 0, run)

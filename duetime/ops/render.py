@@ -10,13 +10,13 @@ from zoneinfo import ZoneInfo
 
 from duetime.client.schedules import ScheduleInfo
 from duetime.common.models import Run, from_ms
-from duetime.common.overview import Overview
+from duetime.common.overview import Overview, SchedulerInfo, WorkerInfo
 from duetime.common.retrycost import as_dicts as cost_dicts
 from duetime.common.schedules import stagger_for
 from duetime.common.time.fmt import iso as _iso
 from duetime.common.time.fmt import iso_local, relative
 from duetime.common.time.spec import Cron
-from duetime.ops.inspect import LeaseInfo, RunSummary, SchedulerInfo, WorkerInfo
+from duetime.ops.inspect import LeaseInfo, RunSummary
 
 _TIMES = ("due", "started", "finished", "retry_at", "cancel_requested", "heartbeat")
 
@@ -39,7 +39,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "retry_at": _iso(run.retry_at), "replay_of": run.replay_of, "replayed_by": run.replayed_by,
         "cancel_requested": _iso(run.cancel_requested), "resolved_as": run.resolved_as,
         "heartbeat": _iso(run.heartbeat), "lease_expires": _iso(run.lease_expires),
-        "tenant": run.tenant, "limited_by": run.limited_by,
+        "tenant": run.tenant, "limited_by": run.limited_by, "result_error": run.result_error,
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
              "started": _iso(a.started), "ended": _iso(a.ended), "outcome": a.outcome,
@@ -56,7 +56,7 @@ def run_to_text(run: Run, now: datetime | None = None) -> str:
     lines = [f"run {run.id}  {run.state}  task={run.task} queue={run.queue}"]
     for k in ("due", "started", "finished", "start_lateness_s", "attempt", "max_attempts",
               "owner", "tenant", "limited_by", "schedule", "reason", "retry_at", "replay_of",
-              "replayed_by", "cancel_requested", "resolved_as", "heartbeat"):
+              "replayed_by", "cancel_requested", "resolved_as", "heartbeat", "result_error"):
         if d[k] not in (None, ""):
             text = str(d[k]).splitlines()[0]
             if k in _TIMES and now is not None:

@@ -124,7 +124,7 @@ def walk(schedules: list[LintSchedule], start_ms: int, horizon_ms: int,
     return out
 
 
-def _jittered(members: list[LintSchedule], occs: list[int]) -> Iterable[tuple[str, int]]:
+def _jittered(members: list[_Member], occs: list[int]) -> Iterable[tuple[str, int]]:
     """(name, second) of every run of schedules with a jitter: one hash per run."""
     for s in members:
         for o in occs:
@@ -140,7 +140,8 @@ class _Member:
 
 def _split(members: list[LintSchedule], policy_ms: int) -> tuple[list[_Member], list[_Member]]:
     """(fixed-offset members, jittered members) with their stagger offsets."""
-    fixed, jittered = [], []
+    fixed: list[_Member] = []
+    jittered: list[_Member] = []
     for s in members:
         m = _Member(s.name, s.jitter_ms,
                     stagger_for(s.name, effective_stagger_ms(s.stagger_ms, policy_ms)))

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 SESSION_COOKIE = "duetime_session"
@@ -54,11 +55,15 @@ class Guard:
         return hmac.compare_digest(self.write_cookie(session), cookie)
 
 
-def same_origin(origin: str | None, host: str | None) -> bool:
+def same_origin(origin: str | None, host: str | None,
+                allowed: Callable[[str], bool] | None = None) -> bool:
     """A browser's POST names its page's origin; one from another site is refused even before
-    the CSRF token is checked. No Origin header (curl, old browsers): the token decides."""
+    the CSRF token is checked. No Origin header (curl, old browsers): the token decides. The
+    Host header is the requester's to choose (DNS rebinding), so the origin must also be one
+    of the console's allowed hosts (`allowed`), not merely equal to the Host."""
     if not origin:
         return True
     if origin == "null" or not host:
         return False
-    return urlsplit(origin).netloc == host
+    netloc = urlsplit(origin).netloc
+    return netloc == host and (allowed is None or allowed(netloc))

@@ -3,7 +3,7 @@ the same transitions as the CLI, after the write checks of `security.Guard`."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from duetime.ops.admin import VERDICTS
 from duetime.ops.inspect import STATE_INDEX, page_runs
 from duetime.ops.schedule_listing import SCHEDULE_ORDERS
 from duetime.web.console import COUNT_BUDGET, SERIES_WINDOWS, Console
+from duetime.web.edges import Edges, HostAllowList
 from duetime.web.security import CSRF_FIELD, SESSION_COOKIE, WRITE_COOKIE, Guard, same_origin
 
 HERE = Path(__file__).resolve().parent
@@ -80,6 +81,7 @@ class ConsoleApp:
     def __init__(self, app: App, write_token: str | None = None) -> None:
         self.console = Console(app)
         self.guard = Guard(write_token)
+        self.hosts = HostAllowList()  # create_app sets the one it serves with
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
         env = self.templates.env
         env.filters["human"] = _human
@@ -131,7 +133,8 @@ class ConsoleApp:
             return self.refuse(request, 403, "This console is read-only.",
                                "Start it with a write token (`duetime web --write-token ...` or "
                                "DUETIME_WEB_WRITE_TOKEN) to act on runs and schedules.")
-        if not same_origin(request.headers.get("origin"), request.headers.get("host")):
+        if not same_origin(request.headers.get("origin"), request.headers.get("host"),
+                           self.hosts.allows):
             return self.refuse(request, 403, "Refused: the request came from another site's page.")
         form = await request.form()
         sid = request.cookies.get(SESSION_COOKIE)
@@ -155,7 +158,8 @@ class ConsoleApp:
         f = {k: _param(request, k) for k in ("state", "queue", "task", "schedule", "owner")}
         if f["state"] and f["state"] not in STATE_INDEX:
             raise InvalidInput(f"unknown state {f['state']!r}; one of {', '.join(STATES)}")
-        data = self.console.runs(**f, after=_param(request, "after"))
+        data = self.console.runs(f["state"], f["queue"], f["task"], f["schedule"], f["owner"],
+                                 after=_param(request, "after"))
         return self.render(request, "runs.html", {**data, "f": f, "states": STATES,
                                                   "queues": self.console.queues(),
                                                   "first": not _param(request, "after")},
@@ -169,19 +173,20 @@ class ConsoleApp:
 
     def dead(self, request: Request) -> Response:
         f = {k: _param(request, k) for k in ("queue", "task", "owner")}
-        data = self.console.runs("dead", **f, after=_param(request, "after"))
+        data = self.console.runs("dead", queue=f["queue"], task=f["task"], owner=f["owner"],
+                                 after=_param(request, "after"))
         return self.render(request, "dead.html", {**data, "f": f, "owners": self.console.dead_owners(),
                                                   "queues": self.console.queues()}, live=True)
 
     def dead_replay_confirm(self, request: Request) -> Response:
         f = {k: _param(request, k) for k in ("queue", "task", "owner")}
-        count, exact = self.console.count_matching_dead(**f)
+        count, exact = self.console.count_matching_dead(f["queue"], f["task"], f["owner"])
         return self.render(request, "confirm_replay_all.html", {
             "f": f, "count": count, "exact": exact, "batch": REPLAY_BATCH, "budget": COUNT_BUDGET})
 
     def uncertain(self, request: Request) -> Response:
         f = {"queue": _param(request, "queue")}
-        data = self.console.runs("uncertain", **f, after=_param(request, "after"))
+        data = self.console.runs("uncertain", queue=f["queue"], after=_param(request, "after"))
         return self.render(request, "uncertain.html", {**data, "f": f, "verdicts": VERDICTS,
                                                        "queues": self.console.queues()}, live=True)
 
@@ -305,8 +310,10 @@ class ConsoleApp:
         return self.render(request, "replayed.html", {"pairs": pairs, "more": more, "f": f})
 
 
-def create_app(app: App, write_token: str | None = None) -> Starlette:
-    """The ASGI application of the console for one namespace."""
+def create_app(app: App, write_token: str | None = None, allowed_hosts: Iterable[str] = (),
+               port: int | None = None) -> Any:
+    """The ASGI application of the console for one namespace. It answers to the loopback names
+    and `allowed_hosts` only (and, when `port` is given, on that port): see web/edges.py."""
     c = ConsoleApp(app, write_token)
 
     async def on_error(request: Request, exc: Exception) -> Response:
@@ -345,4 +352,6 @@ def create_app(app: App, write_token: str | None = None) -> Starlette:
         Route("/lock", c.lock, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers=handlers)
+    hosts = HostAllowList(allowed_hosts, port)
+    c.hosts = hosts
+    return Edges(Starlette(routes=routes, exception_handlers=handlers), hosts)

@@ -142,10 +142,12 @@ def test_aenqueue_many_never_holds_the_loop_for_more_than_a_slice(app):
 
 def test_a_producer_enqueues_by_name_with_the_options_workers_published(url, namespace, app):
     """A service that only enqueues has no task code: by name, the run gets the options the
-    worker's app published (or the defaults), and the queue is validated for shape only."""
+    worker's app published (or, allowed, the defaults), and the queue is validated for shape only."""
     producer = duetime.App(redis_url=url, namespace=namespace)
     try:
-        run_id = producer.enqueue("nonidem", [0.1], queue="billing")
+        with pytest.raises(duetime.UnknownTask, match="no live or recent worker has published"):
+            producer.enqueue("nonidem", [0.1], queue="billing")
+        run_id = producer.enqueue("nonidem", [0.1], queue="billing", allow_unknown=True)
         run = producer.get_run(run_id)
         assert (run.task, run.queue, run.max_attempts) == ("nonidem", "billing", 4)  # defaults
         app.publish_tasks()  # what `duetime worker` does at start

@@ -29,7 +29,7 @@ def test_global_options_are_accepted_after_the_subcommand():
 def test_enqueue_by_name_without_app_then_wait_for_the_result(app, url, namespace, procs):
     """A producer with no task code (`duetime enqueue NAME` without --app) and `runs wait`."""
     out = duetime("enqueue", "noop", "--args", "[3]", "--redis-url", url, "--namespace",
-                  namespace)
+                  namespace, "--allow-unknown")  # no worker has published it yet
     assert out.returncode == 0, out.stderr
     run_id = out.stdout.strip()
     assert app.get_run(run_id).task == "noop"
@@ -53,3 +53,16 @@ def test_without_a_url_the_cli_says_which_server_it_reads(namespace, monkeypatch
                               if k != "DUETIME_REDIS_URL"})
     assert "note: no --redis-url or DUETIME_REDIS_URL given: using redis://127.0.0.1:6379/0" \
         in out.stderr
+
+
+def test_enqueue_of_a_name_no_worker_published_exits_1_and_writes_nothing(url, namespace, r):
+    """A typo (`demo.resze`) is refused at once with one error line, not dead-lettered later;
+    --allow-unknown enqueues it all the same."""
+    out = duetime("enqueue", "demo.resze", "--redis-url", url, "--namespace", namespace)
+    assert out.returncode == 1, out
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown task 'demo.resze'"), lines
+    assert r.keys(f"{namespace}:*") == [] or all(b"run" not in k for k in r.keys(f"{namespace}:*"))
+    out = duetime("enqueue", "demo.resze", "--allow-unknown", "--redis-url", url, "--namespace",
+                  namespace)
+    assert out.returncode == 0, out.stderr

@@ -87,18 +87,6 @@ def test_redis_down_at_enqueue_is_a_clear_error():
     assert f"127.0.0.1:{port}" in str(err.value) and "s3cret" not in str(err.value)
 
 
-def test_worker_with_redis_down_exits_with_one_line():
-    port = free_port()
-    p = subprocess.run(
-        [sys.executable, "-m", "duetime", "--redis-url", f"redis://:hunter2@127.0.0.1:{port}/0",
-         "worker", "--app", "tests.apps.basic:app"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )
-    assert p.returncode == 1
-    assert p.stderr.strip().startswith("error: cannot reach Redis at redis://:***@127.0.0.1:")
-    assert "Traceback" not in p.stderr and "hunter2" not in p.stderr + p.stdout
-
-
 def test_partition_mismatch_is_refused(url, namespace):
     App(redis_url=url, namespace=namespace, partitions=16).store.ready()
     from duetime.common.errors import PartitionMismatch

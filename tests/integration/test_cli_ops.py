@@ -190,3 +190,13 @@ def test_demo_drains_its_runs(valkey_procs):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "all 31 runs finished" in p.stdout and "a dead-lettered run" in p.stdout
+
+
+def test_doctor_warns_on_a_namespace_that_does_not_exist(app, url, namespace):
+    """A misspelt --namespace looks healthy and idle: doctor says it does not exist."""
+    report = as_json(cli(url, namespace + "-typo", "doctor", "--json"))
+    found = {f["check"]: f for f in report["findings"]}
+    assert found["namespace"]["level"] == "warn" and "does not exist" in found["namespace"]["message"]
+    app.store.ready()  # a namespace in use: no such warning
+    report = as_json(cli(url, namespace, "doctor", "--json"))
+    assert "namespace" not in {f["check"] for f in report["findings"]}

@@ -158,17 +158,21 @@ def test_sigterm_releases_an_unfinished_run_without_burning_an_attempt(app, r, p
     assert run.attempt == 1 and [a.outcome for a in run.attempts] == ["released", "succeeded"]
 
 
-def test_unknown_task_goes_dead_and_worker_keeps_going(app, r, procs, url, namespace):
+def test_unknown_task_goes_dead_after_the_grace_and_worker_keeps_going(app, r, procs, url,
+                                                                        namespace):
+    """No worker ever published the task: handed back (no attempt spent) until the grace
+    period since its due time has passed, then dead-lettered saying so."""
     from tests.apps import producer
 
     producer.app.configure(redis_url=url, namespace=namespace)
     bad = producer.app.enqueue(producer.only_in_producer)
     good = app.enqueue(basic.noop)
-    procs.worker()
+    procs.worker("--unknown-task-grace", "1s")
     wait_for(lambda: app.get_run(good).state == "succeeded", 20, what="good run")
     wait_for(lambda: app.get_run(bad).state == "dead", 20, what="unknown task dead")
     run = app.get_run(bad)
-    assert "unknown task 'only.in.producer'" in run.reason and len(run.attempts) == 1
+    assert "unknown task 'only.in.producer': no live worker has published it" in run.reason
+    assert len(run.attempts) == 1 and run.attempt == 1  # the hand-backs spent none
     producer.app.close()
 
 

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.chaos:app"
 # the scripts each role calls (docs/operations.md, the role table)
 SCRIPTS = {
-    "worker": ("claim", "heartbeat", "complete", "fail", "release"),
+    "worker": ("claim", "heartbeat", "complete", "fail", "release", "handback"),
     "scheduler": ("materialize", "reap", "partition_owners", "schedule_quarantine"),
     "operator": ("enqueue", "cancel", "replay", "resolve", "purge", "schedule_upsert",
                  "schedule_pause", "schedule_delete", "materialize", "wait"),

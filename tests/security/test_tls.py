@@ -105,3 +105,30 @@ def test_an_error_line_never_shows_the_key_passphrase(tls: TlsServer, namespace:
     err = one_line_error(cli(url, namespace, "runs", "list"), 1)
     assert "top-secret-passphrase" not in err and "user-secret" not in err, err
     assert "ssl_password=***" in err
+
+
+@pytest.mark.parametrize("role", ["worker", "scheduler"])
+def test_worker_and_scheduler_warn_at_start_when_verification_is_off(tls: TlsServer,
+                                                                     namespace: str,
+                                                                     tmp_path: Path,
+                                                                     role: str) -> None:
+    url = tls.url(ssl_cert_reqs="none")
+    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": namespace,
+           "PYTHONPATH": str(ROOT), "DUETIME_CHAOS_JOURNAL": str(tmp_path)}
+    log = tmp_path / f"{role}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "duetime", "--log-level", "WARNING", role,
+                                 "--app", "tests.apps.chaos:app"], env=env, cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while "TLS without certificate verification" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        line = next(json.loads(x) for x in log.read_text().splitlines()
+                    if "TLS without certificate verification" in x)
+        assert line["level"] == "warning" and line["role"] == role
+    finally:
+        proc.kill()
+        proc.wait()
