@@ -35,9 +35,9 @@ ROUNDS = 4
 PER_ROUND = 3  # damages per round
 SCHEDULES = 16  # more than the schedule damages of all rounds: some stay undamaged
 # measured over a second with the producer paused and this test silent: the worker and the
-# scheduler (16 schedules firing every second, their runs claimed and completed) sent about
-# 1,000 (2,000 at two a second); a loop spinning on one damaged key sent 10,000 in-process
-# here (27,000 as its own process)
+# scheduler sent 1,800-2,200 with 16 schedules firing every 500 ms (fewer now, at one a
+# second); a loop spinning on one damaged key sent 10,000 in-process here (27,000 as its own
+# process; bench/RESULTS.md)
 MAX_COMMANDS_PER_S = 5000
 
 
