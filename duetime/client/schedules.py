@@ -36,6 +36,10 @@ class ScheduleNotFound(DuetimeError, LookupError):
     pass
 
 
+def _reraise(exc: Exception) -> None:
+    raise exc
+
+
 def _int(raw: bytes | None) -> int:
     try:
         return int(raw or 0)
@@ -150,6 +154,19 @@ class ScheduleStore:
         with translated(self.url):
             return fn(*args, **kw)
 
+    def _replies(self, pipe: Any, empty: Any) -> list[Any]:
+        """A reading pipeline's replies, a key of the wrong type (damaged by hand; the
+        evaluator quarantines its schedule, `doctor` names it) read as `empty`: one damaged
+        schedule key must not fail a listing of all of them."""
+        out = []
+        for res in self._call(pipe.execute, raise_on_error=False):
+            if isinstance(res, redis.ResponseError) and str(res).startswith("WRONGTYPE"):
+                res = empty
+            elif isinstance(res, Exception):
+                self._call(_reraise, res)
+            out.append(res)
+        return out
+
     def _where(self, name: str) -> tuple[int, str]:
         check_name("schedule name", name)
         p = self.keys.partition_of_schedule(name)
@@ -230,7 +247,7 @@ class ScheduleStore:
         pipe = self.client.pipeline(transaction=False)
         for p in range(self.keys.partitions):
             pipe.zrange(self.keys.schedules(p), 0, -1)
-        for names in self._call(pipe.execute):
+        for names in self._replies(pipe, []):
             for n in names:
                 yield n.decode(errors="replace")
 
@@ -241,7 +258,7 @@ class ScheduleStore:
             pipe = self.client.pipeline(transaction=False)
             for n in names[i : i + 500]:  # names read from the index: no check, no refusal
                 pipe.hgetall(self.keys.sched(self.keys.partition_of_schedule(n), n))
-            out += [ScheduleInfo.decode(h) for h in self._call(pipe.execute) if h]
+            out += [ScheduleInfo.decode(h) for h in self._replies(pipe, {}) if h]
         return out
 
     def set_paused(self, name: str, paused: bool, note: str = "") -> None:

@@ -16,7 +16,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from duetime.client.schedules import ScheduleStore
-from duetime.common.errors import DamagedState, RedisUnavailable
+from duetime.common.errors import DamagedState, RedisRefused, RedisUnavailable
 from duetime.common.keys import Keyspace, stored_partitions
 from duetime.ops.inspect import Inspector
 from duetime.ops.schedule_listing import lint_schedules
@@ -354,4 +354,8 @@ def run_checks(client: redis.Redis, keys: Keyspace, url: str,
         except (redis.ConnectionError, redis.TimeoutError, RedisUnavailable) as exc:
             findings.append(Finding("connection", "fatal", f"lost the server mid-check: {exc}"))
             break
+        except (redis.ResponseError, RedisRefused) as exc:
+            # one check refused (a damaged key it reads): said, and the other checks go on
+            findings.append(Finding("check failed", "warn", f"a check could not finish: {exc}",
+                                    "`duetime doctor` lists the damaged keys it found below"))
     return findings

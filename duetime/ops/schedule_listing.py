@@ -37,7 +37,7 @@ def lint_schedules(store: ScheduleStore, progress: Callable[[int], None] | None 
         pipe = store.client.pipeline(transaction=False)
         for n in chunk:
             pipe.hmget(k.sched(k.partition_of_schedule(n), n), *LINT_FIELDS)
-        for n, values in zip(chunk, store._call(pipe.execute), strict=True):
+        for n, values in zip(chunk, store._replies(pipe, [None] * len(LINT_FIELDS)), strict=True):
             paused, quarantined, jitter, stagger, *raw = values
             if paused == b"1" or quarantined:
                 inactive += 1
@@ -94,7 +94,7 @@ def page_schedules(store: ScheduleStore, order: str = "created", after: Position
     pipe = store.client.pipeline(transaction=False)
     for n, _ in names:
         pipe.hgetall(k.sched(k.partition_of_schedule(n), n))
-    infos = [ScheduleInfo.decode(h) for h in store._call(pipe.execute) if h]
+    infos = [ScheduleInfo.decode(h) for h in store._replies(pipe, {}) if h]
     nxt = Position(order, names[-1][1], names[-1][0]) if more and names else None
     return infos, nxt
 

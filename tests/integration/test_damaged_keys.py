@@ -375,3 +375,16 @@ def test_a_wrong_type_run_key_in_a_due_set_blocks_only_itself(kit):
     claimed = [c.run_id for c in kit.claim(p)]
     assert good in claimed
     assert kit.r.zscore(kit.k.dead(p), bad) is not None
+
+
+def test_schedule_listings_and_doctor_read_past_a_wrong_type_schedule_key(app, kit, url,
+                                                                          namespace):
+    for name in ("sl-bad", "sl-good"):
+        app.schedule(name, duetime.Every(timedelta(seconds=5)), basic.noop)
+    p = kit.k.partition_of_schedule("sl-bad")
+    kit.r.delete(kit.k.sched(p, "sl-bad"))
+    kit.r.set(kit.k.sched(p, "sl-bad"), "garbage")
+    for args in (["schedule", "list"], ["schedule", "lint"], ["doctor"]):
+        res = cli(url, namespace, *args)
+        assert res.exit_code == 0, (args, res.output)
+    assert "sl-good" in cli(url, namespace, "schedule", "list").output
