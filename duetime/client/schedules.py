@@ -202,7 +202,7 @@ class ScheduleStore:
             pipe = self.client.pipeline(transaction=False)
             for _, key in where:
                 pipe.hmget(key, "version", "last_ms", "def_hash", "quarantined")
-            current = self._call(pipe.execute)
+            current = self._replies(pipe, [None] * 4)  # a damaged key: replaced by the upsert
             now = self._call(server_time_ms, self.client)
             pipe = self.client.pipeline(transaction=False)
             sent = []

@@ -388,3 +388,19 @@ def test_schedule_listings_and_doctor_read_past_a_wrong_type_schedule_key(app, k
         res = cli(url, namespace, *args)
         assert res.exit_code == 0, (args, res.output)
     assert "sl-good" in cli(url, namespace, "schedule", "list").output
+
+
+def test_registering_a_schedule_again_replaces_its_key_of_the_wrong_type(app, kit, url):
+    app.schedule("again", duetime.Every(timedelta(seconds=1)), basic.noop)
+    p = kit.k.partition_of_schedule("again")
+    kit.r.delete(kit.k.sched(p, "again"))
+    kit.r.set(kit.k.sched(p, "again"), "garbage")
+    ev = Evaluator(url, kit.k, lead_ms=2000)
+    try:
+        ev.tick()
+        assert kit.r.zscore(kit.k.quarantine(p), "again") is not None
+        app.schedule("again", duetime.Every(timedelta(seconds=1)), basic.noop)  # the fix
+        assert kit.r.zscore(kit.k.quarantine(p), "again") is None
+        assert ev.tick() >= 1
+    finally:
+        ev.client.close()
