@@ -54,9 +54,12 @@ class Claimer:
         self._bug_backoff = 0.1
         self._share = -(-cfg.concurrency // CLAIMS_IN_FLIGHT)
 
-    async def run(self, stopping: asyncio.Event) -> None:
+    async def run(self, stopping: asyncio.Event, until_idle: bool = False) -> None:
+        """Claim until `stopping` is set; with `until_idle`, also return once `idle()` says so
+        twice with nothing done in between (burst mode, see Worker.run)."""
         cfg, due, clock = self.cfg, self.due, self.clock
         last_refresh = last_clock = time.monotonic()
+        seen = -1  # the work done when the worker last found itself idle (burst mode)
         while not stopping.is_set():
             hold = self._hold_until - time.monotonic()
             if hold > 0:
@@ -69,6 +72,18 @@ class Claimer:
                 self._spawn(keys, free)
                 continue
             try:
+                if until_idle and self.idle():
+                    done = self.executor.processed + self.executor.reporter.recorded
+                    if done == seen:
+                        break  # idle at a fresh read of the heads, and nothing done since
+                    # what the worker knows may predate its last reports (a retry due now
+                    # is told by a notice still on its way): read the heads, then look again
+                    if await due.refresh(self.client):
+                        await arefresh_topology(self.client)
+                    seen = done  # only once the heads were read (a failed read raises above)
+                    last_refresh = time.monotonic()
+                    self.outage.ok()
+                    continue
                 if time.monotonic() - last_refresh >= cfg.refresh_s:
                     if await due.refresh(self.client):
                         await arefresh_topology(self.client)
@@ -100,6 +115,18 @@ class Claimer:
                 await self._sleep(timeout)
         if self._claims:
             await asyncio.gather(*self._claims, return_exceptions=True)
+
+    def idle(self) -> bool:
+        """Nothing of this worker's under way and nothing it knows of due now: no claim in
+        flight, no attempt running (or waiting for its due time), no report unrecorded, and no
+        (partition, queue) with a run due within claim-ahead, a key held back after a refused
+        call included (it is tried again). A run a limit holds back counts at the time the
+        claim said the limit may let it through."""
+        if self._claims or self._reserved or self.executor.inflight \
+                or self.executor.reporter.pending():
+            return False
+        horizon = self.clock.now_ms() + self.cfg.claim_ahead_ms
+        return not any(d <= horizon for d in self.due.next_due.values())
 
     async def _sleep(self, timeout: float) -> None:
         """Until a wake-up (a due time came in, a slot or claim ended, stop) or the timeout."""

@@ -62,6 +62,12 @@ class LeaseKeeper:
                 metrics.health.ready("worker", False, f"redis refused a heartbeat: {bounded(exc)}")
                 log.warning("heartbeat refused", error=bounded(exc), worker_id=self.cfg.worker_id)
                 wait = self.interval_s
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # the worker is stopping: a cancellation that reached a Redis call can come out
+                # of it as a connection error; swallowed here, it would keep this loop (and the
+                # worker's shutdown, which waits for it) going forever
+                raise asyncio.CancelledError
             next_expiry = self.expire_unrenewed()
             await asyncio.sleep(max(0.01, min(wait, next_expiry - time.monotonic())))
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aredis
@@ -58,6 +59,12 @@ class Reporter:
         self.ledger = Ledger()
         self._cost_at = 0.0  # monotonic time the counts last went
         self._closing = False
+        self.recorded = 0  # report calls the scripts answered (burst mode: work done)
+        self.on_recorded: Callable[[], None] | None = None  # called after reports were answered
+
+    def pending(self) -> bool:
+        """Reports handed over whose outcome is not recorded yet."""
+        return bool(self.unsent) or not self._queue.empty()
 
     # -- what the executions call ---------------------------------------------------------
     def complete(self, ex: Execution) -> None:
@@ -251,6 +258,10 @@ class Reporter:
             self._pause = min(max(self._pause * 2, lo), hi)
         else:
             self._pause = 0.0
+        if n_reports:
+            self.recorded += n_reports
+            if self.on_recorded is not None:
+                self.on_recorded()
         return refused
 
     async def _call(self, pipe: Any, item: Item) -> None:

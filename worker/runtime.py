@@ -103,9 +103,19 @@ class Worker:
         self._wake.set()
         metrics.health.ready("worker", False, "stopping")
 
-    async def run(self, handle_signals: bool = True) -> None:
+    async def run(self, handle_signals: bool = True, until_idle: bool = False) -> None:
         """Serve until `stop()` (SIGTERM/SIGINT when `handle_signals`), then let in-flight runs
-        finish within the grace period, release the rest and report everything."""
+        finish within the grace period, release the rest and report everything.
+
+        `until_idle` (burst mode, `duetime worker --burst`): also stop, cleanly, once the worker
+        is idle: no attempt of its own running or waiting for its due time, every outcome
+        recorded by the scripts, and no run of its queues due now (within claim-ahead), as
+        read from the due and retry sets' heads after its last report. Runs due later are not
+        waited for, retries due now are (a retry's backoff makes it due later: not waited
+        for); a run a limit holds back is due when the claim says the limit may free; runs
+        other workers hold, and leases the reaper has yet to recover, are not waited for. A
+        (partition, queue) whose reads Redis refuses is never known idle: the worker keeps
+        trying it, as it would serving."""
         try:
             await self.clock.sync(self.client)
             await self.due.refresh(self.client)
@@ -132,7 +142,12 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.listener.subscribed.wait(), SUBSCRIBE_WAIT_S)
             self.ready.set()
-            await self.claimer.run(self._stopping)
+            if until_idle:
+                self.reporter.on_recorded = self._wake.set  # idle may follow a report
+            await self.claimer.run(self._stopping, until_idle=until_idle)
+            if until_idle and not self._stopping.is_set():
+                log.info("worker idle; stopping (burst)", worker_id=self.id,
+                         processed=self.processed)
             await self.executor.drain(self.cfg.grace_s)
             self.reporter.close()
             await reporter

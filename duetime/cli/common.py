@@ -174,9 +174,9 @@ def plain_app(ctx: click.Context, wait_as: str | None = None) -> App:
     app = App(redis_url=url, namespace=ns)
     note_default_server(ctx, app)
     if wait_as is not None:
-        from duetime.common.startup import wait_for_server
+        from duetime.common.startup import answers, wait_for_server
 
-        wait_for_server(lambda: app.store.client.ping(), app.redis_url, wait_as)
+        wait_for_server(lambda: answers(app.store.client), app.redis_url, wait_as)
     with translated(app.redis_url):
         raw = app.store.client.hget(app.keys.meta, "partitions")
     try:
@@ -206,9 +206,9 @@ def app_for(ctx: click.Context, app_ref: str | None, wait_as: str | None = None)
         return plain_app(ctx, wait_as)
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
     if wait_as is not None:
-        from duetime.common.startup import wait_for_server
+        from duetime.common.startup import answers, wait_for_server
 
-        wait_for_server(lambda: app.store.client.ping(), app.redis_url, wait_as)
+        wait_for_server(lambda: answers(app.store.client), app.redis_url, wait_as)
     return app
 
 

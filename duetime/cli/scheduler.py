@@ -21,7 +21,7 @@ from duetime.cli.common import (
 from duetime.cli.common import app_for as _app_or_plain
 from duetime.common import metrics
 from duetime.common.schedules import MISS_TOLERANCE
-from duetime.common.startup import wait_for_server, warn_unverified_tls
+from duetime.common.startup import answers, wait_for_server, warn_unverified_tls
 from duetime.common.time.parse import GAUGES_EVERY, LEAD, RETENTION, TICK, duration_ms
 
 RETENTION_HELP = "How long finished runs (succeeded, missed, skipped, cancelled) are kept."
@@ -34,7 +34,7 @@ def _run_reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retent
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"]) if app_ref else App(
         redis_url=ctx.obj["url"], namespace=ctx.obj["namespace"])
     metrics.serve(metrics_port, metrics_host, role="reaper")
-    wait_for_server(lambda: app.store.client.ping(), app.redis_url, "reaper")
+    wait_for_server(lambda: answers(app.store.client), app.redis_url, "reaper")
     app.store.ready()
     announce(ctx, app, "reaper")
     reaper = Reaper(app.redis_url, app.keys, tick_s=tick.total_seconds(),

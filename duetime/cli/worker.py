@@ -22,7 +22,7 @@ from duetime.cli.common import (
 )
 from duetime.common import logs, metrics
 from duetime.common.errors import RedisRefused
-from duetime.common.startup import wait_for_server, warn_unverified_tls
+from duetime.common.startup import answers, wait_for_server, warn_unverified_tls
 from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, duration_ms
 
 
@@ -49,12 +49,19 @@ from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, 
 @click.option("--metrics-port", default=None, type=METRICS_PORT,
               help=METRICS_PORT_HELP + " Process i of --processes: port + i.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
+@click.option("--burst", is_flag=True, help="Stop, exit 0, once idle: nothing of its own "
+              "running, every outcome recorded, no run of its queues due now (runs due later "
+              "are not waited for). For tests, CI and batch jobs; one process only.")
 @click.pass_context
 @fail_cleanly
 def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
            processes: int, lease: timedelta, grace: timedelta, claim_ahead: timedelta,
-           unknown_task_grace: timedelta, metrics_port: int | None, metrics_host: str) -> None:
+           unknown_task_grace: timedelta, metrics_port: int | None, metrics_host: str,
+           burst: bool) -> None:
     """Execute runs: claim, run, heartbeat, report."""
+    if burst and processes > 1:
+        # the supervisor restarts a child that exits: N burst workers would never end
+        raise click.UsageError("--burst runs one worker process: drop --processes")
     if processes > 1:
         _supervise(processes, metrics_port)
         return
@@ -73,7 +80,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
                    {n: app.registry.get(n).owner or "" for n in app.registry.names()})
     metrics.serve(metrics_port, metrics_host, role="worker")
     warn_unverified_tls(app.redis_url, "worker")
-    wait_for_server(lambda: app.store.client.ping(), app.redis_url, "worker")
+    wait_for_server(lambda: answers(app.store.client), app.redis_url, "worker")
     client = app.store.ready()
     try:
         client.sadd(app.keys.queues, *qs)  # the queue list `top` and the gauges read
@@ -87,7 +94,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
                                         "not recorded yet", queues=qs)
     announce(ctx, app, "worker")
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
-    asyncio.run(w.run())
+    asyncio.run(w.run(until_idle=burst))
     # threads of sync tasks that outlived the grace period were released; do not wait for them
     sys.stdout.flush()
     sys.stderr.flush()

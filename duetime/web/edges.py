@@ -20,7 +20,9 @@ HEADERS = [
     (b"x-frame-options", b"DENY"),
     (b"content-security-policy", b"frame-ancestors 'none'"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with the
+    # console's own form posts, which same_origin() must refuse (tests/web/test_browser.py)
+    (b"referrer-policy", b"same-origin"),
 ]
 
 

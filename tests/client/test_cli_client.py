@@ -9,7 +9,8 @@ import sys
 
 from duetime.cli.common import hoist_global_options
 from tests.apps import basic
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT
+from tests.integration.inproc import burst
 
 
 def duetime(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -26,21 +27,22 @@ def test_global_options_are_accepted_after_the_subcommand():
         "enqueue", "t", "--args", "[1]", "--", "--namespace"]
 
 
-def test_enqueue_by_name_without_app_then_wait_for_the_result(app, url, namespace, procs):
+def test_enqueue_by_name_without_app_then_wait_for_the_result(app, url, namespace):
     """A producer with no task code (`duetime enqueue NAME` without --app) and `runs wait`."""
     out = duetime("enqueue", "noop", "--args", "[3]", "--redis-url", url, "--namespace",
                   namespace, "--allow-unknown")  # no worker has published it yet
     assert out.returncode == 0, out.stderr
     run_id = out.stdout.strip()
     assert app.get_run(run_id).task == "noop"
-    procs.worker()
+    burst(app)
     waited = duetime("runs", "wait", run_id, "--timeout", "30s", "--json", "--redis-url", url,
                      "--namespace", namespace)
     assert waited.returncode == 0, waited.stderr
     assert json.loads(waited.stdout) == {"id": run_id, "state": "succeeded", "result": None,
                                          "error": None}
     dead = app.enqueue(basic.fatal)
-    wait_for(lambda: app.get_run(dead).state == "dead", 20)
+    burst(app)
+    assert app.get_run(dead).state == "dead"
     waited = duetime("--redis-url", url, "--namespace", namespace, "runs", "wait", dead)
     assert waited.returncode == 1 and waited.stdout.strip() == "dead"
 

@@ -1,5 +1,18 @@
 """Workers inside the test's own event loop, against a real server (as arq and rq test
-theirs): a test can drive and observe the parts (claims, executor, reporter, leases) directly."""
+theirs): a test can drive and observe the parts (claims, executor, reporter, leases) directly.
+
+The default harness for claim, retry, concurrency, limits and reporting tests:
+  burst(app) / await drain(app)  run what is due now and return once idle, every outcome
+                                 recorded (Worker.run(until_idle=True)): the test reads the
+                                 end state without polling, and a burst that processed nothing
+                                 proves that nothing was claimable (no sleep needed)
+  serving(app)                   a worker for the length of a block, to act while it runs
+  reaper_thread(app)             the reaper beside it
+  due_now(app, run_id)           advance time for one run (a backoff, a delay) instead of
+                                 sleeping through it
+  record_logs(monkeypatch)       what the worker and the reaper logged
+Worker processes (the `procs` fixture) only where a process is the point: signals, SIGKILL,
+SIGSTOP, `--processes`, the CLI's own behaviour (its options, logs and metrics endpoint)."""
 
 from __future__ import annotations
 
@@ -12,6 +25,8 @@ from typing import Any
 
 from duetime.scheduler.reaper import Reaper
 from duetime.worker.runtime import Worker, WorkerConfig
+
+from tests.recorder import Recorder
 
 
 async def until(pred: Callable[[], object], timeout: float = 15.0, interval: float = 0.01,
@@ -43,6 +58,22 @@ async def serving(app: Any, **settings: Any) -> AsyncIterator[Worker]:
         await asyncio.wait_for(task, 60)
 
 
+async def drain(app: Any, timeout: float = 60.0, **settings: Any) -> Worker:
+    """A worker of `app` in burst mode (`Worker.run(until_idle=True)`): it runs what is due
+    now, retries due now included, records every outcome and returns; → the stopped worker
+    (its `processed` count). Runs due later are not waited for: a test controls time instead
+    (enqueue due now, or move a run's due time with `due_now`)."""
+    settings.setdefault("queues", ["default"])
+    worker = Worker(app.registry, app.redis_url, app.keys, WorkerConfig(**settings))
+    await asyncio.wait_for(worker.run(handle_signals=False, until_idle=True), timeout)
+    return worker
+
+
+def burst(app: Any, timeout: float = 60.0, **settings: Any) -> Worker:
+    """`drain` from a plain (sync) test: its own event loop, until the worker is idle."""
+    return asyncio.run(drain(app, timeout, **settings))
+
+
 @contextlib.contextmanager
 def reaper_thread(app: Any, tick_s: float = 0.05) -> Iterator[Reaper]:
     """The reaper, in a thread of this process."""
@@ -55,6 +86,34 @@ def reaper_thread(app: Any, tick_s: float = 0.05) -> Iterator[Reaper]:
         reaper.stop()
         thread.join(10)
         reaper.close()
+
+
+def due_now(app: Any, run_id: str) -> None:
+    """Advance time for one run: its entry in its due or retry set becomes due at the server's
+    now (instead of the test sleeping through a backoff or a delay)."""
+    from tests.apps import basic
+
+    r, k = basic.r(), app.keys
+    run = app.get_run(run_id)
+    p = k.partition_of_run(run_id)
+    sec, usec = r.time()
+    now_ms = sec * 1000 + usec // 1000
+    moved = sum(r.zadd(key, {run_id: now_ms}, xx=True, ch=True)
+                for key in (k.due(p, run.queue), k.retry(p, run.queue)))
+    assert moved, f"run {run_id} is in neither its due nor its retry set"
+
+
+def record_logs(monkeypatch: Any) -> Recorder:
+    """What the worker's parts and the reaper log, kept in a Recorder (in this process the
+    structlog loggers are cached: patching the modules' `log` is what sees them). Call before
+    the worker is made: its outage trackers take the logger when they are built."""
+    from duetime.scheduler import reaper
+    from duetime.worker import claims, due, execution, leases, reporter, runtime, wake
+
+    rec = Recorder()
+    for module in (claims, due, execution, leases, reporter, runtime, wake, reaper):
+        monkeypatch.setattr(module, "log", rec)
+    return rec
 
 
 class Gate:

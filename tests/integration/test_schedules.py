@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ from duetime.scheduler.evaluator import Evaluator
 import duetime
 from tests.apps import basic
 from tests.conftest import wait_for
+from tests.integration.inproc import burst, serving, until
 
 
 def runs_of(app, name: str) -> list[duetime.Run]:
@@ -68,20 +70,25 @@ def test_three_schedulers_200_schedules_every_occurrence_exactly_once(app, r, pr
     for i in range(200):
         app.schedule(f"fleet-{i:03d}", every, basic.noop, catchup="all")
     schedulers = [procs.duetime("scheduler", "--lead", "500ms") for _ in range(3)]
-    procs.worker("--concurrency", "64")
-    time.sleep(3.0)
-    schedulers[0].send_signal(signal.SIGKILL)  # one dies mid-way; the others take over
-    schedulers[0].wait()
-    time.sleep(4.0)
     names = [f"fleet-{i:03d}" for i in range(200)]
-    # a loaded machine starts the processes late: let every schedule reach 5 occurrences
-    wait_for(lambda: all(len(runs_of(app, n)) >= 5 for n in names), 30, interval=0.5,
-             what="five occurrences of every schedule")
+
+    async def main() -> None:  # the worker in this process; the schedulers are processes
+        async with serving(app, concurrency=64):
+            await asyncio.sleep(3.0)  # schedules fire meanwhile
+            schedulers[0].send_signal(signal.SIGKILL)  # one dies mid-way; the others take over
+            schedulers[0].wait()
+            # let every schedule reach 5 occurrences
+            await until(lambda: all(len(runs_of(app, n)) >= 5 for n in names), 40,
+                        interval=0.5, what="five occurrences of every schedule")
+
+    asyncio.run(main())
     for s in schedulers[1:]:
         s.send_signal(signal.SIGTERM)
         s.wait(10)
-    wait_for(lambda: all(run.state == "succeeded" for n in names for run in runs_of(app, n)),
-             30, interval=0.5, what="every run to succeed")
+    # what they created is run to its end (a burst: every outcome recorded when it returns;
+    # runs created up to the lead ahead are within its claim-ahead)
+    burst(app, concurrency=64, claim_ahead_ms=5000)
+    assert all(run.state == "succeeded" for n in names for run in runs_of(app, n))
     counts = {k.decode(): int(v) for k, v in r.hgetall(basic.count_key()).items()}
     total = 0
     for name in names:
@@ -108,8 +115,16 @@ def test_partitions_are_split_between_schedulers_and_taken_over(app, url):
     b.ownership.refresh()
     assert len(a.ownership.owned) == 8 and len(b.ownership.owned) == 8
     assert not a.ownership.owned & b.ownership.owned
-    time.sleep(1.2)  # a dies: its partition leases expire, it is no longer live
-    b.tick()  # past b's next renewal: renews, takes over
+    # a dies: its partition leases expire and it is no longer live -- made so now (instead of
+    # sleeping through the lease) by ageing its entries in the owners table
+    r = app.store.client
+    for field, value in r.hgetall(app.keys.owners).items():
+        if field == f"s:{a.ownership.id}".encode():
+            r.hset(app.keys.owners, field, 0)
+        elif field.startswith(b"p:") and value.decode().startswith(f"{a.ownership.id}|"):
+            r.hset(app.keys.owners, field, f"{a.ownership.id}|0")
+    b.ownership.next_ms = 0  # and b's next renewal is due: advance its clock to it
+    b.tick()  # renews, takes over
     assert len(b.ownership.owned) == 16
     assert [s.id for s in app_inspector(app).schedulers()] == [b.id]
 
@@ -133,10 +148,13 @@ def test_downtime_catchup_policies(app, url):
     time.sleep(3.2)  # no scheduler runs: about six occurrences pass
     ev = Evaluator(url, app.keys, lead_ms=0, miss_tolerance_ms=300)
     ev.tick()
+    after_ms = server_time_ms(ev.client)
     runs = {p: runs_of(app, f"down-{p}") for p in ("all", "latest", "skip")}
     skip_info, all_info = app.get_schedule("down-skip"), app.get_schedule("down-all")
     missed = skip_info.skipped_count
-    assert 5 <= missed <= 7, missed
+    # at least the six that passed during the 3.2 s; at most the occurrences up to the tick
+    # (read on the server's clock: a machine that sleeps late only adds occurrences)
+    assert 5 <= missed <= (after_ms - int(first.timestamp() * 1000)) // 500 + 1, missed
     # skip: no run for a missed occurrence; all: the newest 3, the rest recorded as skipped
     assert all(occurrence(run) >= ev_now_minus(ev, 300) for run in runs["skip"])
     missed_all = [run for run in runs["all"] if at_ms(occurrence(run)) < at_ms(missed_ms(first, missed))]
@@ -211,12 +229,12 @@ def test_backfill_a_past_day_hourly_gives_24_runs_once(app):
     assert {run.due for run in runs} == {day + timedelta(hours=h) for h in range(24)}
 
 
-def test_trigger_now(app, procs):
+def test_trigger_now(app):
     app.schedule("manual", duetime.Every(timedelta(days=1)), basic.noop)
     run_id = app.trigger("manual")
     assert run_id.startswith("manual@m")
-    procs.worker()
-    wait_for(lambda: app.get_run(run_id).state == "succeeded", 20, what="manual run")
+    burst(app)
+    assert app.get_run(run_id).state == "succeeded"
     assert app.get_run(run_id).schedule == "manual"
 
 
@@ -244,10 +262,14 @@ def test_overlap_policies_with_a_slow_task(app, r, procs, policy):
     app.schedule(f"ov-{policy}", duetime.Every(timedelta(seconds=1)), basic.sched_slow,
                  args=[2.3], overlap=policy)
     procs.duetime("scheduler", "--lead", "300ms")
-    procs.worker("--concurrency", "8", "--lease", "900ms")
-    time.sleep(6.5)
-    # on a loaded machine the processes start late: wait (bounded) until two runs have run
-    wait_for(lambda: len(_intervals(r, app)) >= 2, 20, what="two executions")
+
+    async def main() -> None:  # the worker in this process; the scheduler is a process
+        async with serving(app, concurrency=8, lease_ms=900):
+            await asyncio.sleep(6.5)  # occurrences a second apart come meanwhile
+            # on a loaded machine the scheduler starts late: wait until two runs have run
+            await until(lambda: len(_intervals(r, app)) >= 2, 20, what="two executions")
+
+    asyncio.run(main())
     runs = runs_of(app, f"ov-{policy}")
     states = [run.state for run in runs]
     iv = _intervals(r, app)
@@ -260,9 +282,11 @@ def test_overlap_policies_with_a_slow_task(app, r, procs, policy):
         assert all("previous run still running" in run.reason for run in runs if run.state == "skipped")
     elif policy == "buffer_one":
         assert not overlapping and states.count("skipped") >= 1
-        # a buffered run starts right after its predecessor ends
-        gaps = [b[0] - a[1] for a, b in zip(iv, iv[1:], strict=False)]
-        assert gaps and min(gaps) < 0.5, gaps
+        # a buffered run: due while its predecessor still ran, started once that one ended
+        # (how soon after is measured by bench/schedules.py, not asserted here)
+        by_id = {run.id: run for run in runs}
+        assert any(by_id[b[2]].due.timestamp() < a[1] <= b[0]
+                   for a, b in zip(iv, iv[1:], strict=False) if b[2] in by_id), iv
     else:  # cancel_other
         assert "cancelled" in states
         cancelled = [run for run in runs if run.state == "cancelled"]
@@ -280,17 +304,24 @@ def test_a_silent_scheduler_s_partitions_are_taken_as_its_leases_expire(app, url
     a.ownership.refresh()  # gives back half
     b.ownership.refresh()
     assert len(a.ownership.owned) == 8 and len(b.ownership.owned) == 8
-    t_last = time.monotonic()  # a goes silent (as if SIGKILLed): it renews nothing from now
-    calls = 0
-    while len(b.ownership.owned) < 16 and time.monotonic() - t_last < 6:
-        before = b.ownership.next_ms
+    # a goes silent (as if SIGKILLed): it renews nothing from now; its leases' expiry
+    expiries = {int(v.decode().split("|")[1]) for f, v in app.store.client.hgetall(
+        app.keys.owners).items() if f.startswith(b"p:") and v.decode().startswith(f"{a.ownership.id}|")}
+    [a_expiry] = expiries
+    calls, planned = 0, []
+    while len(b.ownership.owned) < 16 and calls < 10:
+        # b's loop: sleep until the time its last call said to come back, then step
+        time.sleep(max(0.0, (b.ownership.next_ms - b.ownership.now_ms()) / 1000))
+        planned.append(b.ownership.next_ms)
+        owned_before = len(b.ownership.owned)
         b.step()
-        calls += b.ownership.next_ms != before
-        time.sleep(0.05)
-    taken_after = time.monotonic() - t_last
+        calls += 1
+        if len(b.ownership.owned) < 16:
+            assert len(b.ownership.owned) == owned_before == 8  # nothing taken before the lapse
     assert len(b.ownership.owned) == 16
-    # a's leases lapse 3 s after its last renewal; b took them right then
-    assert 3.0 <= taken_after < 3.0 + 0.4, taken_after
+    # a's leases lapse 3 s after its last renewal (expired from the next ms on); b had
+    # planned its call right then, from the script's reply
+    assert planned[-1] == a_expiry + 1, (planned, a_expiry)
     assert calls <= 5  # renewals a second apart, then the takeover: not a call per step
 
 

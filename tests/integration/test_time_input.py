@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,8 +16,9 @@ from duetime.common.errors import InvalidInput
 from duetime.scheduler.evaluator import Evaluator
 
 import duetime
+from duetime.embedded import free_port
 from tests.apps import basic
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from tests.integration.opkit import as_json, cli, ok
 from tests.integration.test_schedules import runs_of
 
@@ -96,11 +98,26 @@ def test_the_cli_accepts_every_duration_form(app, url, namespace):
     assert (shown["lateness_s"], shown["jitter_s"], shown["miss_tolerance_s"]) == (60, 0.25, 604800)
 
 
+def _ready(port: int) -> bool:
+    """The process's /readyz says ready: its loop runs (its signal handlers are installed)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
 def test_long_running_commands_take_days_and_stop_on_sigterm(procs):
     # '--retention 7d' used to be refused; bounded ticks keep an idle process quiet
-    reaper = procs.duetime("reaper", "--retention", "7d", "--tick", "10ms")
-    worker = procs.worker("--lease", "500ms", "--grace", "1s")
-    time.sleep(2.0)
+    ports = [free_port(), free_port()]
+    reaper = procs.duetime("reaper", "--retention", "7d", "--tick", "10ms",
+                           "--metrics-port", str(ports[0]))
+    worker = procs.worker("--lease", "500ms", "--grace", "1s", "--metrics-port", str(ports[1]))
+    # up and serving (not a fixed sleep: a loaded machine starts them late, and a SIGTERM
+    # before their handlers are installed would kill them)
+    wait_for(lambda: all(p.poll() is not None or _ready(port)
+                         for p, port in zip((reaper, worker), ports, strict=True)), 30,
+             what="the reaper and the worker to be ready")
     for p in (reaper, worker):
         assert p.poll() is None, p.stderr.read().decode() if p.stderr else ""
         p.send_signal(signal.SIGTERM)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 
 from prometheus_client import REGISTRY
 
@@ -91,18 +90,22 @@ def test_a_stopped_worker_resumes_without_running_the_task_twice_at_once(app, r,
     thread is still running. At most two executions, never at once; the run succeeds."""
     path = str(tmp_path / "journal")
     run_id = app.enqueue(basic.journaled, [path, 3.0])
-    procs.reaper("100ms")
     worker = procs.worker("--lease", "1s")
-    wait_for(lambda: basic.journal(path), 15, what="the run to start")
-    worker.send_signal(signal.SIGSTOP)
-    try:
-        wait_for(lambda: app.get_run(run_id).state == "retrying", 5, what="the lease to be reaped")
-        time.sleep(0.5)
-    finally:
-        worker.send_signal(signal.SIGCONT)
-    wait_for(lambda: app.get_run(run_id).state in ("succeeded", "dead"), 30, what="the run to end")
-    wait_for(lambda: len(basic.journal(path)) % 2 == 0, 10, what="executions to end")
-    time.sleep(1.5)  # a lapsed second attempt would be reaped and started again by now
+    with reaper_thread(app, tick_s=0.1):
+        wait_for(lambda: basic.journal(path), 15, what="the run to start")
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: app.get_run(run_id).state == "retrying", 5,
+                     what="the lease to be reaped")
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        wait_for(lambda: app.get_run(run_id).state in ("succeeded", "dead"), 30,
+                 what="the run to end")
+        wait_for(lambda: len(basic.journal(path)) % 2 == 0, 10, what="executions to end")
+    # and it cannot start again later: no lease left to lapse, not due, not retrying
+    k, p = app.keys, app.keys.partition_of_run(run_id)
+    for key in (k.leases(p), k.due(p, "default"), k.retry(p, "default")):
+        assert r.zscore(key, run_id) is None, key
     spans = executions(path)
     assert 1 <= len(spans) <= 2, spans
     run = app.get_run(run_id)

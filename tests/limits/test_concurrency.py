@@ -3,6 +3,7 @@ attempt ends or its lease expires (a SIGKILLed worker never leaks a slot)."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import pytest
@@ -13,20 +14,23 @@ from duetime.common.scripts import Scripts
 import duetime
 from tests.apps import basic
 from tests.conftest import wait_for
+from tests.integration.inproc import drain, serving, until
 from tests.integration.opkit import as_json, cli, ok
 from tests.limits.journal import entries, max_running
 
 
-def test_tenant_limit_3_with_10_slots_over_two_workers(app, procs):
+def test_tenant_limit_3_with_10_slots_over_two_workers(app):
     app.set_limit("tenant", "acme", concurrency=3)
     ids = app.enqueue_many([(basic.limited, [0.15]) for _ in range(30)])
-    procs.worker("--concurrency", "5")
-    procs.worker("--concurrency", "5")
+
+    async def main() -> None:  # two workers, each its own connections, until both are idle
+        await asyncio.gather(drain(app, concurrency=5), drain(app, concurrency=5))
+
+    asyncio.run(main())
     r = sync_client(app.redis_url)
-    wait_for(lambda: len(entries(r)) >= 60, 60, what="30 runs to start and end")
+    assert len(entries(r)) == 60  # 30 runs started and ended
     assert max_running(r) == 3  # never more, and the limit was reached (10 slots were free)
-    wait_for(lambda: all(app.get_run(i).state == "succeeded" for i in ids), 20,
-             what="every run to succeed")
+    assert all(app.get_run(i).state == "succeeded" for i in ids)
     held = [app.get_run(i).limited_by for i in ids]
     assert "tenant:acme:concurrency" in held
     # every slot was given back
@@ -34,17 +38,21 @@ def test_tenant_limit_3_with_10_slots_over_two_workers(app, procs):
     assert r.zcard(app.keys.limrun(home, "tenant:acme")) == 0
 
 
-def test_other_tenants_are_not_held_by_a_full_tenant(app, procs):
+def test_other_tenants_are_not_held_by_a_full_tenant(app):
     app.set_limit("tenant", "acme", concurrency=1)
     busy = app.enqueue_many([(basic.limited, [0.3]) for _ in range(4)])
     free = [app.enqueue(basic.limited, [0], tenant="globex") for _ in range(3)]
-    procs.worker("--concurrency", "8")
-    wait_for(lambda: all(app.get_run(i).state == "succeeded" for i in free), 20,
-             what="the other tenant's runs")
-    assert sum(app.get_run(i).state == "succeeded" for i in busy) <= 2
+
+    async def main() -> None:
+        async with serving(app, concurrency=8):
+            await until(lambda: all(app.get_run(i).state == "succeeded" for i in free), 20,
+                        what="the other tenant's runs")
+            assert sum(app.get_run(i).state == "succeeded" for i in busy) <= 2
+            await until(lambda: all(app.get_run(i).state == "succeeded" for i in busy), 20,
+                        what="the limited tenant's runs")
+
+    asyncio.run(main())
     r = sync_client(app.redis_url)
-    wait_for(lambda: all(app.get_run(i).state == "succeeded" for i in busy), 20,
-             what="the limited tenant's runs")
     assert max_running(r, set(busy)) == 1
 
 
@@ -60,8 +68,13 @@ def test_slot_of_a_sigkilled_worker_frees_through_its_lease(app, procs):
     assert app.get_run(nxt).state == "scheduled"
     w.send_signal(signal.SIGKILL)
     w.wait()
-    procs.worker("--concurrency", "4", "--lease", "1s")  # no reaper runs: the claim frees it
-    wait_for(lambda: app.get_run(nxt).state == "succeeded", 20, what="the held run to run")
+
+    async def main() -> None:  # another worker; no reaper runs: the claim frees the slot
+        async with serving(app, concurrency=4, lease_ms=1000):
+            await until(lambda: app.get_run(nxt).state == "succeeded", 20,
+                        what="the held run to run")
+
+    asyncio.run(main())
     assert app.get_run(stuck).state == "running"  # not reaped; its slot freed all the same
 
 
@@ -175,17 +188,22 @@ def test_runs_behind_held_ones_are_claimed_and_a_full_batch_says_come_back_now(a
     assert second.next_due_ms is not None and second.next_due_ms > now  # only held runs left
 
 
-def test_a_long_run_keeps_its_slot_past_its_first_lease(app, procs):
+def test_a_long_run_keeps_its_slot_past_its_first_lease(app):
     """The slot entry is scored with the lease at claim time; heartbeats extend the lease, and
     a claim that meets the old score re-scores the entry instead of freeing the slot."""
     app.set_limit("tenant", "acme", concurrency=1)
     long_run = app.enqueue(basic.limited, [3.0])
-    procs.worker("--concurrency", "4", "--lease", "600ms")
     r = sync_client(app.redis_url)
-    wait_for(lambda: len(entries(r)) >= 1, 20, what="the long run to start")
-    short = [app.enqueue(basic.limited, [0]) for _ in range(3)]
-    wait_for(lambda: app.get_run(long_run).state == "succeeded", 20, what="the long run")
-    wait_for(lambda: all(app.get_run(i).state == "succeeded" for i in short), 20,
-             what="the short runs")
+
+    async def main() -> None:
+        async with serving(app, concurrency=4, lease_ms=600):
+            await until(lambda: len(entries(r)) >= 1, 20, what="the long run to start")
+            short = [app.enqueue(basic.limited, [0]) for _ in range(3)]
+            await until(lambda: app.get_run(long_run).state == "succeeded", 20,
+                        what="the long run")
+            await until(lambda: all(app.get_run(i).state == "succeeded" for i in short), 20,
+                        what="the short runs")
+
+    asyncio.run(main())
     assert max_running(r) == 1  # nothing started beside it over five lease lengths
     assert app.get_run(long_run).attempt == 1

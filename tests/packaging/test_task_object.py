@@ -11,7 +11,7 @@ import pytest
 
 import duetime
 from tests.apps import basic
-from tests.conftest import wait_for
+from tests.integration.inproc import burst
 
 
 @pytest.fixture
@@ -103,8 +103,8 @@ def test_a_task_object_works_where_tasks_were_accepted_before(tapp):
     assert tapp.schedule_def("s", duetime.Every(timedelta(minutes=1)), keyed, [4]).task == "keyed"
 
 
-def test_a_run_enqueued_through_the_task_object_runs(app, procs):
-    procs.worker()
+def test_a_run_enqueued_through_the_task_object_runs(app):
     run_id = basic.noop.enqueue(5)
-    wait_for(lambda: app.get_run(run_id).state == "succeeded", 20, what="the run to succeed")
+    burst(app)
+    assert app.get_run(run_id).state == "succeeded"
     assert app.get_run(run_id).args == [5]
