@@ -120,7 +120,7 @@ class Evaluator:
         self.heads = Heads()  # per owned partition: when its earliest schedule comes due
         self._read_all_at = 0.0  # monotonic time of the last read of every owned head
         self.stopping = threading.Event()
-        self._triggers: dict[tuple[str, bytes], Trigger] = {}
+        self._triggers: dict[tuple[str | bytes | None, ...], Trigger] = {}
         self.materialized = 0
         self._moved: set[int] = set()  # partitions a step moved on (materialised or quarantined)
         self._aside: dict[int, int] = {}  # partition -> server ms: not evaluated before then
@@ -136,8 +136,9 @@ class Evaluator:
         return self._policy_ms
 
     def _trigger(self, name: str, version: bytes, raw: list[bytes | None]) -> Trigger:
-        """Parsed triggers are cached per (schedule, version): a cron parses once."""
-        key = (name, version)
+        """Parsed triggers are cached per (schedule, version, stored trigger fields): a cron
+        parses once, and a trigger field edited by hand (no new version) is parsed again."""
+        key = (name, version, *raw)
         t = self._triggers.get(key)
         if t is None:
             if len(self._triggers) > 200_000:

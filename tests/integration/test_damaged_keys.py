@@ -404,3 +404,18 @@ def test_registering_a_schedule_again_replaces_its_key_of_the_wrong_type(app, ki
         assert ev.tick() >= 1
     finally:
         ev.client.close()
+
+
+def test_a_trigger_field_damaged_after_a_first_evaluation_is_quarantined(app, kit, url):
+    """The evaluator caches parsed triggers; an edit by hand bumps no version."""
+    app.schedule("cached", duetime.Every(timedelta(seconds=1)), basic.noop)
+    p = kit.k.partition_of_schedule("cached")
+    ev = Evaluator(url, kit.k, lead_ms=2000)
+    try:
+        assert ev.tick() >= 1
+        kit.r.hset(kit.k.sched(p, "cached"), "t.kind", "weekly")
+        kit.r.zadd(kit.k.sched_due(p), {"cached": 0})  # due again now
+        ev.tick()
+    finally:
+        ev.client.close()
+    assert kit.r.zscore(kit.k.quarantine(p), "cached") is not None
