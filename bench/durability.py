@@ -8,7 +8,6 @@ a loopback Redis Cluster of 3 primaries with a replica each. Each round measures
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 import uuid
@@ -16,6 +15,7 @@ import uuid
 import redis
 
 import duetime
+from bench.drive import parser
 from bench.stats import percentile
 from duetime.embedded import EmbeddedCluster
 
@@ -57,12 +57,7 @@ def measure(cluster: EmbeddedCluster, wait_replicas: int, singles: int, bulk: in
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--singles", type=int, default=2000)
-    ap.add_argument("--bulk", type=int, default=20000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
-    args = ap.parse_args()
+    args = parser(singles=2000, bulk=20000, rounds=3).parse_args()
     rounds: list[dict[int, dict[str, float]]] = []
     with EmbeddedCluster(args.server, n=3, replicas=1) as cluster:
         for r in range(args.rounds):

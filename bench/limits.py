@@ -37,6 +37,7 @@ from duetime.common.scripts import Scripts
 
 from bench import script_cost
 from bench.apps import app, noop
+from bench.drive import claim_all, complete_all, parser
 from duetime.embedded import EmbeddedServer
 
 TENANTS = [f"t{i}" for i in range(8)]
@@ -76,20 +77,9 @@ def script_round(url: str, scenario: str, n: int) -> dict[str, float]:
     e0 = _evalsha_us(r)
     app.enqueue_many(items)
     u0 = _evalsha_us(r)
-    held: dict[int, list[tuple[str, int]]] = {}
-    for p in range(k.partitions):
-        while True:
-            keys, args = tr.claim(k, p, "default", "bench:1", BATCH, 600_000)
-            runs = tr.parse_claim(scripts.claim(keys=keys, args=args)).runs
-            if not runs:
-                break
-            held.setdefault(p, []).extend((c.run_id, c.fence) for c in runs)
+    held = claim_all(k, scripts.claim, BATCH, 600_000, n)
     u1 = _evalsha_us(r)
-    assert sum(len(v) for v in held.values()) == n, "not every run was claimed"
-    for p, items in held.items():
-        for i in range(0, len(items), BATCH):
-            keys, args = tr.complete(k, p, items[i : i + BATCH])
-            scripts.complete(keys=keys, args=args)
+    complete_all(k, scripts.complete, held, BATCH)
     u2 = _evalsha_us(r)
     r.close()
     app.close()
@@ -206,21 +196,10 @@ def hot_round(url: str, lua_dir: Path, n: int) -> tuple[float, float]:
                      else (3, 11))
     app.enqueue_many([(noop, [i]) for i in range(n)])
     u0 = _evalsha_us(r)
-    held: dict[int, list[tuple[str, int]]] = {}
-    for p in range(k.partitions):
-        while True:
-            keys, args = tr.claim(k, p, "default", "bench:1", BATCH, 600_000)
-            res = claim(keys=keys, args=args)
-            runs = [(res[i].decode(), int(res[i + 1])) for i in range(header, len(res), width)]
-            if not runs:
-                break
-            held.setdefault(p, []).extend(runs)
+    held = claim_all(k, claim, BATCH, 600_000, n, lambda res: [
+        (res[i].decode(), int(res[i + 1])) for i in range(header, len(res), width)])
     u1 = _evalsha_us(r)
-    assert sum(len(v) for v in held.values()) == n, "not every run was claimed"
-    for p, items in held.items():
-        for i in range(0, len(items), BATCH):
-            keys, args = tr.complete(k, p, items[i : i + BATCH])
-            complete(keys=keys, args=args)
+    complete_all(k, complete, held, BATCH)
     u2 = _evalsha_us(r)
     r.flushdb()
     r.close()
@@ -243,11 +222,7 @@ def hot_path(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=20_000)
-    ap.add_argument("--backlog", type=int, default=100_000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
+    ap = parser(runs=20_000, backlog=100_000, rounds=3)
     ap.add_argument("--before", type=Path, default=None,
                     help="a copy of lua/ to compare the no-limit hot path with")
     args = ap.parse_args()

@@ -520,23 +520,19 @@ def run_all(args: argparse.Namespace, systems: list[System], workloads: set[str]
         t_all = time.time()
         for rnd in range(args.repeat):
             results.setdefault("loadavg", []).append(os.getloadavg())
-            if workloads & {"W1", "W4"}:
-                log(f"W1 burst, round {rnd + 1}/{args.repeat}, {args.runs} runs")
-                for s in systems:
-                    if "W1" in s.workloads:
-                        results["W1"].setdefault(s.name, []).append(guarded(w1_round, ctx, s, rnd))
-            if "W2" in workloads:
-                log(f"W2 precision, round {rnd + 1}/{args.repeat}, {args.w2_runs} runs over "
-                    f"{args.w2_spread:g} s")
-                for s in systems:
-                    if "W2" in s.workloads:
-                        results["W2"].setdefault(s.name, []).append(guarded(w2_round, ctx, s, rnd))
-            if "W5" in workloads:
-                log(f"W5 schedules, round {rnd + 1}/{args.repeat}, {args.w5_schedules:,} schedules, "
-                    f"{args.w5_every:,} every minute")
-                for s in systems:
-                    if "W5" in s.workloads:
-                        results["W5"].setdefault(s.name, []).append(guarded(w5_round, ctx, s, rnd))
+            n = f"round {rnd + 1}/{args.repeat}"
+            rounds = (({"W1", "W4"}, "W1", w1_round, f"W1 burst, {n}, {args.runs} runs"),
+                      ({"W2"}, "W2", w2_round, f"W2 precision, {n}, {args.w2_runs} runs over "
+                                               f"{args.w2_spread:g} s"),
+                      ({"W5"}, "W5", w5_round, f"W5 schedules, {n}, {args.w5_schedules:,} "
+                                               f"schedules, {args.w5_every:,} every minute"))
+            for wanted, w, one_round, what in rounds:  # W4 is measured in the W1 rounds
+                if workloads & wanted:
+                    log(what)
+                    for s in systems:
+                        if w in s.workloads:
+                            results[w].setdefault(s.name, []).append(
+                                guarded(one_round, ctx, s, rnd))
             log(f"round {rnd + 1} done, {time.time() - t_all:.0f} s so far")
         if "W3" in workloads:
             results["loadavg_w3"] = os.getloadavg()

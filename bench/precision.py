@@ -7,7 +7,6 @@ this machine's clock) percentiles, early starts.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -18,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 import redis
 
 from bench.apps import app, stamp
-from bench.stats import percentile, print_rounds
-from duetime.embedded import EmbeddedServer
+from bench.drive import parser, repeated
+from bench.stats import percentile
 
 
 def one_round(url: str, n: int, window: float) -> dict[str, float]:
@@ -52,16 +51,9 @@ def one_round(url: str, n: int, window: float) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=1000)
-    ap.add_argument("--window", type=float, default=10.0)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
-    args = ap.parse_args()
-    with EmbeddedServer(args.server) as server:
-        rounds = [one_round(server.url, args.runs, args.window) for _ in range(args.repeat)]
-    print(f"server={args.server} runs={args.runs} window={args.window}s repeat={args.repeat}")
-    print_rounds(rounds)
+    args = parser(runs=1000, window=10.0, repeat=3).parse_args()
+    repeated(args, lambda url: one_round(url, args.runs, args.window),
+             f"server={args.server} runs={args.runs} window={args.window}s repeat={args.repeat}")
 
 if __name__ == "__main__":
     main()

@@ -24,6 +24,7 @@ from duetime.common import transitions as tr
 from duetime.common.codec import pack_result
 
 from bench.apps import app, noop
+from bench.drive import claim_all, parser
 from duetime.embedded import EmbeddedServer
 
 LUA = Path(__file__).resolve().parent.parent / "lua"
@@ -62,16 +63,8 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     c0 = _cpu_us(r)
     app.enqueue_many([(noop, [i]) for i in range(n)])
     c1 = _cpu_us(r)
-    held: dict[int, list[tuple[str, int]]] = {}
-    for p in range(k.partitions):
-        while True:
-            keys, args = tr.claim(k, p, "default", "bench:1", batch, 60_000)
-            runs = tr.parse_claim(claim(keys=keys, args=args)).runs
-            if not runs:
-                break
-            held.setdefault(p, []).extend((c.run_id, c.fence) for c in runs)
+    held = claim_all(k, claim, batch, 60_000, n)
     c2 = _cpu_us(r)
-    assert sum(len(v) for v in held.values()) == n, "not every run was claimed"
     for p, items in held.items():
         for i in range(0, len(items), batch):
             done = [(run_id, fence, result) if result else (run_id, fence)
@@ -90,11 +83,7 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=20000)
-    ap.add_argument("--batch", type=int, default=50)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
+    ap = parser(runs=20000, batch=50, rounds=5)
     ap.add_argument("--results", action="store_true",
                     help="compare completing with and without a stored result")
     ap.add_argument("--guard", action="store_true",

@@ -8,7 +8,6 @@ served), time inside scripts and server CPU (INFO cpu).
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -18,8 +17,7 @@ import uuid
 import redis
 
 from bench.apps import app, noop
-from bench.stats import print_rounds
-from duetime.embedded import EmbeddedServer
+from bench.drive import parser, repeated
 
 
 def commandstats(r: redis.Redis) -> dict[str, float]:
@@ -108,16 +106,10 @@ def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=20000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--concurrency", type=int, default=256)
-    ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
-    args = ap.parse_args()
-    with EmbeddedServer(args.server) as server:
-        rounds = [one_round(server.url, args.runs, args.concurrency) for _ in range(args.repeat)]
-    print(f"server={args.server} runs={args.runs} repeat={args.repeat} concurrency={args.concurrency}")
-    print_rounds(rounds)
+    args = parser(runs=20000, repeat=3, concurrency=256).parse_args()
+    repeated(args, lambda url: one_round(url, args.runs, args.concurrency),
+             f"server={args.server} runs={args.runs} repeat={args.repeat} "
+             f"concurrency={args.concurrency}")
 
 if __name__ == "__main__":
     main()

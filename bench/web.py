@@ -115,7 +115,7 @@ def finish(r: redis.Redis, queue: str, n: int, how: str) -> None:
             for p in range(k.partitions):
                 while True:
                     keys, args = tr.reap(k, p, 1000, 0.3, 0)
-                    if int(scripts.reap(keys=keys, args=args)[0]) == 0:
+                    if tr.counts(scripts.reap(keys=keys, args=args))[0] == 0:
                         break
 
 

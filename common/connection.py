@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -164,12 +164,21 @@ def sync_client(url: str, durability: Durability | None = None, **kw: Any) -> re
     not one is InvalidInput; a cluster none of whose nodes answers is RedisUnavailable.
     `durability` (default: DUETIME_WAIT_REPLICAS): WAIT after each state change
     (common.durability)."""
+    client: redis.Redis = _durable(url, durability, False, lambda: _sync_client(url, **kw))
+    return client
+
+
+def _durable(url: str, durability: Durability | None, is_async: bool,
+             make: Callable[[], Any]) -> Any:
+    """The client `make()` opens for `url`, made durable (common.durability) unless it is in
+    memory; a URL that is not one is InvalidInput, a cluster none of whose nodes answers
+    RedisUnavailable (only the sync cluster client asks its nodes at once)."""
     d = Durability.from_env() if durability is None else durability
     try:
-        client = _sync_client(url, **kw)
+        client = make()
         if memory.is_memory(url):
             return client
-        return make_durable(client, d, cluster=_split(url)[1], is_async=False)  # type: ignore[no-any-return]
+        return make_durable(client, d, cluster=_split(url)[1], is_async=is_async)
     except ValueError as exc:
         raise _url_error(url, exc) from None
     except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
@@ -224,14 +233,9 @@ _FAST: dict[type[AbstractConnection] | None, type[aredis.Connection]] = {
 
 
 def async_client(url: str, durability: Durability | None = None, **kw: Any) -> aredis.Redis:
-    d = Durability.from_env() if durability is None else durability
-    try:
-        client = _async_client(url, **kw)
-        if memory.is_memory(url):
-            return client
-        return make_durable(client, d, cluster=_split(url)[1], is_async=True)  # type: ignore[no-any-return]
-    except ValueError as exc:
-        raise _url_error(url, exc) from None
+    """`sync_client` for asyncio code (scripts loaded on connect, durability, URL errors)."""
+    client: aredis.Redis = _durable(url, durability, True, lambda: _async_client(url, **kw))
+    return client
 
 
 def _async_client(url: str, **kw: Any) -> aredis.Redis:
@@ -321,6 +325,8 @@ ADVICE = {
                 "or use a redis+cluster:// URL so the client follows the topology",
     "NOPERM": "the Redis ACL user lacks a permission duetime needs: see the ACL roles in "
               "docs/operations.md",
+    "PAYLOAD_TOO_LARGE": "the namespace caps payloads (`duetime limits payload`): pass a "
+                         "reference to large data instead of the data",
     "WRONGTYPE": "a duetime key holds another type (written by something else?): "
                  "`duetime keys` shows the layout",
     "NOSCRIPT": "the server lost duetime's scripts mid-call (restart or failover): retry",

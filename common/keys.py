@@ -87,7 +87,11 @@ PARTITION_KEYS: dict[str, KeyKind] = {
                      "wait in a lane (the claim's due-order path skips them)", "queue"),
     "limits": KeyKind("limits", "hash", "this partition's share of the namespace's limits: "
                       "'<kind>:<name>:c' -> concurrency, '<kind>:<name>:r' -> 'tokens per ms, "
-                      "burst' (absent: no limit; claim.lua reads it)"),
+                      "burst' (absent: no limit; claim.lua reads it; the field names: "
+                      "common/limit_fields.py)"),
+    "caps": KeyKind("caps", "hash", "the namespace's caps, copied into every partition so "
+                    "enqueue.lua checks them in its slot: max_payload -> bytes (absent: no cap; "
+                    "set with duetime limits payload)"),
     "limrun": KeyKind("limrun:", "zset", "runs holding a concurrency slot of a limit -> lease "
                       "expiry hint (ms); an entry whose lease is gone frees its slot",
                       "scope"),
@@ -99,7 +103,7 @@ SUFFIX: dict[str, str] = {name: kind.suffix for name, kind in PARTITION_KEYS.ite
 # Keys and the channel shared by the whole namespace: `<ns>:` + the suffix.
 GLOBAL_KEYS: dict[str, KeyKind] = {
     "meta": KeyKind("meta", "hash", "partition count and format version of the namespace; its "
-                    "default schedule stagger (stagger_ms)"),
+                    "default schedule stagger (stagger_ms); its payload cap (max_payload)"),
     "queues": KeyKind("queues", "set", "every queue name used in the namespace"),
     "workers": KeyKind("workers", "zset", "worker id -> last heartbeat (ms)"),
     "worker": KeyKind("worker:", "hash", "a live worker: queues, concurrency, in-flight (expires)",
@@ -251,6 +255,10 @@ class Keyspace:
 
     def limits(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["limits"]
+
+    def caps(self, p: int) -> str:
+        """HASH of the namespace's caps as this partition's scripts read them (max_payload)."""
+        return self.prefix(p) + SUFFIX["caps"]
 
     def limrun(self, p: int, scope: str) -> str:
         """Runs holding a concurrency slot of `scope` ('tenant:acme', 'queue:default')."""

@@ -12,7 +12,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from duetime.common.errors import DuetimeError, InvalidInput
 from duetime.common.health import Health, Verdict
 from duetime.common.outcomes import Outcome
-from duetime.common.retrycost import ATTEMPT_OUTCOMES
+from duetime.common.retrycost import ATTEMPT_ENDINGS
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -81,9 +81,9 @@ DEAD_LETTERS = Counter("duetime_dead_letters_total",
 ATTEMPTS = Counter(
     "duetime_attempts_total",
     "Attempts a worker ran, by task, the task's owner and how the attempt ended as the worker "
-    "saw it: succeeded, failed (raised, timed out, could not start) or interrupted (lease lost, "
-    "cancelled, released at shutdown)",
-    ["task", "owner", "outcome"],
+    "saw it (`ending`): succeeded, failed (raised, timed out, could not start) or interrupted "
+    "(lease lost, cancelled, released at shutdown)",
+    ["task", "owner", "ending"],
 )
 FAILED_ATTEMPT_SECONDS = Counter(
     "duetime_failed_attempt_seconds_total",
@@ -154,7 +154,7 @@ def preset(tasks: Iterable[str] = (), queues: Iterable[str] = (),
         owner = (owners or {}).get(t, "")
         child(DEAD_LETTERS, t, owner)
         child(FAILED_ATTEMPT_SECONDS, t, owner)
-        for ending in ATTEMPT_OUTCOMES:
+        for ending in ATTEMPT_ENDINGS:
             child(ATTEMPTS, t, owner, ending)
 
 

@@ -22,7 +22,8 @@ from typing import Any
 
 from duetime.common.keys import Keyspace
 
-ATTEMPT_OUTCOMES = ("succeeded", "failed", "interrupted")
+# how an attempt ended as its worker saw it: the `ending` label of duetime_attempts_total
+ATTEMPT_ENDINGS = ("succeeded", "failed", "interrupted")
 MINUTE_MS = 60_000
 KEEP_MS = 86_400_000 + MINUTE_MS  # minute buckets live a day
 SEP = "|"  # never in a task or owner name (common/names.py refuses it)
@@ -45,12 +46,12 @@ class Ledger:
     def __init__(self) -> None:
         self.pending: dict[tuple[str, str], list[int]] = {}
 
-    def add(self, task: str, owner: str, outcome: str, seconds: float) -> None:
+    def add(self, task: str, owner: str, ending: str, seconds: float) -> None:
         row = self.pending.get((task, owner))
         if row is None:
             row = self.pending[(task, owner)] = [0, 0, 0]
         row[0] += 1
-        if outcome != "succeeded":
+        if ending != "succeeded":
             row[1] += 1
             row[2] += round(seconds * 1000)
 

@@ -6,6 +6,15 @@ The convention of every script: KEYS are the partition's index keys the caller c
 (due/retry set of a queue, leases, done, dead, ...); ARGV[1] is the partition prefix, from
 which a script builds the keys it only learns while it runs (a run's hash and attempts, a
 schedule's hash, the sets of a queue read from a record). All carry the partition's hash tag.
+
+Replies come in four shapes, each read here by one decoder (see REPLY, and the `Returns
+(<shape>)` line of every script's header):
+- status: a status word, alone ('released') or first of {word, value} (the value: a state, an
+  id, a time, a count): `status` reads the word as sent, `status_detail` both as text;
+- counts: integers in the order the header names them, or one integer: `counts`;
+- each: one answer per item of a batch call, in the call's order (complete: a status word,
+  heartbeat: an integer), read by the caller item by item;
+- claim: `parse_claim`.
 """
 
 from __future__ import annotations
@@ -102,7 +111,7 @@ def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
             runs: list[tuple[str, str, int, list[Any]]]) -> Call:
     """shared: field/value pairs common to every run of the call; runs: (run id, due ms or '',
     delay ms, the run's own field/value pairs) of one partition and queue."""
-    args: list[Any] = [k.prefix(p), k.wake_channel, f"{p}|{queue}", len(shared), *shared]
+    args: list[Any] = [k.prefix(p), k.wake_channel, p, queue, len(shared), *shared]
     for run_id, due, delay_ms, fields in runs:
         args += [run_id, due, delay_ms, len(fields), *fields]
     return [k.due(p, queue), k.prio(p, queue), k.laned(p, queue), k.lanes(p, queue)], args
@@ -152,7 +161,7 @@ def replay(k: Keyspace, p: int, queue: str, old_id: str, new_id: str, force: boo
            note: str = "") -> Call:
     """old and new run ids must live in partition p (see common.admin.replay_id)."""
     return ([k.due(p, queue), k.dead(p), k.uncertain(p), k.done(p), k.events(p)],
-            [k.prefix(p), old_id, new_id, int(force), queue, k.wake_channel, f"{p}|{queue}", note])
+            [k.prefix(p), old_id, new_id, int(force), queue, k.wake_channel, p, note])
 
 
 def resolve(k: Keyspace, p: int, run_id: str, verdict: str, note: str = "") -> Call:
@@ -178,8 +187,8 @@ def materialize(k: Keyspace, p: int, name: str, queue: str, runs: list[Any],
     None for backfill and trigger-now (runs only, no cursor move, no starting deadline)."""
     version, cursor, new_cursor = expected if expected is not None else ("", "", "")
     return ([k.sched_due(p), k.due(p, queue), k.deadlines(p), k.events(p)],
-            [k.prefix(p), name, version, cursor, new_cursor, skipped, k.wake_channel,
-             f"{p}|{queue}", k.sched_wake, *runs])
+            [k.prefix(p), name, version, cursor, new_cursor, skipped, k.wake_channel, p, queue,
+             k.sched_wake, *runs])
 
 
 def schedule_upsert(k: Keyspace, p: int, name: str, def_hash: str, version: int | str,
@@ -204,3 +213,37 @@ def schedule_quarantine(k: Keyspace, p: int, name: str, version: bytes | str, re
 def partition_owners(k: Keyspace, scheduler_id: str, ttl_ms: int, mode: str = "hold") -> Call:
     """mode: 'hold' (say alive, renew, rebalance, take free partitions) or 'release'."""
     return [k.owners], [scheduler_id, ttl_ms, k.partitions, mode]
+
+
+# -- replies --------------------------------------------------------------------------------
+REPLY = {
+    "enqueue": "counts", "claim": "claim", "heartbeat": "each", "complete": "each",
+    "fail": "status", "release": "status", "reap": "counts", "materialize": "status",
+    "schedule_upsert": "status", "schedule_pause": "status", "schedule_delete": "counts",
+    "partition_owners": "counts", "cancel": "status", "replay": "status", "resolve": "status",
+    "purge": "counts", "schedule_quarantine": "status", "wait": "status", "handback": "status",
+}
+
+
+def status(res: Any) -> bytes:
+    """The status word of a status reply, as Redis sent it: the reply itself, or the first
+    element of {word, value}."""
+    if isinstance(res, bytes):
+        return res
+    word: bytes = res[0]
+    return word
+
+
+def status_detail(res: Any) -> tuple[str, str]:
+    """A status reply as text: (word, value), the value '' when the word came alone."""
+    if isinstance(res, bytes):
+        return res.decode(), ""
+    word, value = res
+    return _s(word) if isinstance(word, bytes) else str(word), (
+        value.decode() if isinstance(value, bytes) else str(value))
+
+
+def counts(res: Any) -> list[int]:
+    """A counts reply: its integers, in the order the script's header names them."""
+    return [int(res)] if isinstance(res, int) else [int(x) for x in res]
+

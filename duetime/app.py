@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
 
 from duetime.client.limits import Limit, Limits, make_limit
 from duetime.client.runs import ASYNC_SLICE, EnqueueRequest, RunStore
@@ -33,6 +33,38 @@ R = TypeVar("R")
 ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue", "tenant",
                             "priority"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
+Duration = timedelta | float | str
+
+
+class ScheduleOptions(TypedDict, total=False):
+    """The options of `App.schedule` and `App.schedule_def`, by keyword, each optional.
+
+    `queue` (default: the task's). `catchup` ('latest', the default; 'all', 'skip') and
+    `max_catchup` (default 100): what happens to occurrences missed while no scheduler ran.
+    `overlap` ('allow', the default; 'skip', 'buffer_one', 'cancel_other'). Durations
+    (`lateness`, `jitter`, `miss_tolerance`) take a timedelta, seconds, or a string like "90s",
+    "1h30m", "PT1H30M". `lateness`: a run not started that long after its due time is missed.
+    `miss_tolerance` (default 60 s): an occurrence evaluated later than this after its instant
+    counts as missed and follows `catchup`; one whose successor is already due is missed in
+    any case. `owner` (default: the task's). `tenant` (default: the task's) is given to every
+    run the schedule creates.
+
+    `stagger` shifts every run of the schedule by a stable offset in [0, stagger) derived from
+    its name, so schedules written alike do not all fire in the same second. Not given (or
+    "default"/"auto"): the namespace's policy (`duetime schedule policy set --stagger 30s`,
+    none unless set); 0: exactly on its instants whatever the policy.
+    """
+
+    queue: str | None
+    catchup: str
+    max_catchup: int
+    lateness: Duration | None
+    overlap: str
+    jitter: Duration | None
+    owner: str | None
+    miss_tolerance: Duration | None
+    stagger: Duration | None
+    tenant: str | None
 CATALOGUE_TTL_S = 60.0  # how long a producer trusts the task options it read by name
 # a task a worker said it had the code of within this long can be enqueued by name (workers
 # may all be down for a while: runs queue up meanwhile)
@@ -423,44 +455,17 @@ class App:
         return Limits(self.store.ready(), self.keys, self.redis_url).list()
 
     # -- schedules ------------------------------------------------------------------------
-    def schedule(
-        self,
-        name: str,
-        trigger: Trigger,
-        task: TaskRef,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        queue: str | None = None,
-        catchup: str = "latest",
-        max_catchup: int = 100,
-        lateness: timedelta | float | str | None = None,
-        overlap: str = "allow",
-        jitter: timedelta | float | str | None = None,
-        owner: str | None = None,
-        paused: bool = False,
-        miss_tolerance: timedelta | float | str | None = None,
-        stagger: timedelta | float | str | None = None,
-        tenant: str | None = None,
-    ) -> str:
+    def schedule(self, name: str, trigger: Trigger, task: TaskRef, args: Sequence[Any] = (),
+                 kwargs: dict[str, Any] | None = None, *, paused: bool = False,
+                 **options: Unpack[ScheduleOptions]) -> str:
         """Create or update a schedule; → 'created', 'updated' or 'unchanged'.
 
         Registering the same definition again changes nothing (safe at every deploy); a
         changed one takes effect from the next occurrence that has no run yet. `paused`
         applies only when the schedule is created, so a redeploy never undoes an operator's
-        pause.
-
-        Durations (`lateness`, `jitter`, `miss_tolerance`) take a timedelta, seconds, or a
-        string like "90s", "1h30m", "PT1H30M". `miss_tolerance` (default 60 s): an occurrence
-        evaluated later than this after its instant counts as missed and follows `catchup`;
-        one whose successor is already due is missed in any case. `tenant` (default: the
-        task's) is given to every run the schedule creates.
-
-        `stagger` shifts every run of the schedule by a stable offset in [0, stagger) derived
-        from its name, so schedules written alike do not all fire in the same second. Not
-        given (or "default"/"auto"): the namespace's policy (`duetime schedule policy set
-        --stagger 30s`, none unless set); 0: exactly on its instants whatever the policy."""
-        d = self.schedule_def(name, trigger, task, args, kwargs, queue, catchup, max_catchup,
-                              lateness, overlap, jitter, owner, miss_tolerance, stagger, tenant)
+        pause. The options (`queue`, `catchup`, `lateness`, ...) are those of
+        `ScheduleOptions`, passed by keyword."""
+        d = self.schedule_def(name, trigger, task, args, kwargs, **options)
         status = self.schedules.upsert(d, paused)[0]
         self._remember_queues({d.queue})
         return status
@@ -469,38 +474,30 @@ class App:
         """Bulk `schedule` (pipelined) for definitions made with `schedule_def`."""
         return [status for status, _ in self.schedules.upsert_many(list(defs), paused)]
 
-    def schedule_def(
-        self,
-        name: str,
-        trigger: Trigger,
-        task: TaskRef,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        queue: str | None = None,
-        catchup: str = "latest",
-        max_catchup: int = 100,
-        lateness: timedelta | float | str | None = None,
-        overlap: str = "allow",
-        jitter: timedelta | float | str | None = None,
-        owner: str | None = None,
-        miss_tolerance: timedelta | float | str | None = None,
-        stagger: timedelta | float | str | None = None,
-        tenant: str | None = None,
-    ) -> ScheduleDef:
-        """A validated schedule definition (see `schedule` for the arguments)."""
+    def schedule_def(self, name: str, trigger: Trigger, task: TaskRef, args: Sequence[Any] = (),
+                     kwargs: dict[str, Any] | None = None,
+                     **options: Unpack[ScheduleOptions]) -> ScheduleDef:
+        """A validated schedule definition (the arguments: `schedule`, `ScheduleOptions`)."""
+        unknown = sorted(set(options) - ScheduleOptions.__optional_keys__)
+        if unknown:
+            raise TypeError(f"unexpected schedule option(s) {', '.join(unknown)}; the options: "
+                            f"{', '.join(sorted(ScheduleOptions.__optional_keys__))}")
         spec = self._resolve(task, published=True)
+        o: dict[str, Any] = dict(options)
+        tenant, queue, owner = o.get("tenant"), o.get("queue"), o.get("owner")
         if tenant is not None:
             check_name("tenant", tenant)
         owner = check_owner(owner)
-        lateness_ms, jitter_ms, tolerance_ms = ScheduleDef.durations(lateness, jitter,
-                                                                     miss_tolerance)
+        lateness_ms, jitter_ms, tolerance_ms = ScheduleDef.durations(
+            o.get("lateness"), o.get("jitter"), o.get("miss_tolerance"))
+        # catchup, max_catchup, overlap: given, or ScheduleDef's defaults
+        policy = {k: o[k] for k in ("catchup", "max_catchup", "overlap") if k in o}
         return ScheduleDef(
             name=name, trigger=seeded(trigger, name), task=spec.name,
             queue=spec.queue if queue is None else queue,
-            payload=pack_payload(args, kwargs or {}, self.max_payload), catchup=catchup,
-            max_catchup=max_catchup, lateness_ms=lateness_ms, overlap=overlap,
-            jitter_ms=jitter_ms, owner=owner or spec.owner or "", miss_tolerance_ms=tolerance_ms,
-            stagger_ms=parse_stagger(stagger),
+            payload=pack_payload(args, kwargs or {}, self.max_payload), **policy,
+            lateness_ms=lateness_ms, jitter_ms=jitter_ms, owner=owner or spec.owner or "",
+            miss_tolerance_ms=tolerance_ms, stagger_ms=parse_stagger(o.get("stagger")),
             tenant=tenant or spec.tenant or "",
             task_options={
                 "max_attempts": spec.max_attempts, "backoff_base": int(spec.backoff[0] * 1000),

@@ -114,12 +114,19 @@ local function backoff_ms(base, cap, attempt, jitter)
   return math.floor(d / 2 + (d / 2) * (num(jitter) or 0))
 end
 
+-- Tell idle workers (the wake channel) that queue `queue` of `partition` has a run due at
+-- `due` ms: the message '<partition>|<queue>|<due>', built here and nowhere else (its Python
+-- twin, build and parse, is common/wake.py; a test checks they agree).
+local function wake_workers(channel, partition, queue, due)
+  redis.call('PUBLISH', channel, partition .. '|' .. queue .. '|' .. int_s(due))
+end
+
 -- Add a member to a due/retry zset; tell idle workers when it became the set's earliest.
-local function add_due(zkey, score, run_id, channel, wake_tag)
+local function add_due(zkey, score, run_id, channel, partition, queue)
   local head = redis.call('ZRANGE', zkey, 0, 0, 'WITHSCORES')
   redis.call('ZADD', zkey, score, run_id)
   if head[2] == nil or score < tonumber(head[2]) then
-    redis.call('PUBLISH', channel, wake_tag .. '|' .. int_s(score))
+    wake_workers(channel, partition, queue, score)
   end
 end
 
@@ -159,7 +166,7 @@ end
 -- default now) or dead-letter when attempts ran out. A run whose attempt counters or retry
 -- policy are unreadable is dead-lettered saying so. Returns the new state and the retry time.
 local function retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, force_dead,
-                             delay, jitter, reason, channel, wake_tag, from)
+                             delay, jitter, reason, channel, partition, queue, from)
   local f = redis.call('HMGET', run_key, 'attempt', 'max_attempts', 'backoff_base', 'backoff_max')
   local attempt, max_attempts = num(f[1]), num(f[2])
   local base, cap = num(f[3] or 0), num(f[4] or 0)
@@ -183,7 +190,7 @@ local function retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, 
   local at = (from or now) + delay
   redis.call('HSET', run_key, 'state', 'retrying', 'retry_at', int_s(math.max(at, now)),
     'reason', reason)
-  add_due(retry_key, at, run_id, channel, wake_tag)
+  add_due(retry_key, at, run_id, channel, partition, queue)
   return 'retrying', at
 end
 
@@ -208,7 +215,7 @@ local function leave_running(prefix, run_key, run_id, now, channel, partition)
     local b = redis.pcall('HMGET', prefix .. K.run .. buffered, 'queue', 'due')
     if not b.err and b[1] and not wrong_type(prefix .. K.due .. b[1], 'zset') then
       add_due(prefix .. K.due .. b[1], math.max(now, num(b[2]) or 0), buffered, channel,
-        partition .. '|' .. b[1])
+        partition, b[1])
     end
   end
 end

@@ -13,7 +13,7 @@
 -- ARGV[2] run id
 -- ARGV[3] the run's queue as the caller read it (a run's queue never changes; checked here)
 -- ARGV[4] reason (recorded on the run)
--- Returns {result, detail}: 'cancelled'; 'requested' (running; detail = worker);
+-- Returns (status) {result, detail}: 'cancelled'; 'requested' (running; detail = worker);
 -- 'finished' or 'uncertain' (detail = state); 'missing'; 'queue' (detail = the real queue).
 local due_key, retry_key, done_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, run_id, queue, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]

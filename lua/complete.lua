@@ -12,8 +12,8 @@
 --         hash tag (a batch of hundreds of runs would otherwise send three key names per run)
 -- ARGV[2] wake channel   ARGV[3] partition index
 -- ARGV[4..] per run, 3 values: run id, fence, result (msgpack; '' = none stored)
--- Returns per run: 'succeeded' (accepted), 'late_succeeded' (a late success finished the run)
--- 'stale' (refused: another attempt owns the run, or it finished) or 'missing'.
+-- Returns (each) per run: 'succeeded' (accepted), 'late_succeeded' (a late success finished
+-- the run), 'stale' (refused: another attempt owns the run, or it finished) or 'missing'.
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, channel, partition = ARGV[1], ARGV[2], ARGV[3]
 local bad = damaged_index({leases_key, 'zset', done_key, 'zset', uncertain_key, 'zset',
@@ -77,5 +77,5 @@ for i = 4, #ARGV, 3 do
 end
 if #unleased > 0 then redis.call('ZREM', leases_key, unpack(unleased)) end
 if #finished > 0 then redis.call('ZADD', done_key, unpack(finished)) end
-for q in pairs(freed) do redis.call('PUBLISH', channel, partition .. '|' .. q .. '|' .. now_s) end
+for q in pairs(freed) do wake_workers(channel, partition, q, now_s) end
 return out

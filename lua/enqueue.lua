@@ -7,8 +7,8 @@
 -- KEYS[3] laned zset  T:laned:<queue>  KEYS[4] lanes zset  T:lanes:<queue>
 -- ARGV[1] partition prefix 'ns:{tag}:' -- each run's hash T:run:<id> is built from it (same
 --         hash tag, so the same slot), as in the other batch scripts
--- ARGV[2] wake channel   ARGV[3] wake tag '<partition>|<queue>'
--- ARGV[4] count S of shared values, then S values: field, value pairs every run of the call
+-- ARGV[2] wake channel   ARGV[3] partition index   ARGV[4] queue
+-- ARGV[5] count S of shared values, then S values: field, value pairs every run of the call
 --         gets (task, queue, retry policy: the same for a batch of one task)
 -- then per run: run id, due ms ('' = server time + delay), delay ms, field count F,
 --         then F values: the run's own field, value pairs (payload, key, ...)
@@ -21,24 +21,44 @@
 -- between tenants (docs/fairness.md); while the queue has lanes in this partition, a run
 -- without a tenant gets the lane '<queue>|' so it is not left behind them.
 -- Refused as a whole at maxmemory (no allow-oom flag): a call creates all its runs or none.
--- Returns how many runs were created (the others existed already).
+-- The namespace's payload cap, when one is set (`duetime limits payload SIZE`): T:caps
+-- 'max_payload' (bytes; copied into every partition from <ns>:meta, so the check stays in this
+-- slot). A run whose `payload` field is longer refuses the whole call before anything is
+-- written, with a PAYLOAD_TOO_LARGE error naming the run, its size and the cap: a client that
+-- ignores or raised its own max_payload cannot fill the server.
+-- Returns (counts) how many runs were created (the others existed already).
 local due_key, prefix = KEYS[1], ARGV[1]
 -- an index of the wrong type refuses the call before it writes a run it could not index
 local bad = damaged_index({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset'})
 if bad then return bad end
-local queue = string.match(ARGV[3], '|(.*)$') or ''
+local queue = ARGV[4]
 local lanes = redis.call('EXISTS', KEYS[4]) == 1
 local now = now_ms()
 local created = 0
-local shared_n = tonumber(ARGV[4])
-local i = 5 + shared_n
+local shared_n = tonumber(ARGV[5])
+local i = 6 + shared_n
 local added, earliest = {}, nil
 local last_delay, last_due, last_due_s
 -- one field list reused for every run (no table per run): state, created, due, the shared
 -- fields, then the run's own fields from position base_n + 1
 local fields = {'state', 'scheduled', 'created', int_s(now), 'due', 0}
-for j = 5, 4 + shared_n do fields[#fields + 1] = ARGV[j] end
+for j = 6, 5 + shared_n do fields[#fields + 1] = ARGV[j] end
 local base_n = #fields
+local cap = tonumber(redis.call('HGET', prefix .. K.caps, 'max_payload'))
+if cap then
+  local j = i
+  while j <= #ARGV do
+    local nf = tonumber(ARGV[j + 3])
+    for f = j + 4, j + 3 + nf, 2 do
+      if ARGV[f] == 'payload' and #ARGV[f + 1] > cap then
+        return redis.error_reply('PAYLOAD_TOO_LARGE run ' .. ARGV[j] .. ': payload of '
+          .. #ARGV[f + 1] .. ' bytes is over the namespace cap of ' .. int_s(cap)
+          .. ' bytes (max_payload in <ns>:meta); nothing was enqueued')
+      end
+    end
+    j = j + 4 + nf
+  end
+end
 while i <= #ARGV do
   local run_id = ARGV[i]
   local run_key = prefix .. K.run .. run_id
@@ -85,7 +105,7 @@ if earliest ~= nil then
   local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
   redis.call('ZADD', due_key, unpack(added))
   if head[2] == nil or earliest < tonumber(head[2]) then
-    redis.call('PUBLISH', ARGV[2], ARGV[3] .. '|' .. earliest)
+    wake_workers(ARGV[2], ARGV[3], queue, earliest)
   end
 end
 return created

@@ -13,7 +13,7 @@
 --         | 'cancel' (stopped on a cancel request)
 -- ARGV[6] delay ms (mode 'retry')   ARGV[7] jitter in [0,1)
 -- ARGV[8] wake channel   ARGV[9] partition index   ARGV[10] queue
--- Returns {state, retry_at_ms}: 'retrying', 'dead', 'cancelled', 'stale' or 'missing'.
+-- Returns (status) {state, retry_at_ms}: 'retrying', 'dead', 'cancelled', 'stale' or 'missing'.
 local leases_key, retry_key, dead_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, run_id, fence, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local channel, partition, queue = ARGV[8], ARGV[9], ARGV[10]
@@ -48,7 +48,7 @@ local damaged = push_attempt(attempts_key, f[3], fence, f[4], f[5],
 redis.call('ZREM', leases_key, run_id)
 leave_running(prefix, run_key, run_id, now, channel, partition)
 if free_limits(prefix, run_key, run_id) then
-  redis.call('PUBLISH', channel, partition .. '|' .. queue .. '|' .. int_s(now))
+  wake_workers(channel, partition, queue, now)
 end
 if damaged then
   redis.call('HSET', run_key, 'error', err)
@@ -66,6 +66,6 @@ redis.call('HSET', run_key, 'error', err)
 local delay = nil
 if mode == 'retry' then delay = tonumber(ARGV[6]) end
 local state, at = retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, mode == 'fatal',
-  delay, ARGV[7], err, channel, partition .. '|' .. queue)
+  delay, ARGV[7], err, channel, partition, queue)
 emit(events_key, run_id, state, err)
 return {state, at}

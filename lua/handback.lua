@@ -11,7 +11,7 @@
 --         from it; same hash tag)
 -- ARGV[2] run id   ARGV[3] fence   ARGV[4] wake channel   ARGV[5] partition index
 -- ARGV[6] queue   ARGV[7] first delay ms   ARGV[8] longest delay ms   ARGV[9] worker id
--- Returns 'handed_back', 'stale' or 'missing'.
+-- Returns (status) 'handed_back', 'stale' or 'missing'.
 local leases_key, due_key, events_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, run_id, fence = ARGV[1], ARGV[2], ARGV[3]
 local run_key = prefix .. K.run .. run_id
@@ -24,7 +24,7 @@ if f[2] ~= fence or f[1] ~= 'running' then return 'stale' end
 
 redis.call('ZREM', leases_key, run_id)
 if free_limits(prefix, run_key, run_id) then
-  redis.call('PUBLISH', ARGV[4], ARGV[5] .. '|' .. ARGV[6] .. '|' .. int_s(now))
+  wake_workers(ARGV[4], ARGV[5], ARGV[6], now)
 end
 -- it will run elsewhere: it leaves the schedule's running set without promoting a buffered run
 if f[4] and f[4] ~= '' then redis.call('SREM', prefix .. K.sched_running .. f[4], run_id) end
@@ -33,6 +33,6 @@ local delay = math.min((tonumber(ARGV[7]) or 0) * 2 ^ math.min(n - 1, 30), tonum
 local at = math.max(tonumber(f[3]) or now, now + math.floor(delay))
 redis.call('HSET', run_key, 'state', 'scheduled', 'handbacks', int_s(n),
   'attempt', int_s(math.max((tonumber(f[5]) or 1) - 1, 0)))
-add_due(due_key, at, run_id, ARGV[4], ARGV[5] .. '|' .. ARGV[6])
+add_due(due_key, at, run_id, ARGV[4], ARGV[5], ARGV[6])
 emit(events_key, run_id, 'handed_back', ARGV[9])
 return 'handed_back'

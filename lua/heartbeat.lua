@@ -11,7 +11,7 @@
 -- ARGV[1] partition prefix 'ns:{tag}:' (run hashes are built from it; same hash tag)
 -- ARGV[2] lease ms
 -- ARGV[3..] per run, two values: run id, owner token '<worker>:<fence>'
--- Returns one integer per run: 1 = lease held, 0 = lost (the worker must stop that run),
+-- Returns (each) one integer per run: 1 = lease held, 0 = lost (the worker must stop that run),
 -- 2 = held, but cancellation was requested (the worker stops the run and reports 'cancel').
 local leases_key, prefix = KEYS[1], ARGV[1]
 local bad = damaged_index({leases_key, 'zset'})

@@ -13,11 +13,11 @@
 -- ARGV[2] schedule name    ARGV[3] expected version ('' = no compare-and-set)
 -- ARGV[4] expected cursor ms    ARGV[5] new cursor ms ('' = no more occurrences)
 -- ARGV[6] occurrences skipped by the catch-up policy (added to skipped_count)
--- ARGV[7] wake channel     ARGV[8] wake tag '<partition>|<queue>'
--- ARGV[9] scheduler wake channel (a starting deadline earlier than the deadlines' head is told
+-- ARGV[7] wake channel     ARGV[8] partition index     ARGV[9] queue
+-- ARGV[10] scheduler wake channel (a starting deadline earlier than the deadlines' head is told
 --         to the reapers)
--- ARGV[10..] per run, 5 values: run id, occurrence ms, due ms, coalesced count, first ms
--- Returns {status, created}: status 'ok', 'conflict', 'paused' or 'missing'.
+-- ARGV[11..] per run, 5 values: run id, occurrence ms, due ms, coalesced count, first ms
+-- Returns (status) {status, created}: status 'ok', 'conflict', 'paused' or 'missing'.
 local sched_due_key, due_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, name, expected = ARGV[1], ARGV[2], ARGV[3]
 local sched_key = prefix .. K.sched .. name
@@ -40,8 +40,8 @@ local now = now_ms()
 local lateness = num(s[14]) or 0  -- 1e400 or nan (edited by hand) is no deadline
 local created = 0
 local last = num(redis.call('HGET', sched_key, 'last_ms')) or 0
-local partition = string.match(ARGV[8], '^(%d+)|')
-for i = 10, #ARGV, 5 do
+local partition, queue = ARGV[8], ARGV[9]
+for i = 11, #ARGV, 5 do
   local run_id, occ, due = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local run_key = prefix .. K.run .. run_id
   if redis.call('EXISTS', run_key) == 0 then
@@ -59,11 +59,11 @@ for i = 10, #ARGV, 5 do
     end
     if lateness > 0 and expected ~= '' then
       fields[#fields + 1] = 'deadline'; fields[#fields + 1] = due + lateness
-      tell_schedulers(ARGV[9], 'd', partition, deadlines_key, due + lateness)
+      tell_schedulers(ARGV[10], 'd', partition, deadlines_key, due + lateness)
       redis.call('ZADD', deadlines_key, due + lateness, run_id)
     end
     redis.call('HSET', run_key, unpack(fields))
-    add_due(due_key, due, run_id, ARGV[7], ARGV[8])
+    add_due(due_key, due, run_id, ARGV[7], partition, queue)
     emit(events_key, run_id, 'scheduled', name)
     created = created + 1
   end

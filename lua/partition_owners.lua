@@ -9,7 +9,7 @@
 -- KEYS[1] owners hash <ns>:owners -- fields p:<partition> = '<scheduler id>|<expiry ms>' and
 --         s:<scheduler id> = last seen (ms)
 -- ARGV[1] scheduler id   ARGV[2] lease ms   ARGV[3] partitions P   ARGV[4] 'hold' | 'release'
--- Returns {server now ms, next ms, owned partitions...}: next is when to come back sooner
+-- Returns (counts) {server now ms, next ms, owned partitions...}: next is when to come back sooner
 -- than the usual renewal (-1: no need): when another live scheduler would lapse (it may have
 -- died, and its share would then grow this one's), or when another's lease on a partition
 -- this one should take over runs out.

@@ -6,7 +6,7 @@
 -- ARGV[1] partition prefix 'ns:{tag}:' -- run ids are read from the dead index, so their
 --         run hashes and attempt lists are built from it (same hash tag)
 -- ARGV[2] max runs per call   ARGV[3] only runs dead-lettered at or before this ms ('' = all)
--- Returns {purged, examined}; call again while examined equals the limit.
+-- Returns (counts) {purged, examined}; call again while examined equals the limit.
 local dead_key, events_key = KEYS[1], KEYS[2]
 local prefix, limit = ARGV[1], tonumber(ARGV[2])
 local upto = ARGV[3]

@@ -17,8 +17,8 @@
 --         of the run's queue) and schedule keys are built from it; all share this hash tag
 -- ARGV[2] max runs per call   ARGV[3] jitter seed in [0,1)
 -- ARGV[4] wake channel        ARGV[5] partition index    ARGV[6] retention ms (0 = keep)
--- Returns {expired_leases_handled, missed, deleted, next wake-up ms or -1}: the wake-up is
--- the earliest lease expiry or starting deadline left.
+-- Returns (counts) {expired_leases_handled, missed, deleted, next wake-up ms or -1}: the
+-- wake-up is the earliest lease expiry or starting deadline left.
 local leases_key, dead_key, uncertain_key = KEYS[1], KEYS[2], KEYS[3]
 local done_key, deadlines_key, events_key = KEYS[4], KEYS[5], KEYS[6]
 local prefix, limit, seed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -55,7 +55,7 @@ for n, id in ipairs(ids) do
     local damaged = push_attempt(attempts_key, f[5], f[2], f[6], f[7], 'unknown', now,
       'lease expired')
     if f[10] and free_limits(prefix, run_key, id, f[10]) then
-      redis.call('PUBLISH', channel, partition .. '|' .. (f[4] or '') .. '|' .. int_s(now))
+      wake_workers(channel, partition, f[4] or '', now)
     end
     leave_running(prefix, run_key, id, now, channel, partition)
     local attempt = num(f[5])
@@ -89,7 +89,7 @@ for n, id in ipairs(ids) do
         from = now
       end
       local state = retry_or_dead(prefix, run_key, prefix .. K.retry .. f[4], dead_key, id, now,
-        false, delay, jitter, 'lease expired', channel, partition .. '|' .. f[4], from)
+        false, delay, jitter, 'lease expired', channel, partition, f[4], from)
       emit(events_key, id, state, 'lease expired')
     end
   elseif f[1] and not STATES[f[1]] then

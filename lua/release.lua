@@ -8,7 +8,7 @@
 --         are built from it; same hash tag)
 -- ARGV[2] run id   ARGV[3] fence   ARGV[4] wake channel   ARGV[5] partition index
 -- ARGV[6] queue
--- Returns 'released', 'uncertain', 'stale' or 'missing'.
+-- Returns (status) 'released', 'uncertain', 'stale' or 'missing'.
 local leases_key, due_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, run_id, fence = ARGV[1], ARGV[2], ARGV[3]
 local run_key, attempts_key = prefix .. K.run .. run_id, prefix .. K.attempts .. run_id
@@ -21,7 +21,7 @@ if f[2] ~= fence or f[1] ~= 'running' then return 'stale' end
 
 redis.call('ZREM', leases_key, run_id)
 if free_limits(prefix, run_key, run_id) then
-  redis.call('PUBLISH', ARGV[4], ARGV[5] .. '|' .. ARGV[6] .. '|' .. int_s(now))
+  wake_workers(ARGV[4], ARGV[5], ARGV[6], now)
 end
 if f[4] == '0' then
   push_attempt(attempts_key, f[6], fence, f[7], f[8], 'unknown', now,
@@ -39,6 +39,6 @@ if f[5] and f[5] ~= '' then redis.call('SREM', prefix .. K.sched_running .. f[5]
 push_attempt(attempts_key, f[6], fence, f[7], f[8], 'released', now, nil)
 redis.call('HSET', run_key, 'state', 'scheduled',
   'attempt', int_s(math.max((tonumber(f[6]) or 1) - 1, 0)))
-add_due(due_key, tonumber(f[3]) or now, run_id, ARGV[4], ARGV[5] .. '|' .. ARGV[6])
+add_due(due_key, tonumber(f[3]) or now, run_id, ARGV[4], ARGV[5], ARGV[6])
 emit(events_key, run_id, 'released', '')
 return 'released'

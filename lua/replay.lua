@@ -11,8 +11,8 @@
 -- ARGV[1] partition prefix 'ns:{tag}:' (both run hashes are built from it; same hash tag)
 -- ARGV[2] old run id   ARGV[3] new run id (same partition as the old one)
 -- ARGV[4] '1' = also replay a succeeded run    ARGV[5] the run's queue as the caller read it
--- ARGV[6] wake channel    ARGV[7] wake tag '<partition>|<queue>'    ARGV[8] note
--- Returns {status, detail}: 'created' (new id), 'already' (the existing replay's id),
+-- ARGV[6] wake channel    ARGV[7] partition index    ARGV[8] note
+-- Returns (status) {status, detail}: 'created' (new id), 'already' (the existing replay's id),
 -- 'active' (state: still scheduled/running/retrying), 'succeeded' (needs force),
 -- 'missing', 'queue' (the real queue).
 local due_key, dead_key, uncertain_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -45,7 +45,7 @@ for i, name in ipairs(COPY) do
   end
 end
 redis.call('HSET', new_key, unpack(fields))
-add_due(due_key, now, new_id, ARGV[6], ARGV[7])
+add_due(due_key, now, new_id, ARGV[6], ARGV[7], queue)
 emit(events_key, new_id, 'scheduled', 'replay of ' .. old_id)
 
 redis.call('HSET', old_key, 'replayed_by', new_id, 'replayed_at', now)

@@ -8,7 +8,7 @@
 -- KEYS[1] uncertain zset   KEYS[2] dead zset   KEYS[3] done zset   KEYS[4] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash is built from it; same hash tag)
 -- ARGV[2] run id   ARGV[3] 'succeeded' | 'failed'   ARGV[4] note
--- Returns {status, state}: 'ok' (new state), 'not_uncertain' (current state), 'missing'.
+-- Returns (status) {status, state}: 'ok' (new state), 'not_uncertain' (current state), 'missing'.
 local uncertain_key, dead_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, run_id, verdict, note = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local run_key = prefix .. K.run .. run_id

@@ -4,7 +4,7 @@
 -- KEYS[1] sched_due zset   KEYS[2] schedules index zset   KEYS[3] quarantine zset
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
 -- ARGV[2] name
--- Returns 1 if it existed, else 0.
+-- Returns (counts) 1 if it existed, else 0.
 local name = ARGV[2]
 redis.call('ZREM', KEYS[1], name)
 redis.call('ZREM', KEYS[2], name)

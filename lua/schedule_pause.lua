@@ -7,7 +7,7 @@
 -- ARGV[2] name   ARGV[3] '1' pause | '0' resume   ARGV[4] note (pause)
 -- ARGV[5] scheduler wake channel   ARGV[6] partition index (a resumed schedule is told to the
 --         evaluators when it is due before the due set's head)
--- Returns 'ok' or 'missing'.
+-- Returns (status) 'ok' or 'missing'.
 local sched_due_key, prefix, name, pause = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local sched_key = prefix .. K.sched .. name
 if redis.call('EXISTS', sched_key) == 0 then return 'missing' end

@@ -8,7 +8,7 @@
 -- KEYS[1] sched_due zset   KEYS[2] quarantine zset   KEYS[3] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
 -- ARGV[2] name   ARGV[3] version read ('' = any)   ARGV[4] reason
--- Returns 'quarantined', 'changed' or 'missing'.
+-- Returns (status) 'quarantined', 'changed' or 'missing'.
 local sched_due_key, quarantine_key, events_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, name, version, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local sched_key = prefix .. K.sched .. name

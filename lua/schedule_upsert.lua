@@ -13,7 +13,7 @@
 -- ARGV[7] scheduler wake channel   ARGV[8] partition index (a cursor earlier than the due set's
 --         head is told to the evaluators, which sleep until the earliest)
 -- ARGV[9..] definition field, value pairs
--- Returns {status, version}: 'created', 'updated', 'unchanged' or 'conflict'.
+-- Returns (status) {status, version}: 'created', 'updated', 'unchanged' or 'conflict'.
 local sched_due_key, index_key, quarantine_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, name, def_hash, expected, cursor = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local sched_key = prefix .. K.sched .. name

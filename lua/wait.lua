@@ -7,7 +7,7 @@
 -- KEYS[1] notify list  T:notify:<run> (declared: the client blocks on it next)
 -- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash is built from it; same hash tag)
 -- ARGV[2] run id
--- Returns the state, 'waiting' or 'missing'.
+-- Returns (status) the state, 'waiting' or 'missing'.
 local prefix, run_id = ARGV[1], ARGV[2]
 local run_key = prefix .. K.run .. run_id
 local state = redis.call('HGET', run_key, 'state')

@@ -19,15 +19,11 @@ import redis
 from duetime.common import metrics
 from duetime.common import transitions as tr
 from duetime.common.connection import (
-    refresh_topology,
     sync_client,
-    topology_error,
-    unavailable,
 )
-from duetime.common.errors import InvalidSchedule
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
-from duetime.common.outage import retry_in
+from duetime.common.outage import Outage
 from duetime.common.schedules import (
     CHECKED_FIELDS,
     MISS_TOLERANCE_MS,
@@ -48,6 +44,7 @@ from duetime.scheduler.notices import (
     Heads,
     Listener,
     about_a_key,
+    backed_off,
     head_ms,
     report_health,
 )
@@ -92,12 +89,12 @@ class Ownership:
 
     def refresh(self) -> set[int]:
         keys, args = tr.partition_owners(self.keys, self.id, self.ttl_ms)
-        now, takeover, *owned = self.scripts.partition_owners(keys=keys, args=args)
-        self.offset_ms = int(now) - time.monotonic() * 1000
-        self.owned = {int(p) for p in owned}
-        self.next_ms = int(now) + self.ttl_ms // 3
+        now, takeover, *owned = tr.counts(self.scripts.partition_owners(keys=keys, args=args))
+        self.offset_ms = now - time.monotonic() * 1000
+        self.owned = set(owned)
+        self.next_ms = now + self.ttl_ms // 3
         if takeover >= 0:  # another scheduler lapses, or a lease to take over runs out, then
-            self.next_ms = min(self.next_ms, int(takeover))
+            self.next_ms = min(self.next_ms, takeover)
         metrics.PARTITIONS_OWNED.set(len(self.owned))
         return self.owned
 
@@ -120,6 +117,7 @@ class Evaluator:
         self.heads = Heads()  # per owned partition: when its earliest schedule comes due
         self._read_all_at = 0.0  # monotonic time of the last read of every owned head
         self.stopping = threading.Event()
+        self.outage = Outage("evaluator", log, cap_s=None, scheduler_id=self.id)
         self._triggers: dict[tuple[str | bytes | None, ...], Trigger] = {}
         self.materialized = 0
         self._moved: set[int] = set()  # partitions a step moved on (materialised or quarantined)
@@ -264,11 +262,11 @@ class Evaluator:
                 # its hash is gone (deleted by hand): the due entry is an orphan, removed
                 self._quarantine(p, name, b"", "")
                 continue
-            if paused == b"1":
-                continue  # paused meanwhile: pause took it out of the due set
+            if paused == b"1" or next_ms is None:
+                # paused or finished meanwhile (pause and the last materialize take it out of
+                # the due set); left there by a hand edit, the partition is set aside below
+                continue
             try:
-                if next_ms is None:
-                    raise InvalidSchedule("in the due set, but field next_ms is missing")
                 trigger = self._trigger(name, version, f[N_PLAIN:N_TRIGGER])
                 check_stored(dict(zip(SCHED_FIELDS, f, strict=True)), trigger)
                 q = queue.decode()
@@ -305,7 +303,7 @@ class Evaluator:
                     raise res  # the server, not this schedule: the loop backs off
                 self._quarantine(p, name, version, f"materialize.lua failed on it: {res}")
                 continue
-            created += int(res[1])
+            created += int(tr.status_detail(res)[1])
         metrics.MATERIALIZED.inc(created)
         self.materialized += created
         return created
@@ -317,7 +315,7 @@ class Evaluator:
         keys, args = tr.schedule_quarantine(self.keys, p, name, version, reason)
         self._moved.add(p)  # out of the due set: the partition moved on
         try:
-            status = self.scripts.schedule_quarantine(keys=keys, args=args)
+            status = tr.status(self.scripts.schedule_quarantine(keys=keys, args=args))
         except redis.ResponseError as exc:  # the partition's own indexes are damaged
             self._damaged_partition(p, self.keys.quarantine(p), exc)
             return
@@ -333,7 +331,6 @@ class Evaluator:
         listener = Listener(self.client, self.url, self.keys.sched_wake, "s", self.heads, self.stopping)
         listener.start()
         listener.subscribed.wait(5)  # notices from now on reach us; then read the heads
-        failures = 0
         while not self.stopping.is_set():
             metrics.health.beat("evaluator")
             try:
@@ -343,30 +340,12 @@ class Evaluator:
                 self.heads.changed.clear()
                 self.step()
                 report_health("evaluator", listener)
-                failures = 0
+                self.outage.ok()
                 self.heads.changed.wait(min(self._sleep_s(), self.tick_s))
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                failures += 1
-                wait = retry_in(exc, failures)
-                metrics.health.ready("evaluator", False, str(unavailable(self.url, exc)))
-                log.warning("redis unavailable; evaluator retrying",
-                            error=str(unavailable(self.url, exc)), retry_in=round(wait, 3))
-                refresh_topology(self.client)  # a dead primary: find its promoted replica
-                self.stopping.wait(wait)
             except redis.RedisError as exc:
-                # refused (OOM at maxmemory, READONLY after a failover, a damaged key): the
+                # unreachable, failing over or refused (OOM at maxmemory, a damaged key): the
                 # process stays up and tries again, rather than crash-looping under a supervisor
-                failures += 1
-                wait = retry_in(exc, failures)
-                metrics.health.ready("evaluator", False, f"redis refused a call: {exc}")
-                if topology_error(exc):  # CLUSTERDOWN until a replica is promoted, MOVED, ...
-                    log.warning("redis cluster is failing over or moving slots; evaluator retrying",
-                                error=str(exc), retry_in=round(wait, 3))
-                    refresh_topology(self.client)
-                else:
-                    log.error("redis refused a call; evaluator retrying", error=str(exc),
-                              retry_in=round(wait, 3))
-                self.stopping.wait(wait)
+                self.stopping.wait(backed_off("evaluator", self.outage, exc, self.url, self.client))
         metrics.health.ready("evaluator", False, "stopping")
         with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
             self.ownership.release_all()

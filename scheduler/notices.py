@@ -16,10 +16,14 @@ import contextlib
 import math
 import random
 import threading
+from typing import Any
 
 import redis
-from duetime.common.connection import unavailable
+from duetime.common.connection import refresh_topology, unavailable
 from duetime.common.logs import get as get_logger
+from duetime.common.outage import Outage, not_ready_reason
+from duetime.common.outage import kind as outage_kind
+from duetime.common.wake import parse_scheduler_notice, with_notice
 
 log = get_logger("duetime.scheduler")
 
@@ -68,9 +72,7 @@ class Heads:
     def set(self, p: int, ms: int | None, since: int) -> None:
         """What a read of `p`'s heads found; a notice that arrived after the read still counts."""
         with self._lock:
-            n = self._noticed.get(p)
-            if n is not None and n[0] > since and (ms is None or n[1] < ms):
-                ms = n[1]
+            ms = with_notice(ms, self._noticed.get(p), since)
             if ms is None:
                 self.due.pop(p, None)
             else:
@@ -110,6 +112,20 @@ def report_health(part: str, listener: Listener) -> None:
         metrics.health.ready(part)
     else:
         metrics.health.ready(part, False, listener.error or "subscribing to the wake channel")
+
+
+def backed_off(loop: str, outage: Outage, exc: BaseException, url: str, client: Any) -> float:
+    """A scheduler loop's Redis call failed: the incident is logged and backed off by `outage`
+    (common/outage.py, the helper the worker's loops use too), the loop says it is not ready
+    and why, and a cluster client re-reads the topology unless the server refused the call
+    (a dead primary: find its promoted replica). Returns how long to wait."""
+    from duetime.common import metrics
+
+    wait = outage.failed(exc)
+    metrics.health.ready(loop, False, not_ready_reason(url, exc))
+    if outage_kind(exc) != "refused":
+        refresh_topology(client)
+    return wait
 
 
 class Listener(threading.Thread):
@@ -172,9 +188,8 @@ class Listener(threading.Thread):
         if self.kinds is None:
             self.heads.changed.set()
             return
-        try:
-            kind, p, ms = data.decode().split("|")
-            if kind in self.kinds:
-                self.heads.notice(int(p), int(float(ms)))
-        except (UnicodeDecodeError, ValueError, OverflowError):  # 'inf' is no time either
+        notice = parse_scheduler_notice(data)
+        if notice is None:
             log.debug("ignored a message on the scheduler wake channel", data=repr(data[:80]))
+        elif notice[0] in self.kinds:
+            self.heads.notice(notice[1], notice[2])

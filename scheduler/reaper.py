@@ -15,15 +15,12 @@ import redis
 from duetime.common import metrics
 from duetime.common import transitions as tr
 from duetime.common.connection import (
-    refresh_topology,
     server_time_ms,
     sync_client,
-    topology_error,
-    unavailable,
 )
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
-from duetime.common.outage import retry_in
+from duetime.common.outage import Outage
 from duetime.common.scripts import Scripts
 from duetime.scheduler.notices import (
     DAMAGED_RETRY_MS,
@@ -31,6 +28,7 @@ from duetime.scheduler.notices import (
     Heads,
     Listener,
     about_a_key,
+    backed_off,
     head_ms,
     report_health,
 )
@@ -57,6 +55,7 @@ class Reaper:
         self.client = sync_client(url)
         self.scripts = Scripts(self.client)
         self.stopping = threading.Event()
+        self.outage = Outage("reaper", log, cap_s=None)
 
     def _now_ms(self) -> int:
         if self._offset_ms is None:
@@ -128,9 +127,9 @@ class Reaper:
                 if isinstance(res, Exception):
                     self._damaged(p, res)
                     continue
-                n, missed, deleted, nxt = res
+                n, missed, deleted, nxt = tr.counts(res)
                 total += n
-                self.heads.set(p, int(nxt) if nxt >= 0 else None, mark)
+                self.heads.set(p, nxt if nxt >= 0 else None, mark)
                 if missed:
                     metrics.MISSED.inc(missed)
                     log.info("runs missed their starting deadline", count=missed, partition=p)
@@ -147,7 +146,6 @@ class Reaper:
         listener = Listener(self.client, self.url, self.keys.sched_wake, "ld", self.heads, self.stopping)
         listener.start()
         listener.subscribed.wait(5)
-        failures = 0
         while not self.stopping.is_set():
             metrics.health.beat("reaper")
             try:
@@ -157,41 +155,15 @@ class Reaper:
                 self.heads.changed.clear()
                 self.reap_once()
                 report_health("reaper", listener)
-                failures = 0
+                self.outage.ok()
                 metrics.REFUSING_WRITES.set(0)
                 self.heads.changed.wait(self._sleep_s())
-            except redis.exceptions.OutOfMemoryError as exc:
-                failures += 1
-                wait = retry_in(exc, failures)
-                # reap.lua is refused as a whole at maxmemory while heartbeats (allow-oom) go
-                # on extending leases: nothing is expired that a live worker could keep
-                metrics.REFUSING_WRITES.set(1)
-                metrics.health.ready("reaper", False, "redis is at maxmemory and refuses writes")
-                log.error("redis is at maxmemory and refuses writes; recovery waits (heartbeats "
-                          "still extend leases)", error=str(exc), retry_in=round(wait, 3))
-                self.stopping.wait(wait)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                failures += 1
-                wait = retry_in(exc, failures)
-                metrics.health.ready("reaper", False, str(unavailable(self.url, exc)))
-                log.warning("redis unavailable; reaper retrying",
-                            error=str(unavailable(self.url, exc)), retry_in=round(wait, 3))
-                refresh_topology(self.client)  # a dead primary: find its promoted replica
-                self.stopping.wait(wait)
             except redis.RedisError as exc:
-                # refused (OOM at maxmemory, READONLY after a failover, a damaged key): the
-                # process stays up and tries again, rather than crash-looping under a supervisor
-                failures += 1
-                wait = retry_in(exc, failures)
-                metrics.health.ready("reaper", False, f"redis refused a call: {exc}")
-                if topology_error(exc):  # CLUSTERDOWN until a replica is promoted, MOVED, ...
-                    log.warning("redis cluster is failing over or moving slots; reaper retrying",
-                                error=str(exc), retry_in=round(wait, 3))
-                    refresh_topology(self.client)
-                else:
-                    log.error("redis refused a call; reaper retrying", error=str(exc),
-                              retry_in=round(wait, 3))
-                self.stopping.wait(wait)
+                if isinstance(exc, redis.exceptions.OutOfMemoryError):
+                    # reap.lua is refused as a whole at maxmemory while heartbeats (allow-oom)
+                    # go on extending leases: nothing is expired that a live worker could keep
+                    metrics.REFUSING_WRITES.set(1)
+                self.stopping.wait(backed_off("reaper", self.outage, exc, self.url, self.client))
         metrics.health.ready("reaper", False, "stopping")
         log.info("reaper stopped")
 

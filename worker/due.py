@@ -7,7 +7,6 @@ A notice newer than a read still counts, so a read that crossed a notice cannot 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +16,7 @@ from duetime.common.connection import topology_error
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import REFUSED_CAP_S, retry_in
+from duetime.common.wake import with_notice
 
 log = get_logger("duetime.worker")
 
@@ -25,24 +25,6 @@ Key = tuple[int, str]  # (partition, queue)
 # doubles up to a second while the error is a failover's or a slot move's (a dead primary,
 # CLUSTERDOWN until its replica is promoted: the work resumes within about a second of the
 # promotion), up to 5 s for other refusals (OOM, a damaged key): common.outage.retry_in.
-
-
-def parse_wake(data: object, partitions: int) -> tuple[int, str, float] | None:
-    """A wake notice '<partition>|<queue>|<due ms>' (lua/_lib.lua), or None for anything else:
-    the channel is open to any client's PUBLISH, and one bad message must not stop the wake-ups."""
-    try:
-        text = data.decode() if isinstance(data, bytes) else data
-        if not isinstance(text, str):
-            return None
-        parts = text.split("|")
-        if len(parts) != 3:
-            return None
-        p, queue, due = int(parts[0]), parts[1], float(parts[2])
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not 0 <= p < partitions or not queue or not math.isfinite(due):
-        return None
-    return p, queue, due
 
 
 class DueTimes:
@@ -76,9 +58,7 @@ class DueTimes:
 
     def set(self, key: Key, due: float | None, since_seq: int) -> None:
         """Authoritative head read at the server; notices newer than the read still count."""
-        w = self._notices.get(key)
-        if w is not None and w[0] > since_seq and (due is None or w[1] < due):
-            due = w[1]
+        due = with_notice(due, self._notices.get(key), since_seq)
         if due is None:
             self.next_due.pop(key, None)
         else:

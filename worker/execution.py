@@ -28,7 +28,7 @@ from duetime.common.logs import bind_run
 from duetime.common.logs import get as get_logger
 from duetime.common.models import from_ms
 from duetime.common.outcomes import FailMode, Outcome
-from duetime.common.retrycost import ATTEMPT_OUTCOMES
+from duetime.common.retrycost import ATTEMPT_ENDINGS
 from duetime.common.tasks import Registry, TaskSpec
 from duetime.common.time.parse import DELAY, duration_ms
 from duetime.common.transitions import Claimed
@@ -40,7 +40,7 @@ from duetime.worker.unknown import UnknownTasks
 
 log = get_logger("duetime.worker")
 LEASE_LOST, UNRECORDED = Outcome.LEASE_LOST.value, Outcome.UNRECORDED.value
-SUCCEEDED, FAILED, INTERRUPTED = ATTEMPT_OUTCOMES
+SUCCEEDED, FAILED, INTERRUPTED = ATTEMPT_ENDINGS
 
 
 @dataclass(slots=True, eq=False)

@@ -243,7 +243,7 @@ class Reporter:
                 causes.append(res)
                 continue
             self.unsent.pop(item[1].key, None)
-            self._judged(item[0], item[1], res if isinstance(res, bytes) else res[0])
+            self._judged(item[0], item[1], tr.status(res))
         if refused:
             lo, hi = REFUSED_PAUSE_S
             if all(topology_error(e) for e in causes):  # CLUSTERDOWN until a promotion, MOVED

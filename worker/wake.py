@@ -14,7 +14,8 @@ import time
 import redis.asyncio as aredis
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import Outage, bounded
-from duetime.worker.due import DueTimes, parse_wake
+from duetime.common.wake import parse_worker_wake
+from duetime.worker.due import DueTimes
 from duetime.worker.errors import ANY_REDIS_ERROR
 
 log = get_logger("duetime.worker")
@@ -63,7 +64,7 @@ class WakeListener:
             await asyncio.sleep(delay)
 
     def on_message(self, data: object) -> None:
-        parsed = parse_wake(data, self._partitions)
+        parsed = parse_worker_wake(data, self._partitions)
         if parsed is None:
             self._unreadable(data)
             return

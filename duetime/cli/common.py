@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 import redis
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from duetime.ops.inspect import Inspector
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+X = TypeVar("X")
 
 ENV_URL, ENV_NS = "DUETIME_REDIS_URL", "DUETIME_NAMESPACE"
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -332,6 +334,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def echo_listing(as_json: bool, items: Sequence[X], to_dict: Callable[[X], object],
+                 headers: Sequence[str], rows: Callable[[], Sequence[Sequence[Any]]]) -> None:
+    """A listing: a JSON list (one object per item), or a table whose rows `rows()` builds
+    (only then: a table may need the server's time, JSON never does)."""
+    if as_json:
+        echo_json([to_dict(i) for i in items])
+    else:
+        click.echo(table(headers, rows()))
+
+
 @contextlib.contextmanager
 def progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
     """A progress bar on stderr (stdout stays clean for --json and ids); yields `advance(n)`."""
@@ -340,16 +352,45 @@ def progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
         yield bar.update
 
 
-def interrupted(done: int, total: int, what: str, again: str) -> None:
+def interrupted(done: int, total: int, what: str, again: str) -> NoReturn:
     """Ctrl-C in a bulk operation: every step is atomic, so say where it stopped and exit."""
     click.echo(f"\ninterrupted after {done} of {total} {what}; each was done completely, "
                f"none partly. Run `{again}` again to continue.", err=True)
     sys.exit(EXIT_INTERRUPTED)
 
 
+def counted(total: int, label: str, what: str, again: str,
+            work: Callable[[Callable[[int], None]], T]) -> T:
+    """`work(step)` under a progress bar of `total`, `step(n)` saying n more are done; Ctrl-C
+    says how many of the `total` `what` were done and how to go on (`interrupted`)."""
+    done = 0
+
+    def step(n: int) -> None:
+        nonlocal done
+        done += n
+        advance(n)
+
+    try:
+        with progress(total, label) as advance:
+            return work(step)
+    except KeyboardInterrupt:
+        interrupted(done, total, what, again)
+
+
 METRICS_PORT = click.IntRange(1, 65535)
 METRICS_PORT_HELP = "Serve /metrics, /healthz and /readyz on this port."
 METRICS_HOST_HELP = "Address the metrics port listens on (0.0.0.0 in a container)."
+
+
+def metrics_options(port_note: str = "") -> Callable[[F], F]:
+    """--metrics-port and --metrics-host of a long-running process (`port_note` added to the
+    port's help)."""
+    def wrap(f: F) -> F:
+        f = click.option("--metrics-host", default="127.0.0.1", show_default=True,
+                         help=METRICS_HOST_HELP)(f)
+        return click.option("--metrics-port", default=None, type=METRICS_PORT,
+                            help=f"{METRICS_PORT_HELP} {port_note}".rstrip())(f)
+    return wrap
 
 
 def announce(ctx: click.Context, app: App, role: str) -> None:

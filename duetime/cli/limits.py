@@ -6,8 +6,9 @@ from datetime import timedelta
 
 import click
 
-from duetime.cli.common import duration_option, echo_json, fail_cleanly, plain_app, table
-from duetime.client.limits import KINDS, PER, Limit, Limits, make_limit
+from duetime.cli.common import duration_option, echo_listing, fail_cleanly, plain_app
+from duetime.client.limits import PER, Limit, Limits, make_limit
+from duetime.common.limit_fields import KINDS
 
 
 @click.group()
@@ -73,11 +74,28 @@ def clear_limit(ctx: click.Context, kind: str, name: str) -> None:
 def list_limits(ctx: click.Context, as_json: bool) -> None:
     """The limits set in the namespace."""
     found = _store(ctx).list()
-    if as_json:
-        echo_json([_to_dict(lim) for lim in found])
+    echo_listing(as_json, found, _to_dict,
+                 ("KIND", "NAME", "CONCURRENCY", "RATE", "PER", "BURST", "WEIGHT"), lambda: [
+                     (lim.kind, lim.name, lim.concurrency or "",
+                      "" if lim.rate is None else f"{lim.rate:g}", f"{lim.per_ms / 1000:g}s",
+                      "" if lim.burst is None else f"{lim.burst:g}", lim.weight or "")
+                     for lim in found])
+
+
+@limits.command("payload")
+@click.argument("size", required=False)
+@click.pass_context
+@fail_cleanly
+def payload_cap(ctx: click.Context, size: str | None) -> None:
+    """Show, set (SIZE: 4096, 64KiB, 1MB...) or clear (SIZE `none`) the namespace's payload
+    cap: enqueue.lua refuses a run whose payload is larger, whatever the client's max_payload."""
+    from duetime.client.caps import parse_size, read_payload_cap, set_payload_cap
+
+    app = plain_app(ctx)
+    if size is None:
+        cap = read_payload_cap(app.store.client, app.keys, app.redis_url)
+        click.echo(f"max_payload: {cap} bytes" if cap else "max_payload: none")
         return
-    click.echo(table(("KIND", "NAME", "CONCURRENCY", "RATE", "PER", "BURST", "WEIGHT"), [
-        (lim.kind, lim.name, lim.concurrency or "", "" if lim.rate is None else f"{lim.rate:g}",
-         f"{lim.per_ms / 1000:g}s", "" if lim.burst is None else f"{lim.burst:g}",
-         lim.weight or "")
-        for lim in found]))
+    cap = None if size.strip().lower() == "none" else parse_size(size)
+    set_payload_cap(app.store.ready(), app.keys, app.redis_url, cap)
+    click.echo(f"max_payload: {cap} bytes" if cap else "max_payload: none")

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 import click
 
 from duetime.cli.common import (
+    F,
     admin,
+    counted,
     duration_option,
     echo_json,
+    echo_listing,
     fail_cleanly,
     inspector,
     instant_option,
@@ -22,7 +27,7 @@ from duetime.cli.common import (
     when,
 )
 from duetime.common.errors import InvalidState, RunFailed, WaitTimeout
-from duetime.common.models import STATES
+from duetime.common.models import STATES, Run
 from duetime.common.time.fmt import format_duration
 from duetime.common.time.parse import WAIT, to_ms
 from duetime.ops.inspect import RunSummary
@@ -87,19 +92,34 @@ def runs_list(ctx: click.Context, state: str | None, schedule: str | None, queue
     _print_runs(listing.runs, as_json, listing.truncated, server_now(app))
 
 
-@runs.command("show")
-@click.argument("run_id", callback=run_id_arg)
-@click.option("--json", "as_json", is_flag=True, help="The record as JSON (absolute ISO times).")
-@click.pass_context
-@fail_cleanly
-def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
-    """A run's record and every attempt: worker, start, end, outcome, error; lateness."""
+def _showing(group: click.Group) -> Callable[[F], click.Command]:
+    """`<group> show RUN_ID [--json]`."""
+    def wrap(f: F) -> click.Command:
+        f = click.option("--json", "as_json", is_flag=True,
+                         help="The record as JSON (absolute ISO times).")(f)
+        f = click.argument("run_id", callback=run_id_arg)(f)
+        return group.command("show")(click.pass_context(fail_cleanly(f)))
+    return wrap
+
+
+def _show_run(ctx: click.Context, run_id: str, as_json: bool, state: str | None = None) -> Run:
+    """Print a run's record, JSON or text; `state`: the run must be in it (InvalidState)."""
     app = plain_app(ctx)
     run = inspector(app).get_run(run_id)
+    if state is not None and run.state != state:
+        raise InvalidState(f"run {run_id} is not {state} (state {run.state}); "
+                           "see `duetime runs show`")
     if as_json:
         echo_json(run_to_dict(run))
     else:
         click.echo(run_to_text(run, server_now(app)))
+    return run
+
+
+@_showing(runs)
+def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """A run's record and every attempt: worker, start, end, outcome, error; lateness."""
+    _show_run(ctx, run_id, as_json)
 
 
 @runs.command("cancel")
@@ -169,46 +189,49 @@ def dead() -> None:
     """Dead-lettered runs: failed for good (fatal error or attempts exhausted)."""
 
 
-def _dead_rows(runs: list[RunSummary], now: datetime) -> list[tuple[object, ...]]:
-    return [(s.id, s.task, s.queue, s.owner, when(s.finished, now), s.attempt,
-             (s.error or s.reason or "")[:80]) for s in runs]
+def _index_listing(index: str) -> Callable[[F], F]:
+    """The options of `dead list` and `uncertain list`: --queue, --limit, --json."""
+    def wrap(f: F) -> F:
+        f = click.option("--json", "as_json", is_flag=True,
+                         help="A JSON list (absolute ISO times).")(f)
+        f = click.option("--limit", default=50, show_default=True,
+                         type=click.IntRange(1, 100_000), help="At most this many runs.")(f)
+        return click.option("--queue", default=None, help=f"Only {index} runs of this queue.")(f)
+    return wrap
+
+
+def _list_index(ctx: click.Context, index: str, queue: str | None, limit: int, as_json: bool,
+                header: tuple[str, ...], row: Callable[[RunSummary, datetime], tuple[Any, ...]]
+                ) -> None:
+    """The runs of the dead or uncertain index, newest first: JSON, or one table row each."""
+    app = plain_app(ctx)
+    listing = inspector(app).list_runs(index, None, queue, limit)
+
+    def rows() -> list[tuple[Any, ...]]:
+        now = server_now(app)
+        return [row(s, now) for s in listing.runs]
+
+    echo_listing(as_json, listing.runs, summary_to_dict, header, rows)
 
 
 @dead.command("list")
-@click.option("--queue", default=None, help="Only dead runs of this queue.")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000),
-              help="At most this many runs.")
-@click.option("--json", "as_json", is_flag=True, help="A JSON list (absolute ISO times).")
+@_index_listing("dead")
 @click.pass_context
 @fail_cleanly
 def dead_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead letters not yet replayed or purged, newest first."""
-    app = plain_app(ctx)
-    listing = inspector(app).list_runs("dead", None, queue, limit)
-    if as_json:
-        echo_json([summary_to_dict(s) for s in listing.runs])
-    else:
-        click.echo(table(("ID", "TASK", "QUEUE", "OWNER", "DIED", "ATTEMPTS", "ERROR"),
-                         _dead_rows(listing.runs, server_now(app))))
+    _list_index(ctx, "dead", queue, limit, as_json,
+                ("ID", "TASK", "QUEUE", "OWNER", "DIED", "ATTEMPTS", "ERROR"),
+                lambda s, now: (s.id, s.task, s.queue, s.owner, when(s.finished, now), s.attempt,
+                                (s.error or s.reason or "")[:80]))
 
 
-@dead.command("show")
-@click.argument("run_id", callback=run_id_arg)
-@click.option("--json", "as_json", is_flag=True, help="The record as JSON (absolute ISO times).")
-@click.pass_context
-@fail_cleanly
+@_showing(dead)
 def dead_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """A dead run's record, its error and every attempt."""
-    app = plain_app(ctx)
-    run = inspector(app).get_run(run_id)
-    if run.state != "dead":
-        raise InvalidState(f"run {run_id} is not dead (state {run.state}); see `duetime runs show`")
-    if as_json:
-        echo_json(run_to_dict(run))
-    else:
-        click.echo(run_to_text(run, server_now(app)))
-        if run.error:
-            click.echo("  full error:\n    " + run.error.replace("\n", "\n    "))
+    run = _show_run(ctx, run_id, as_json, "dead")
+    if not as_json and run.error:
+        click.echo("  full error:\n    " + run.error.replace("\n", "\n    "))
 
 
 @dead.command("replay")
@@ -267,18 +290,8 @@ def dead_purge(ctx: click.Context, before: datetime | None, yes: bool) -> None:
         return
     if not yes:
         click.confirm(f"delete {total} dead run(s) for good?", abort=True, err=True)
-    done = 0
-
-    def advance_and_count(n: int) -> None:
-        nonlocal done
-        done += n
-        advance(n)
-
-    try:
-        with progress(total, "purging") as advance:
-            purged = adm.purge_dead(before_ms, advance_and_count)
-    except KeyboardInterrupt:
-        interrupted(done, total, "dead runs purged", "duetime dead purge")
+    purged = counted(total, "purging", "dead runs purged", "duetime dead purge",
+                     lambda step: adm.purge_dead(before_ms, step))
     click.echo(f"purged {purged} dead run(s)")
 
 
@@ -289,23 +302,15 @@ def uncertain() -> None:
 
 
 @uncertain.command("list")
-@click.option("--queue", default=None, help="Only uncertain runs of this queue.")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000),
-              help="At most this many runs.")
-@click.option("--json", "as_json", is_flag=True, help="A JSON list (absolute ISO times).")
+@_index_listing("uncertain")
 @click.pass_context
 @fail_cleanly
 def uncertain_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
     """Uncertain runs, newest first."""
-    app = plain_app(ctx)
-    listing = inspector(app).list_runs("uncertain", None, queue, limit)
-    if as_json:
-        echo_json([summary_to_dict(s) for s in listing.runs])
-        return
-    now = server_now(app)
-    rows = [(s.id, s.task, s.queue, s.owner, when(s.finished, now), s.worker,
-             (s.reason or "")[:80]) for s in listing.runs]
-    click.echo(table(("ID", "TASK", "QUEUE", "OWNER", "SINCE", "LAST WORKER", "REASON"), rows))
+    _list_index(ctx, "uncertain", queue, limit, as_json,
+                ("ID", "TASK", "QUEUE", "OWNER", "SINCE", "LAST WORKER", "REASON"),
+                lambda s, now: (s.id, s.task, s.queue, s.owner, when(s.finished, now), s.worker,
+                                (s.reason or "")[:80]))
 
 
 @uncertain.command("resolve")

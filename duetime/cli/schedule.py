@@ -12,12 +12,14 @@ import click
 
 from duetime.app import App
 from duetime.cli.common import (
+    F,
+    counted,
     duration_option,
     echo_json,
+    echo_listing,
     fail_cleanly,
     inspector,
     instant_option,
-    interrupted,
     load_app,
     parse_payload,
     plain_app,
@@ -175,15 +177,16 @@ def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str | None
 def schedule_list(ctx: click.Context, as_json: bool) -> None:
     """Every schedule of the namespace; NEXT and LAST in UTC and relative to now."""
     app = plain_app(ctx)
-    infos = app.list_schedules()
-    if as_json:
-        echo_json([schedule_to_dict(i) for i in infos])
-        return
-    now = server_now(app)
-    rows = [(i.name, i.trigger.describe(), i.task, i.queue, "paused" if i.paused else "active",
-             when(i.next_fire, now), when(i.last_occurrence, now), i.materialized_count)
-            for i in infos]
-    click.echo(table(("NAME", "TRIGGER", "TASK", "QUEUE", "STATUS", "NEXT", "LAST", "RUNS"), rows))
+    infos = app.list_schedules() if as_json else app.schedules.list(payload=False)  # no args shown
+
+    def rows() -> list[tuple[Any, ...]]:
+        now = server_now(app)
+        return [(i.name, i.trigger.describe(), i.task, i.queue,
+                 "paused" if i.paused else "active", when(i.next_fire, now),
+                 when(i.last_occurrence, now), i.materialized_count) for i in infos]
+
+    echo_listing(as_json, infos, schedule_to_dict,
+                 ("NAME", "TRIGGER", "TASK", "QUEUE", "STATUS", "NEXT", "LAST", "RUNS"), rows)
 
 
 @schedule.command("show")
@@ -208,42 +211,37 @@ def schedule_show(ctx: click.Context, name: str, as_json: bool) -> None:
         click.echo(schedule_to_text(info, fires, now, policy_ms))
 
 
-@schedule.command("pause")
-@click.argument("name")
+def _on_one(cmd: str) -> Callable[[F], click.Command]:
+    """`duetime schedule <cmd> NAME`: a command on one schedule, its errors said cleanly."""
+    def wrap(f: F) -> click.Command:
+        return schedule.command(cmd)(click.argument("name")(click.pass_context(fail_cleanly(f))))
+    return wrap
+
+
+@_on_one("pause")
 @click.option("--note", default="", help="Why (shown by `schedule show`).")
-@click.pass_context
-@fail_cleanly
 def schedule_pause(ctx: click.Context, name: str, note: str) -> None:
     """Stop creating runs; on resume, missed occurrences follow the catch-up policy."""
     plain_app(ctx).pause(name, note)
     click.echo(f"paused {name}")
 
 
-@schedule.command("resume")
-@click.argument("name")
-@click.pass_context
-@fail_cleanly
+@_on_one("resume")
 def schedule_resume(ctx: click.Context, name: str) -> None:
     """Create runs again; occurrences missed while paused follow the catch-up policy."""
     plain_app(ctx).resume(name)
     click.echo(f"resumed {name}")
 
 
-@schedule.command("trigger")
-@click.argument("name")
-@click.pass_context
-@fail_cleanly
+@_on_one("trigger")
 def schedule_trigger(ctx: click.Context, name: str) -> None:
     """Run the schedule now, outside its trigger; prints the run id."""
     click.echo(plain_app(ctx).trigger(name))
 
 
-@schedule.command("backfill")
-@click.argument("name")
+@_on_one("backfill")
 @instant_option("--from", "start", required=True, help="First instant (inclusive).")
 @instant_option("--to", "end", required=True, help="Last instant (inclusive).")
-@click.pass_context
-@fail_cleanly
 def schedule_backfill(ctx: click.Context, name: str, start: datetime, end: datetime) -> None:
     """One run per occurrence in [--from, --to]; occurrences that have a run are left alone,
     so an interrupted backfill can simply be run again."""
@@ -252,26 +250,14 @@ def schedule_backfill(ctx: click.Context, name: str, start: datetime, end: datet
     app = plain_app(ctx)
     trigger = app.get_schedule(name).trigger
     total = sum(1 for _ in trigger.occurrences(start - timedelta(microseconds=1), end))
-    done = 0
-
-    def step(n: int) -> None:
-        nonlocal done
-        done += n
-        advance(n)
-
-    try:
-        with progress(total, "backfilling") as advance:
-            occurrences, created = app.schedules.backfill(name, start, end, progress=step)
-    except KeyboardInterrupt:
-        interrupted(done, total, "occurrences", f"duetime schedule backfill {name} ...")
+    occurrences, created = counted(
+        total, "backfilling", "occurrences", f"duetime schedule backfill {name} ...",
+        lambda step: app.schedules.backfill(name, start, end, progress=step))
     click.echo(f"{occurrences} occurrence(s), {created} run(s) created "
                f"({occurrences - created} existed already)")
 
 
-@schedule.command("delete")
-@click.argument("name")
-@click.pass_context
-@fail_cleanly
+@_on_one("delete")
 def schedule_delete(ctx: click.Context, name: str) -> None:
     """Remove the definition; its runs stay (history), runs not yet started still run."""
     plain_app(ctx).delete_schedule(name)

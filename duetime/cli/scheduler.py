@@ -10,13 +10,11 @@ import click
 
 from duetime.app import App
 from duetime.cli.common import (
-    METRICS_HOST_HELP,
-    METRICS_PORT,
-    METRICS_PORT_HELP,
     announce,
     duration_option,
     fail_cleanly,
     load_app,
+    metrics_options,
 )
 from duetime.cli.common import app_for as _app_or_plain
 from duetime.common import metrics
@@ -50,8 +48,7 @@ def _run_reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retent
                  help="How often expired leases are looked for.")
 @duration_option("--retention", span=RETENTION, default="24h", show_default=True,
                  help=RETENTION_HELP)
-@click.option("--metrics-port", default=None, type=METRICS_PORT, help=METRICS_PORT_HELP)
-@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
+@metrics_options()
 @click.pass_context
 @fail_cleanly
 def reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retention: timedelta,
@@ -75,8 +72,7 @@ def reaper(ctx: click.Context, app_ref: str | None, tick: timedelta, retention: 
                  "set with `schedule add --miss-tolerance`, 1m unless given).")
 @duration_option("--gauges-every", span=GAUGES_EVERY, default="5s", show_default=True,
                  help="How often the queue gauges (backlog, oldest due, ...) are recomputed.")
-@click.option("--metrics-port", default=None, type=METRICS_PORT, help=METRICS_PORT_HELP)
-@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
+@metrics_options()
 @click.pass_context
 @fail_cleanly
 def scheduler(ctx: click.Context, app_ref: str | None, lead: timedelta, tick: timedelta,

@@ -12,13 +12,11 @@ import click
 import redis
 
 from duetime.cli.common import (
-    METRICS_HOST_HELP,
-    METRICS_PORT,
-    METRICS_PORT_HELP,
     announce,
     duration_option,
     fail_cleanly,
     load_app,
+    metrics_options,
 )
 from duetime.common import logs, metrics
 from duetime.common.errors import RedisRefused
@@ -46,9 +44,7 @@ from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, 
                  help="A run of a task this worker does not know goes back to its queue for a "
                  "worker that knows it; it is dead-lettered once no live worker has published "
                  "the task for this long.")
-@click.option("--metrics-port", default=None, type=METRICS_PORT,
-              help=METRICS_PORT_HELP + " Process i of --processes: port + i.")
-@click.option("--metrics-host", default="127.0.0.1", show_default=True, help=METRICS_HOST_HELP)
+@metrics_options("Process i of --processes: port + i.")
 @click.option("--burst", is_flag=True, help="Stop, exit 0, once idle: nothing of its own "
               "running, every outcome recorded, no run of its queues due now (runs due later "
               "are not waited for). For tests, CI and batch jobs; one process only.")

@@ -20,13 +20,14 @@ from typing import Any
 
 import redis
 
+from duetime.common import limit_fields
 from duetime.common.connection import translated
 from duetime.common.errors import DamagedState, InvalidInput
 from duetime.common.keys import Keyspace
+from duetime.common.limit_fields import KINDS
 from duetime.common.names import check_name
 from duetime.common.time.parse import Span, duration_ms
 
-KINDS = ("tenant", "queue", "task")
 PER = Span(timedelta(milliseconds=1), timedelta(days=1))
 MAX_CONCURRENCY = 1_000_000
 MAX_WEIGHT = 1000
@@ -47,7 +48,7 @@ class Limit:
 
     @property
     def scope(self) -> str:
-        return f"{self.kind}:{self.name}"
+        return limit_fields.scope(self.kind, self.name)
 
     def to_json(self) -> str:
         return json.dumps({"concurrency": self.concurrency, "rate": self.rate,
@@ -98,15 +99,15 @@ class Limit:
                 n = self.concurrency
                 if not whole:
                     n = n // partitions + (1 if p < n % partitions else 0)
-                f[f"{self.scope}:c"] = str(max(1, n))
+                f[limit_fields.field(self.scope, "concurrency")] = str(max(1, n))
             if self.rate is not None:
                 per_ms = self.rate / self.per_ms
                 burst = self.burst if self.burst is not None else max(1.0, self.rate)
                 if not whole:
                     per_ms, burst = per_ms / partitions, max(1.0, burst / partitions)
-                f[f"{self.scope}:r"] = f"{per_ms!r} {burst!r}"
+                f[limit_fields.field(self.scope, "rate")] = f"{per_ms!r} {burst!r}"
             if self.weight is not None:
-                f[f"{self.scope}:w"] = str(self.weight)
+                f[limit_fields.field(self.scope, "weight")] = str(self.weight)
             out.append(f)
         return out
 
@@ -151,7 +152,7 @@ class Limits:
         Every partition's share is written in one pipeline; each partition's claims see the
         old or the new share, never a mix within one claim."""
         k = self.keys
-        fields = (f"{limit.scope}:c", f"{limit.scope}:r", f"{limit.scope}:w")
+        fields = limit_fields.fields(limit.scope)
         pipe = self.client.pipeline(transaction=False)
         for p, share in enumerate(limit.shares(k.partitions)):
             gone = [f for f in fields if f not in share]

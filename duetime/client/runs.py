@@ -59,10 +59,6 @@ PIPELINE_RUNS = 2000  # runs per round trip
 ASYNC_PIPELINE_RUNS = 400  # from asyncio code: smaller round trips, each built between yields
 
 
-def new_run_id() -> str:
-    return os.urandom(10).hex()
-
-
 def keyed_run_id(task: str, key: str) -> str:
     """An idempotency key maps to one run id per task, so a repeat finds the first run."""
     return "k" + hashlib.sha256(f"{task}\0{key}".encode()).hexdigest()[:24]
@@ -494,7 +490,7 @@ class RunStore:
         deadline = None if timeout is None else time.monotonic() + timeout
         with translated(self.url):
             try:
-                self._wait_started(self.scripts.wait(keys=keys, args=args), run_id)
+                self._wait_started(tr.status(self.scripts.wait(keys=keys, args=args)), run_id)
                 notified = True
             except redis.exceptions.NoPermissionError:
                 notified = False  # a read-only operator: poll the run instead
@@ -518,7 +514,7 @@ class RunStore:
         deadline = None if timeout is None else time.monotonic() + timeout
         with translated(self.url):
             try:
-                self._wait_started(await Scripts(client).wait(keys=keys, args=args), run_id)
+                self._wait_started(tr.status(await Scripts(client).wait(keys=keys, args=args)), run_id)
                 notified = True
             except redis.exceptions.NoPermissionError:
                 notified = False  # a read-only operator: poll the run instead

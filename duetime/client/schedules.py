@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from duetime.client.fields import hashes_without
 from duetime.common import transitions as tr
 from duetime.common.codec import unpack_payload
 from duetime.common.connection import server_time_ms, translated
@@ -65,6 +66,9 @@ class UnreadableTrigger(Trigger):
 
     def _key(self) -> tuple[Any, ...]:
         return ("unreadable", self.reason)
+
+
+PAYLOAD = frozenset({b"payload"})  # what a listing leaves in Redis (client/fields.py)
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,7 @@ class ScheduleStore:
         with translated(self.url):
             return fn(*args, **kw)
 
-    def _replies(self, pipe: Any, empty: Any) -> list[Any]:
+    def _replies(self, pipe: Any, empty: Any) -> builtins.list[Any]:
         """A reading pipeline's replies, a key of the wrong type (damaged by hand; the
         evaluator quarantines its schedule, `doctor` names it) read as `empty`: one damaged
         schedule key must not fail a listing of all of them."""
@@ -226,19 +230,21 @@ class ScheduleStore:
                 self.scripts.schedule_upsert(keys=keys, args=args, client=pipe)
                 sent.append(i)
             todo = []
-            for i, (status, version) in zip(sent, self._call(pipe.execute) if sent else [],
-                                             strict=True):
-                if status == b"conflict":
+            for i, res in zip(sent, self._call(pipe.execute) if sent else [], strict=True):
+                status, version = tr.status_detail(res)
+                if status == "conflict":
                     todo.append(i)
                 else:
-                    out[i] = (status.decode(), int(version))
+                    out[i] = (status, int(version))
         if todo:
             raise DuetimeError(f"schedule {defs[todo[0]].name!r} kept changing under us; try again")
         return [out[i] for i in range(len(defs))]
 
-    def get(self, name: str) -> ScheduleInfo:
+    def get(self, name: str, payload: bool = True) -> ScheduleInfo:
+        """One schedule; `payload=False` leaves its payload in Redis (args/kwargs empty)."""
         _, key = self._where(name)
-        h = self._call(self.client.hgetall, key)
+        h = (self._call(self.client.hgetall, key) if payload
+             else hashes_without(self.client, [key], PAYLOAD, self._exec)[0])
         if not h:
             raise ScheduleNotFound(f"no schedule {name!r} in namespace {self.keys.namespace!r}")
         return ScheduleInfo.decode(h)
@@ -251,27 +257,38 @@ class ScheduleStore:
             for n in names:
                 yield n.decode(errors="replace")
 
-    def list(self) -> list[ScheduleInfo]:
+    def list(self, payload: bool = True) -> list[ScheduleInfo]:
+        """Every schedule by name; `payload=False` for a listing that does not show them."""
         names = sorted(self.names())
         out = []
         for i in range(0, len(names), 500):
-            pipe = self.client.pipeline(transaction=False)
-            for n in names[i : i + 500]:  # names read from the index: no check, no refusal
-                pipe.hgetall(self.keys.sched(self.keys.partition_of_schedule(n), n))
-            out += [ScheduleInfo.decode(h) for h in self._replies(pipe, {}) if h]
+            # names read from the index: no check, no refusal
+            keys = [self.keys.sched(self.keys.partition_of_schedule(n), n) for n in names[i : i + 500]]
+            if payload:
+                pipe = self.client.pipeline(transaction=False)
+                for key in keys:
+                    pipe.hgetall(key)
+                hashes = self._replies(pipe, {})
+            else:
+                hashes = hashes_without(self.client, keys, PAYLOAD, self._exec)
+            out += [ScheduleInfo.decode(h) for h in hashes if h]
         return out
+
+    def _exec(self, pipe: Any) -> builtins.list[Any]:
+        """A reading pipeline (HKEYS, HMGET): a damaged key reads as no fields."""
+        return self._replies(pipe, [])
 
     def set_paused(self, name: str, paused: bool, note: str = "") -> None:
         p, _ = self._where(name)
         keys, args = tr.schedule_pause(self.keys, p, name, paused, note)
         res = self._call(self.scripts.schedule_pause, keys=keys, args=args)
-        if res == b"missing":
+        if tr.status(res) == b"missing":
             raise ScheduleNotFound(f"no schedule {name!r}")
 
     def delete(self, name: str) -> None:
         p, _ = self._where(name)
         keys, args = tr.schedule_delete(self.keys, p, name)
-        if not self._call(self.scripts.schedule_delete, keys=keys, args=args):
+        if not tr.counts(self._call(self.scripts.schedule_delete, keys=keys, args=args))[0]:
             raise ScheduleNotFound(f"no schedule {name!r}")
 
     # -- runs outside the evaluator ------------------------------------------------------
@@ -283,8 +300,9 @@ class ScheduleStore:
         for run_id, occ in runs:
             flat += [run_id, occ, occ, 1, occ]
         keys, args = tr.materialize(self.keys, p, name, info.queue, flat)
-        status, created = self._call(self.scripts.materialize, keys=keys, args=args)
-        if status == b"missing":
+        status, created = tr.status_detail(
+            self._call(self.scripts.materialize, keys=keys, args=args))
+        if status == "missing":
             raise ScheduleNotFound(f"no schedule {name!r}")
         return int(created)
 

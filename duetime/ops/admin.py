@@ -51,21 +51,26 @@ class RunAdmin:
             # replies are bytes: no duetime client sets decode_responses
             queue = cast(bytes | None, self.client.hget(self.keys.run(p, run_id), "queue"))
         if queue is None:
-            raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
+            raise self._missing(run_id)
         return p, queue.decode()
 
-    def _call(self, script: Any, call: tr.Call) -> list[str]:
+    def _missing(self, run_id: str) -> RunNotFound:
+        return RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
+
+    def _call(self, run_id: str, script: Any, call: tr.Call) -> tuple[str, str]:
+        """A status script's (word, value) about `run_id`; a run gone meanwhile is RunNotFound."""
         keys, args = call
         with translated(self.url):
-            res = script(keys=keys, args=args)
-        return [x.decode() if isinstance(x, bytes) else str(x) for x in res]
+            status, detail = tr.status_detail(script(keys=keys, args=args))
+        if status == "missing":
+            raise self._missing(run_id)
+        return status, detail
 
     def cancel(self, run_id: str, reason: str = "cancelled by an operator") -> tuple[str, str]:
         """→ ('cancelled', previous state) or ('requested', worker id) for a running run."""
         p, queue = self._where(run_id)
-        status, detail = self._call(self.scripts.cancel, tr.cancel(self.keys, p, queue, run_id, reason))
-        if status == "missing":
-            raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
+        status, detail = self._call(run_id, self.scripts.cancel,
+                                    tr.cancel(self.keys, p, queue, run_id, reason))
         if status == "uncertain":
             raise InvalidState(f"run {run_id} is uncertain (outcome unknown): decide with "
                                f"`duetime uncertain resolve {run_id} --as succeeded|failed|replay`")
@@ -77,10 +82,8 @@ class RunAdmin:
         """→ (the replay's run id, created now?). A run already replayed gives its replay."""
         p, queue = self._where(run_id)
         new_id = replay_id(self.keys, run_id)
-        status, detail = self._call(self.scripts.replay,
+        status, detail = self._call(run_id, self.scripts.replay,
                                     tr.replay(self.keys, p, queue, run_id, new_id, force, note))
-        if status == "missing":
-            raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
         if status == "active":
             raise InvalidState(f"run {run_id} is still {detail}; only finished runs are replayed "
                                f"(cancel it first: `duetime runs cancel {run_id}`)")
@@ -100,11 +103,10 @@ class RunAdmin:
                                f"{state.decode() if state else 'gone'}); nothing to resolve")
         if verdict == "replay":
             return self.replay(run_id, note=note)[0]
-        status, detail = self._call(self.scripts.resolve, tr.resolve(self.keys, p, run_id, verdict, note))
+        status, detail = self._call(run_id, self.scripts.resolve,
+                                    tr.resolve(self.keys, p, run_id, verdict, note))
         if status == "not_uncertain":
             raise InvalidState(f"run {run_id} is not uncertain (state {detail}); nothing to resolve")
-        if status == "missing":
-            raise RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")
         return detail
 
     def count_dead(self, before_ms: int | None = None) -> int:
@@ -120,8 +122,9 @@ class RunAdmin:
         total = 0
         for p in range(self.keys.partitions):
             while True:
-                purged, examined = (int(x) for x in self._call(
-                    self.scripts.purge, tr.purge(self.keys, p, PURGE_BATCH, before_ms)))
+                keys, args = tr.purge(self.keys, p, PURGE_BATCH, before_ms)
+                with translated(self.url):
+                    purged, examined = tr.counts(self.scripts.purge(keys=keys, args=args))
                 total += purged
                 if progress:
                     progress(examined)

@@ -22,7 +22,6 @@ from duetime.ops.inspect import Inspector
 from duetime.ops.schedule_listing import lint_schedules
 from duetime.ops.surge import DEFAULT_MAX_PER_SECOND, profile
 
-LEVELS = ("ok", "info", "warn", "fatal")
 MIN_REDIS = (7, 0)
 MIN_VALKEY = (7, 2)
 CLOCK_WARN_S = 1.0

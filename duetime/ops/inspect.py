@@ -17,10 +17,12 @@ from typing import cast
 
 import redis
 
-from duetime.client.runs import read_run
+from duetime.client.fields import LARGE, hashes_without
+from duetime.client.runs import decode_read_run, read_run
 from duetime.common.connection import translated
 from duetime.common.errors import InvalidInput
 from duetime.common.models import STATES, Run, from_ms
+from duetime.common.names import check_name
 from duetime.common.overview import (  # noqa: F401 - re-exported for listings' users
     NamespaceReader,
     Overview,
@@ -131,10 +133,22 @@ class Inspector(NamespaceReader):
     reader the scheduler uses."""
 
     # -- runs -------------------------------------------------------------------------
-    def get_run(self, run_id: str) -> Run:
-        """One run with its attempt history (reads only; never writes the namespace's meta)."""
-        with translated(self.url):
-            return read_run(self.client, self.keys, run_id)
+    def get_run(self, run_id: str, large: bool = True) -> Run:
+        """One run with its attempt history (reads only; never writes the namespace's meta).
+        `large=False` leaves its payload and result in Redis (args, kwargs, result empty),
+        for a page that does not show them."""
+        if large:
+            with translated(self.url):
+                return read_run(self.client, self.keys, run_id)
+        check_name("run id", run_id)
+        k = self.keys
+        p = k.partition_of_run(run_id)
+        h = hashes_without(self.client, [k.run(p, run_id)], LARGE, self._exec)[0]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lrange(k.attempts(p, run_id), 0, -1)
+        pipe.zscore(k.leases(p), run_id)
+        attempts, lease_expiry = self._exec(pipe)
+        return decode_read_run(k, run_id, [h, attempts, lease_expiry])
 
     def _index_keys(self, index: str, parts: Iterable[int], queues: list[str]) -> list[str]:
         k = self.keys

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from duetime.client.schedules import ScheduleInfo, ScheduleStore
+from duetime.client.fields import hashes_without
+from duetime.client.schedules import PAYLOAD, ScheduleInfo, ScheduleStore
 from duetime.common.errors import InvalidInput
 from duetime.common.schedules import TRIGGER_FIELDS, run_id_for, stored_stagger, trigger_from_fields
 from duetime.common.time.spec import Trigger
@@ -91,10 +92,10 @@ def page_schedules(store: ScheduleStore, order: str = "created", after: Position
             break
     more = len(names) > limit
     names = names[:limit]
-    pipe = store.client.pipeline(transaction=False)
-    for n, _ in names:
-        pipe.hgetall(k.sched(k.partition_of_schedule(n), n))
-    infos = [ScheduleInfo.decode(h) for h in store._replies(pipe, {}) if h]
+    # the page shows no payload: it stays in Redis (client/fields.py)
+    hashes = hashes_without(store.client, [k.sched(k.partition_of_schedule(n), n) for n, _ in names],
+                            PAYLOAD, store._exec)
+    infos = [ScheduleInfo.decode(h) for h in hashes if h]
     nxt = Position(order, names[-1][1], names[-1][0]) if more and names else None
     return infos, nxt
 

@@ -1,6 +1,7 @@
 """What each page shows, read through the code behind the CLI's `--json` views: the same
 Inspector, doctor checks and schedule store, turned into dicts by the same `*_to_dict`
-functions. Payloads never leave here unless a page asks for one run's or schedule's."""
+functions. Payloads are not even read from Redis unless a page asks for one run's or
+schedule's (client/fields.py)."""
 
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ class Console:
     def run(self, run_id: str, show_payload: bool = False) -> dict[str, Any]:
         """`duetime runs show --json`, without args/kwargs unless asked for; each attempt
         with its place on a common time axis (percent left, width) for the timeline."""
-        run = self.insp.get_run(run_id)
+        run = self.insp.get_run(run_id, large=show_payload)  # hidden: not even read
         d = _hidden(run_to_dict(run), show_payload)
         starts = [a.started for a in run.attempts if a.started]
         if starts:
@@ -157,7 +158,7 @@ class Console:
                  ) -> dict[str, Any]:
         """`duetime schedule show --json` (next fire times in the zone and UTC), and the
         timeline of past occurrences up to `until`."""
-        info = self.schedules.get(name)
+        info = self.schedules.get(name, payload=show_payload)
         now = self.now()
         occurrences, older = timeline(self.schedules, info, until or now, now)
         return {"schedule": _hidden(schedule_to_dict(info), show_payload) | {

@@ -7,7 +7,10 @@ the loopback names, and refuses any other Host with 400. A port, when the Host n
 must be the bound port (when known).
 
 Headers: no framing (`X-Frame-Options: DENY`, CSP `frame-ancestors 'none'`: clickjacking of
-the action buttons), no MIME sniffing, no Referer (run ids and arguments are in URLs).
+the action buttons), no MIME sniffing, no Referer to other sites (run ids and arguments are
+in URLs). `same-origin`, not `no-referrer`: under `no-referrer` a browser sends `Origin: null`
+on the console's own form POSTs, which `same_origin()` must refuse (a sandboxed frame sends it
+too), so no action could be taken from a browser at all.
 """
 
 from __future__ import annotations

@@ -1,8 +1,20 @@
 """Who may change what: writes need the operator's write token (entered once per browser
 session) and every POST carries a CSRF token bound to that session.
 
-Tokens are HMACs of the session id under a secret drawn when the server starts, so nothing is
-stored server-side and a restart signs everyone out.
+Tokens are HMACs of the session id under a secret drawn when the server starts, so a restart
+signs everyone out. Two things are kept server-side, both bounded:
+
+- **Revocation.** A write cookie's MAC also covers the session's lock generation: `/lock`
+  bumps it, so a copy of the cookie saved before the lock (another tab, a stolen cookie) stops
+  working, and unlocking again issues a cookie of the new generation. Past `MAX_TRACKED`
+  sessions with a generation, the epoch mixed into every MAC is redrawn instead: every write
+  cookie is revoked at once (the safe way to forget).
+- **Throttling.** Wrong write tokens are counted per client address: after `FREE_TRIES`
+  failures the address is locked out of checking for `LOCKOUT_S`, doubling with each further
+  failure up to `MAX_LOCKOUT_S`; while locked out no token is even compared (a right one is
+  refused too, with the time left), and a right token afterwards clears the count. Behind a
+  reverse proxy every browser shares the proxy's address: a guessing attacker then locks the
+  operators out too, which is the price of not trusting a client-supplied address header.
 """
 
 from __future__ import annotations
@@ -11,6 +23,8 @@ import hashlib
 import hmac
 import os
 import secrets
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -18,12 +32,46 @@ SESSION_COOKIE = "duetime_session"
 WRITE_COOKIE = "duetime_write"
 CSRF_FIELD = "csrf"
 MIN_TOKEN = 16
+FREE_TRIES = 5  # wrong tokens an address may send before the first lockout
+LOCKOUT_S = 1.0  # the first lockout; doubles with each wrong token after it
+MAX_LOCKOUT_S = 300.0
+MAX_TRACKED = 10_000  # addresses (throttle) and sessions (lock generations) remembered
+
+
+class Throttle:
+    """Failed token checks per client address, and the lockout they earn (see the module
+    docstring). `clock` is injectable so tests move time instead of sleeping."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()  # addr -> (n, until)
+
+    def wait_s(self, addr: str) -> float:
+        """Seconds until `addr` may have a token checked again (0: now)."""
+        entry = self._failures.get(addr)
+        return max(0.0, entry[1] - self.clock()) if entry else 0.0
+
+    def failed(self, addr: str) -> float:
+        """Count one wrong token; → the lockout it starts (0: none yet)."""
+        n = self._failures.pop(addr, (0, 0.0))[0] + 1
+        lockout = 0.0 if n < FREE_TRIES else min(LOCKOUT_S * 2 ** (n - FREE_TRIES), MAX_LOCKOUT_S)
+        self._failures[addr] = (n, self.clock() + lockout)
+        while len(self._failures) > MAX_TRACKED:
+            self._failures.popitem(last=False)  # the address least recently failing
+        return lockout
+
+    def succeeded(self, addr: str) -> None:
+        self._failures.pop(addr, None)
 
 
 class Guard:
-    def __init__(self, write_token: str | None) -> None:
+    def __init__(self, write_token: str | None, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
         self.write_token = write_token
         self._secret = os.urandom(32)
+        self._epoch = os.urandom(16)
+        self._generation: OrderedDict[str, int] = OrderedDict()  # session -> locks so far
+        self.throttle = Throttle(clock)
 
     @property
     def read_only(self) -> bool:
@@ -46,8 +94,27 @@ class Guard:
         return bool(self.write_token) and hmac.compare_digest(
             (self.write_token or "").encode(), sent.encode())
 
+    def check_token(self, addr: str, sent: str) -> tuple[bool, float]:
+        """The throttled token check of `/unlock` → (right token?, seconds the address must
+        wait before its next try; > 0 only when refused)."""
+        wait = self.throttle.wait_s(addr)
+        if wait > 0:
+            return False, wait  # locked out: not compared at all
+        if self.token_ok(sent):
+            self.throttle.succeeded(addr)
+            return True, 0.0
+        return False, self.throttle.failed(addr)
+
     def write_cookie(self, session: str) -> str:
-        return self._sign("write", session)
+        gen = self._generation.get(session, 0)
+        return self._sign(f"write:{self._epoch.hex()}:{gen}", session)
+
+    def lock(self, session: str) -> None:
+        """Revoke every write cookie issued so far to `session` (see the module docstring)."""
+        self._generation[session] = self._generation.pop(session, 0) + 1
+        if len(self._generation) > MAX_TRACKED:
+            self._epoch = os.urandom(16)  # revokes all write cookies; generations start over
+            self._generation.clear()
 
     def unlocked(self, session: str | None, cookie: str | None) -> bool:
         if self.read_only or not session or not cookie:

@@ -3,6 +3,8 @@ the same transitions as the CLI, after the write checks of `security.Guard`."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +25,14 @@ from starlette.templating import Jinja2Templates
 
 from duetime.app import App
 from duetime.client.schedules import ScheduleNotFound
-from duetime.common.errors import DuetimeError, InvalidInput, InvalidState, RedisUnavailable, RunNotFound
+from duetime.common.errors import (
+    DuetimeError,
+    InvalidInput,
+    InvalidState,
+    RedisRefused,
+    RedisUnavailable,
+    RunNotFound,
+)
 from duetime.common.models import STATES
 from duetime.common.time.fmt import human_duration as _human
 from duetime.common.time.spec import InvalidSchedule
@@ -78,9 +87,10 @@ def _instant(text: str | None, what: str) -> datetime | None:
 
 
 class ConsoleApp:
-    def __init__(self, app: App, write_token: str | None = None) -> None:
+    def __init__(self, app: App, write_token: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.console = Console(app)
-        self.guard = Guard(write_token)
+        self.guard = Guard(write_token, clock)
         self.hosts = HostAllowList()  # create_app sets the one it serves with
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
         env = self.templates.env
@@ -235,7 +245,17 @@ class ConsoleApp:
         if isinstance(form, Response):
             return form
         token = form.get("token")
-        if not isinstance(token, str) or not self.guard.token_ok(token):
+        addr = request.client.host if request.client else ""
+        ok, wait = self.guard.check_token(addr, token if isinstance(token, str) else "")
+        if not ok and wait > 0:
+            seconds = max(1, math.ceil(wait))
+            response = self.refuse(
+                request, 429, f"Too many wrong write tokens from {addr or 'this address'}: "
+                f"the next try is checked in {seconds} s.",
+                "Each wrong token after the first few doubles the wait.")
+            response.headers["Retry-After"] = str(seconds)
+            return response
+        if not ok:
             return self.refuse(request, 403, "That is not the write token.")
         sid = request.cookies.get(SESSION_COOKIE) or ""
         response = RedirectResponse("/?flash=unlocked", status_code=303)
@@ -246,33 +266,41 @@ class ConsoleApp:
         form = await self.writable(request, unlock=True)
         if isinstance(form, Response):
             return form
+        self.guard.lock(request.cookies.get(SESSION_COOKIE) or "")  # copies of the cookie too
         response = RedirectResponse("/?flash=locked", status_code=303)
         response.delete_cookie(WRITE_COOKIE)
         return response
 
-    async def schedule_action(self, request: Request) -> Response:
+    async def _action(self, request: Request, target: str) -> tuple[FormData, str, str] | Response:
+        """A write action's form, its target (a schedule's name, a run's id) and the action; or
+        the response refusing it (see `writable`)."""
         form = await self.writable(request)
         if isinstance(form, Response):
             return form
-        name, action = request.path_params["name"], request.path_params["action"]
-        store = self.console.schedules
+        return form, request.path_params[target], request.path_params["action"]
+
+    async def schedule_action(self, request: Request) -> Response:
+        got = await self._action(request, "name")
+        if isinstance(got, Response):
+            return got
+        form, name, action = got
         if action == "pause":
             note = str(form.get("note") or "paused from the web console")[:500]
-            await run_in_threadpool(store.set_paused, name, True, note)
+            await run_in_threadpool(self.console.schedules.set_paused, name, True, note)
         elif action == "resume":
-            await run_in_threadpool(store.set_paused, name, False)
+            await run_in_threadpool(self.console.schedules.set_paused, name, False)
         elif action == "trigger":
-            run_id = await run_in_threadpool(store.trigger, name)
+            run_id = await run_in_threadpool(self.console.schedules.trigger, name)
             return RedirectResponse(f"/runs/{_seg(run_id)}?flash=triggered", status_code=303)
         else:
             raise HTTPException(404)
         return RedirectResponse(f"/schedules/{_seg(name)}?flash={action}d", status_code=303)
 
     async def run_action(self, request: Request) -> Response:
-        form = await self.writable(request)
-        if isinstance(form, Response):
-            return form
-        run_id, action = request.path_params["run_id"], request.path_params["action"]
+        got = await self._action(request, "run_id")
+        if isinstance(got, Response):
+            return got
+        form, run_id, action = got
         adm = self.console.admin
         note = str(form.get("note") or "")[:500]
         if action == "replay":
@@ -311,10 +339,11 @@ class ConsoleApp:
 
 
 def create_app(app: App, write_token: str | None = None, allowed_hosts: Iterable[str] = (),
-               port: int | None = None) -> Any:
+               port: int | None = None, clock: Callable[[], float] = time.monotonic) -> Any:
     """The ASGI application of the console for one namespace. It answers to the loopback names
-    and `allowed_hosts` only (and, when `port` is given, on that port): see web/edges.py."""
-    c = ConsoleApp(app, write_token)
+    and `allowed_hosts` only (and, when `port` is given, on that port): see web/edges.py.
+    `clock` times the lockouts of wrong write tokens (web/security.py; tests move it)."""
+    c = ConsoleApp(app, write_token, clock)
 
     async def on_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, RunNotFound | ScheduleNotFound):
@@ -323,6 +352,9 @@ def create_app(app: App, write_token: str | None = None, allowed_hosts: Iterable
             return c.refuse(request, 400, str(exc))
         if isinstance(exc, InvalidState):
             return c.refuse(request, 409, str(exc))
+        if isinstance(exc, RedisRefused) and exc.code == "NOPERM":
+            return c.refuse(request, 403, str(exc), "The console's Redis user lacks this "
+                            "permission: see the console roles in docs/operations.md.")
         if isinstance(exc, RedisUnavailable | redis.ConnectionError | redis.TimeoutError):
             return c.refuse(request, 503, f"Redis is unavailable: {exc}")
         if isinstance(exc, HTTPException):

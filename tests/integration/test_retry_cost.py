@@ -21,18 +21,18 @@ def test_a_flaky_billing_task_s_retry_cost_in_metrics_and_top(app, url, namespac
     procs.worker("--metrics-port", str(port), "--queues", "default")
     wait_for(lambda: _up(port), 20, what="worker metrics endpoint")
     before = scrape(port)  # preset at 0, labelled with the task's owner
-    for outcome in ("succeeded", "failed", "interrupted"):
+    for ending in ("succeeded", "failed", "interrupted"):
         assert value(before, "duetime_attempts_total", task=TASK, owner="billing",
-                     outcome=outcome) == 0
+                     ending=ending) == 0
     assert value(before, "duetime_failed_attempt_seconds_total", task=TASK, owner="billing") == 0
-    assert value(before, "duetime_attempts_total", task="noop", owner="", outcome="failed") == 0
+    assert value(before, "duetime_attempts_total", task="noop", owner="", ending="failed") == 0
 
     run_id = app.enqueue(basic.billing_flaky, [0.2])
     assert app.wait(run_id, timeout=30) == "charged"
     assert app.get_run(run_id).attempt == 3
 
-    def attempts(s, outcome: str) -> float | None:
-        return value(s, "duetime_attempts_total", task=TASK, owner="billing", outcome=outcome)
+    def attempts(s, ending: str) -> float | None:
+        return value(s, "duetime_attempts_total", task=TASK, owner="billing", ending=ending)
 
     wait_for(lambda: attempts(scrape(port), "succeeded") == 1, 10, what="success counted")
     after = scrape(port)

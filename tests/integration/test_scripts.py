@@ -10,9 +10,11 @@ import pytest
 import redis
 from duetime.common import transitions as tr
 from duetime.common.scripts import Scripts
+from duetime.common.wake import parse_worker_wake, worker_wake
 
 import duetime
 from tests.apps import basic
+from tests.conftest import wait_for
 
 
 @pytest.fixture
@@ -554,3 +556,66 @@ def test_a_bulk_enqueue_stopped_by_redis_says_which_runs_exist(app, r, at_maxmem
     assert all(exists[i] for i in err.created) and not any(exists[i] for i in err.not_created)
     due = sum(r.zcard(app.keys.due(p, "default")) for p in range(app.keys.partitions))
     assert due == len(err.created) + 1  # nothing half-written
+
+
+def test_the_scripts_publish_the_wake_message_common_wake_builds(app, r, lc):
+    """lua/_lib.lua `wake_workers` and common/wake.py spell one message: what enqueue.lua,
+    fail.lua (a retry) and reap.lua (an expired lease) publish is what `worker_wake` builds."""
+    pubsub = r.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(app.keys.wake_channel)
+    wait_for(lambda: r.pubsub_numsub(app.keys.wake_channel)[0][1] == 1, what="the subscription")
+    got: list[bytes] = []
+
+    def messages(n):
+        def more():
+            m = pubsub.get_message(timeout=0.1)
+            if m is not None:
+                got.append(m["data"])
+            return len(got) >= n
+        wait_for(more, what=f"{n} wake messages")
+        return got
+
+    try:
+        run_id = app.enqueue(basic.noop)
+        [(p, c)] = lc.claim()
+        due = int(r.hget(app.keys.run(p, run_id), "due"))
+        assert lc.fail(p, c) == "retrying"
+        retry_at = int(r.zscore(app.keys.retry(p, "default"), run_id))
+        r.zadd(app.keys.retry(p, "default"), {run_id: 0})  # skip the backoff
+        [(_, again)] = lc.claim()
+        r.delete(app.keys.retry(p, "default"))
+        lc.expire(p, run_id)
+        assert lc.reap() == 1
+        reaped_at = int(r.zscore(app.keys.retry(p, "default"), run_id))
+        assert messages(3) == [worker_wake(p, "default", t).encode()
+                               for t in (due, retry_at, reaped_at)]
+        assert [parse_worker_wake(m, app.keys.partitions) for m in got] == [
+            (p, "default", float(t)) for t in (due, retry_at, reaped_at)]
+    finally:
+        pubsub.close()
+
+
+def test_each_script_reply_reads_with_the_decoder_of_its_shape(app, r, lc):
+    """Real replies of every shape: status (alone and with a value), counts (one and several),
+    each; `REPLY` says which decoder a script's reply takes."""
+    assert [tr.REPLY[n] for n in ("release", "fail", "reap", "schedule_delete", "complete")] == [
+        "status", "status", "counts", "counts", "each"]
+    scripts = Scripts(r)
+    first, second = app.enqueue(basic.noop), app.enqueue(basic.noop, [1])
+    claimed = dict((c.run_id, (p, c)) for p, c in lc.claim())
+    p, c = claimed[first]
+    keys, args = tr.release(app.keys, p, "default", c.run_id, c.fence)
+    assert tr.status(scripts.release(keys=keys, args=args)) == b"released"
+    keys, args = tr.release(app.keys, p, "default", c.run_id, c.fence)
+    assert tr.status_detail(scripts.release(keys=keys, args=args)) == ("stale", "")
+    p2, c2 = claimed[second]
+    keys, args = tr.fail(app.keys, p2, "default", c2.run_id, c2.fence, "oops", "error", 0, 0.5)
+    state, at = tr.status_detail(scripts.fail(keys=keys, args=args))
+    assert state == "retrying" and int(at) == int(r.zscore(app.keys.retry(p2, "default"), second))
+    keys, args = tr.reap(app.keys, p, 100, 0.3, 0)
+    reaped, missed, deleted, nxt = tr.counts(scripts.reap(keys=keys, args=args))
+    assert (reaped, missed, deleted) == (0, 0, 0) and isinstance(nxt, int)
+    keys, args = tr.schedule_delete(app.keys, 0, "no-such-schedule")
+    assert tr.counts(scripts.schedule_delete(keys=keys, args=args)) == [0]
+    keys, args = tr.complete(app.keys, p2, [(c2.run_id, c2.fence)])
+    assert scripts.complete(keys=keys, args=args) == [b"late_succeeded"]  # each: a word per run

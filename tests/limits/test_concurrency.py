@@ -7,6 +7,7 @@ import asyncio
 import signal
 
 import pytest
+from duetime.common import limit_fields
 from duetime.common import transitions as tr
 from duetime.common.connection import server_time_ms, sync_client
 from duetime.common.scripts import Scripts
@@ -82,11 +83,11 @@ def test_queue_limit_is_shared_over_partitions(app):
     """A queue spans partitions: its limit is split into shares summing to it."""
     r = sync_client(app.redis_url)
     app.set_limit("queue", "default", concurrency=20)
-    shares = [int(r.hget(app.keys.limits(p), "queue:default:c")) for p in range(app.keys.partitions)]
+    field = limit_fields.field("queue:default", "concurrency")
+    shares = [int(r.hget(app.keys.limits(p), field)) for p in range(app.keys.partitions)]
     assert sum(shares) == 20 and max(shares) - min(shares) <= 1
     app.set_limit("queue", "default", concurrency=3)  # fewer than partitions: 1 each
-    assert {int(r.hget(app.keys.limits(p), "queue:default:c"))
-            for p in range(app.keys.partitions)} == {1}
+    assert {int(r.hget(app.keys.limits(p), field)) for p in range(app.keys.partitions)} == {1}
     app.set_limit("queue", "default")
     assert not any(r.exists(app.keys.limits(p)) for p in range(app.keys.partitions))
 

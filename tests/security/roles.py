@@ -12,12 +12,13 @@ import redis
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 LINE = re.compile(r"^ACL SETUSER (duetime-[a-z-]+) (.+)$", re.M)
 ROLE_OF = {"duetime-worker": "worker", "duetime-scheduler": "scheduler",
-           "duetime-operator-ro": "operator-ro", "duetime-operator": "operator"}
+           "duetime-operator-ro": "operator-ro", "duetime-operator": "operator",
+           "duetime-console": "console", "duetime-console-write": "console-write"}
 
 
 @dataclass(frozen=True)
 class Role:
-    name: str  # worker | scheduler | operator-ro | operator
+    name: str  # worker | scheduler | operator-ro | operator | console | console-write
     user: str  # made unique per test: ACL users are server-wide
     password: str
     rules: list[str]

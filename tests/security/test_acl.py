@@ -33,6 +33,8 @@ SCRIPTS = {
     "scheduler": ("materialize", "reap", "partition_owners", "schedule_quarantine"),
     "operator": ("enqueue", "cancel", "replay", "resolve", "purge", "schedule_upsert",
                  "schedule_pause", "schedule_delete", "materialize", "wait"),
+    # the web console's actions: cancel, replay, resolve, pause/resume, trigger
+    "console-write": ("cancel", "replay", "resolve", "schedule_pause", "materialize"),
 }
 # doctor tries CONFIG GET (refused: it reads persistence from INFO alone); `runs wait` by the
 # read-only operator tries the notify script once (refused: it polls); nothing else may be
@@ -64,8 +66,10 @@ def test_each_role_allows_every_command_of_the_scripts_it_calls() -> None:
         for name in names:
             missing = lua_commands(name) - docs[role]
             assert not missing, f"{name}.lua uses {missing}, not in the {role} role"
-    read_only = docs["operator-ro"]
-    assert "evalsha" not in read_only and not any(c.startswith(("eval", "fcall")) for c in read_only)
+    for ro in ("operator-ro", "console"):
+        read_only = docs[ro]
+        assert "evalsha" not in read_only and not any(c.startswith(("eval", "fcall")) for c in read_only)
+        assert [r for r in documented()[ro] if "~" in r] == ["%R~duetime:*"], ro
 
 
 def start(role: Role, port: int, namespace: str, journal: Path, *args: str) -> subprocess.Popen[bytes]:

@@ -88,3 +88,25 @@ def test_dashboard_panels_use_real_metrics():
     for p in dash["panels"]:
         g = p["gridPos"]
         assert g["x"] >= 0 and g["x"] + g["w"] <= 24
+
+
+def test_dashboard_and_rules_group_by_labels_their_metrics_have():
+    """`sum by (ending) (rate(duetime_attempts_total[5m]))`: a label the metric does not have
+    plots one nameless line, silently; a renamed label must be renamed here too."""
+    labels: dict[str, set[str]] = {}
+    for obj in vars(metrics).values():
+        if isinstance(obj, Counter | Gauge | Histogram):
+            for m in obj.describe():
+                for s in ("", "_total", "_bucket", "_count", "_sum"):
+                    labels[m.name + s] = set(obj._labelnames) | ({"le"} if s == "_bucket" else set())
+    dash = json.loads((DEPLOY / "grafana" / "duetime-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    exprs += [r["expr"] for r in rule_blocks()]
+    grouped = re.compile(r"by \(([^)]*)\) \((?:\w+\()?(duetime_[a-z_]+)")
+    seen = 0
+    for e in exprs:
+        for by, name in grouped.findall(e):
+            wanted = {x.strip() for x in by.split(",")}
+            assert wanted <= labels[name], (e, wanted - labels[name])
+            seen += 1
+    assert seen >= 15

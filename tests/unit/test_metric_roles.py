@@ -31,3 +31,24 @@ def test_preset_creates_each_task_and_queue_series_at_zero():
     assert reg.get_sample_value("duetime_runs_claimed_total", {"queue": "preset-queue"}) == 0
     assert reg.get_sample_value("duetime_start_lateness_seconds_count",
                                 {"queue": "preset-queue"}) == 0
+
+
+def test_one_vocabulary_per_label_name():
+    """A label name means one set of words in every metric that has it (the attempts' endings
+    are `ending`, not a second meaning of `outcome`): after `preset`, the values a label takes
+    are the same wherever it is used."""
+    from duetime.common.outcomes import Outcome
+    from duetime.common.retrycost import ATTEMPT_ENDINGS
+
+    metrics.preset(["vocab.task"], ["vocab-queue"], {"vocab.task": "team"})
+    words: dict[str, dict[str, set[str]]] = {}  # label -> metric -> its values
+    for role in ("worker", "scheduler"):
+        for family in metrics.registry(role).collect():
+            for s in family.samples:
+                for label, v in s.labels.items():
+                    if label in ("outcome", "ending", "limit", "result"):
+                        words.setdefault(label, {}).setdefault(family.name, set()).add(v)
+    for label, per_metric in words.items():
+        assert len({frozenset(v) for v in per_metric.values()}) == 1, (label, per_metric)
+    assert set(words["outcome"]["duetime_runs_finished"]) == {o.value for o in Outcome}
+    assert set(words["ending"]["duetime_attempts"]) == set(ATTEMPT_ENDINGS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from duetime.common import outage
 from duetime.common.outage import Outage, bounded
 
 from tests.recorder import Recorder
@@ -80,3 +81,64 @@ def test_bounded_error_text():
     assert bounded(ConnectionError("a\nb")) == "ConnectionError: a"
     assert bounded(TimeoutError()) == "TimeoutError"
     assert len(bounded(OSError("x" * 1000))) == len("OSError: ") + 200
+
+
+def test_an_incident_says_whether_redis_is_unreachable_moving_or_refusing():
+    import redis
+
+    cases = [(redis.ConnectionError("Error 111"), "warning", "redis unavailable; backing off"),
+             (redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"), "warning",
+              "redis cluster is failing over or moving slots; backing off"),
+             (redis.exceptions.OutOfMemoryError("OOM command not allowed"), "error",
+              "redis refused a call; backing off")]
+    for exc, level, event in cases:
+        o, log, _ = make()
+        o.failed(exc)
+        [(got_level, got_event, kw)] = log.lines
+        assert (got_level, got_event) == (level, event)
+        assert ("advice" in kw) == (level == "error")  # a refusal says what to do about it
+        assert outage.kind(exc) in outage.ANNOUNCE
+
+
+def test_a_cap_that_follows_the_error():
+    """cap_s None (the scheduler's loops): a failover backs off to a second at most, a refusal
+    that a quick retry will not cure to five."""
+    import redis
+
+    o, _, _ = make(cap_s=None)
+    moving = [o.failed(redis.exceptions.ClusterDownError("CLUSTERDOWN")) for _ in range(20)]
+    assert max(moving) <= outage.TOPOLOGY_CAP_S and max(moving) > outage.TOPOLOGY_CAP_S / 2
+    o.ok()
+    refused = [o.failed(redis.exceptions.OutOfMemoryError("OOM")) for _ in range(20)]
+    assert max(refused) <= outage.REFUSED_CAP_S and max(refused) > outage.TOPOLOGY_CAP_S
+
+
+def test_a_scheduler_loop_backs_off_says_why_it_is_not_ready_and_rereads_the_topology():
+    import redis
+    from duetime.common import metrics
+    from duetime.scheduler.notices import backed_off
+
+    class Nodes:
+        reads = 0
+
+        def initialize(self) -> None:
+            Nodes.reads += 1
+
+    class Cluster:
+        nodes_manager = Nodes()
+
+    o, log, _ = make(cap_s=None)
+    url = "redis://user:secret@127.0.0.1:1/0"
+    try:
+        wait = backed_off("test-loop", o, redis.ConnectionError("Error 111"), url, Cluster())
+        assert 0 < wait <= outage.TOPOLOGY_CAP_S and Nodes.reads == 1
+        check = metrics.health.readiness().checks["test-loop"]
+        assert check["ok"] is False and "cannot reach Redis" in str(check["reason"])
+        assert "secret" not in str(check["reason"])
+        backed_off("test-loop", o, redis.exceptions.ResponseError("WRONGTYPE x"), url, Cluster())
+        assert Nodes.reads == 1  # a refusal is not a topology change
+        assert metrics.health.readiness().checks["test-loop"]["reason"] == (
+            "redis refused a call: ResponseError: WRONGTYPE x")
+        assert [e for _, e, _ in log.lines] == ["redis unavailable; backing off"]  # one incident
+    finally:
+        metrics.health.forget("test-loop")

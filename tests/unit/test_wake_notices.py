@@ -8,13 +8,13 @@ from datetime import timedelta
 import pytest
 from duetime.common.errors import InvalidInput
 from duetime.common.names import check_name
-from duetime.worker.due import parse_wake
+from duetime.common.wake import parse_scheduler_notice, parse_worker_wake, scheduler_notice, worker_wake
 from duetime.worker.errors import log_message
 
 
 def test_a_good_notice():
-    assert parse_wake(b"3|mail|1700000000123", 16) == (3, "mail", 1700000000123.0)
-    assert parse_wake("0|default|5.5", 16) == (0, "default", 5.5)
+    assert parse_worker_wake(b"3|mail|1700000000123", 16) == (3, "mail", 1700000000123.0)
+    assert parse_worker_wake("0|default|5.5", 16) == (0, "default", 5.5)
 
 
 @pytest.mark.parametrize("data", [
@@ -23,7 +23,21 @@ def test_a_good_notice():
     b"\xff\xfe|default|1", 12, None, [b"1", b"default", b"5"],
 ])
 def test_anything_else_is_not_a_notice(data):
-    assert parse_wake(data, 16) is None
+    assert parse_worker_wake(data, 16) is None
+
+
+def test_what_is_built_parses_back():
+    assert worker_wake(3, "mail", 1700000000123) == "3|mail|1700000000123"
+    assert parse_worker_wake(worker_wake(3, "mail", 1700000000123).encode(), 16) == (
+        3, "mail", 1700000000123.0)
+    assert scheduler_notice("l", 7, 42) == "l|7|42"
+    assert parse_scheduler_notice(scheduler_notice("l", 7, 42).encode()) == ("l", 7, 42)
+
+
+@pytest.mark.parametrize("data", [b"", b"s|1", b"s|x|5", b"s|1|soon", b"s|1|inf", b"s|1|nan",
+                                  b"\xff|1|5", b"s|1|5|6"])
+def test_anything_else_is_not_a_scheduler_notice(data):
+    assert parse_scheduler_notice(data) is None
 
 
 @pytest.mark.parametrize("kind", ["queue", "task name", "schedule name", "idempotency key",
@@ -72,3 +86,13 @@ def test_a_scheduler_notice_that_is_no_time_is_ignored(data):
     assert heads.earliest() is None
     listener._handle(b"l|0|1700000000123")
     assert heads.earliest() == 1700000000123
+
+
+def test_a_notice_newer_than_a_read_still_counts():
+    from duetime.common.wake import with_notice
+
+    assert with_notice(500, None, 3) == 500  # no notice: the read
+    assert with_notice(500, (2, 100), 3) == 500  # a notice older than the read: the read
+    assert with_notice(500, (4, 100), 3) == 100  # newer and earlier: the notice
+    assert with_notice(500, (4, 900), 3) == 500  # newer but later: the read
+    assert with_notice(None, (4, 900), 3) == 900  # the read found the set empty

@@ -14,7 +14,7 @@ def test_a_rebound_host_name_is_refused_and_every_response_carries_the_headers(c
         assert r.headers["x-frame-options"] == "DENY"
         assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
         assert r.headers["x-content-type-options"] == "nosniff"
-        assert r.headers["referrer-policy"] == "same-origin"
+        assert r.headers["referrer-policy"] == "same-origin"  # no-referrer: Origin null
     rebound = client.get("/", headers={"Host": "attacker.example"})
     assert rebound.status_code == 400 and "Host" in rebound.text
     assert client.get("/runs", headers={"Host": f"attacker.example:{client.base_url.port}"}
