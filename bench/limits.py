@@ -12,6 +12,8 @@
 
     .venv/bin/python -m bench.limits [--runs 20000] [--backlog 100000] [--rounds 3]
 
+`--compare LUA_DIR ...` compares the claim cost of each scenario (and of a call meeting a full
+limit) between copies of lua/, interleaved, script rounds only (no worker).
 `--before LUA_DIR` instead compares the hot path (no limit, no tenant, no priority) of the
 claim and complete scripts of LUA_DIR (e.g. `git archive main lua`) with the current ones,
 interleaved on one server: what the limit checks cost runs that use none.
@@ -67,11 +69,20 @@ def _limits(scenario: str) -> None:
 SCENARIOS = ("none", "concurrency", "rate", "tenants", "priority")
 
 
-def script_round(url: str, scenario: str, n: int) -> dict[str, float]:
+class _Copy:
+    """The claim and complete scripts of a copy of lua/, called like Scripts' (`--compare`)."""
+
+    def __init__(self, r: redis.Redis, lua_dir: Path) -> None:
+        self.claim = r.register_script(script_cost._source(lua_dir, "claim"))
+        self.complete = r.register_script(script_cost._source(lua_dir, "complete"))
+
+
+def script_round(url: str, scenario: str, n: int, lua_dir: Path | None = None) -> dict[str, float]:
     app.configure(redis_url=url, namespace=f"bl{uuid.uuid4().hex[:6]}")
     r = redis.Redis.from_url(url)
     app.store.ready()
-    scripts, k = Scripts(r), app.keys
+    scripts: Any = Scripts(r) if lua_dir is None else _Copy(r, lua_dir)
+    k = app.keys
     _limits(scenario)
     items = _items(scenario, n)
     e0 = _evalsha_us(r)
@@ -87,12 +98,13 @@ def script_round(url: str, scenario: str, n: int) -> dict[str, float]:
     return {"enqueue_us": (u0 - e0) / n, "claim_us": (u1 - u0) / n, "complete_us": (u2 - u1) / n}
 
 
-def held_round(url: str, n: int = 10_000, calls: int = 200) -> float:
+def held_round(url: str, n: int = 10_000, calls: int = 200, lua_dir: Path | None = None) -> float:
     """µs of one claim call that finds tenant t0's concurrency limit (10) full."""
     app.configure(redis_url=url, namespace=f"bh{uuid.uuid4().hex[:6]}")
     r = redis.Redis.from_url(url)
     app.store.ready()
-    scripts, k = Scripts(r), app.keys
+    scripts: Any = Scripts(r) if lua_dir is None else _Copy(r, lua_dir)
+    k = app.keys
     app.set_limit("tenant", "t0", concurrency=10)
     app.enqueue_many([{"task": noop, "args": [i], "tenant": "t0"} for i in range(n)])
     p = k.partition_of_tenant("t0")
@@ -221,13 +233,44 @@ def hot_path(args: argparse.Namespace) -> None:
         print(f"{str(d):40s} claim {cl:6.2f}  complete {co:6.2f}  total {cl + co:6.2f}")
 
 
+def compare(args: argparse.Namespace) -> None:
+    """Claim cost per run of each scenario, and of a claim meeting a full limit, for each copy
+    of lua/, interleaved on one server; with each round's ratio to the first copy (paired: the
+    load the machine had then cancels), and their median."""
+    dirs: list[Path] = args.compare
+    cost: dict[tuple[str, Path], list[float]] = {(s, d): [] for s in SCENARIOS for d in dirs}
+    held: dict[Path, list[float]] = {d: [] for d in dirs}
+    with EmbeddedServer(args.server) as server:
+        for _ in range(args.rounds):
+            for s in SCENARIOS:
+                for d in dirs:
+                    cost[s, d].append(script_round(server.url, s, args.runs, d)["claim_us"])
+            for d in dirs:
+                held[d].append(held_round(server.url, lua_dir=d))
+    print(f"server={args.server} runs={args.runs} batch={BATCH} rounds={args.rounds} "
+          "(claim EVALSHA µs per run, medians; paired ratio to the first copy)")
+    rows = [(s, {d: cost[s, d] for d in dirs}) for s in SCENARIOS] + [("held call", held)]
+    for name, by_dir in rows:
+        cells = []
+        for d in dirs:
+            ratios = [b / a for a, b in zip(by_dir[dirs[0]], by_dir[d], strict=True)]
+            cells.append(f"{statistics.median(by_dir[d]):8.2f} (x{statistics.median(ratios):.3f})")
+        print(f"{name:12s} " + "  ".join(cells))
+    print("copies: " + ", ".join(str(d) for d in dirs))
+
+
 def main() -> None:
     ap = parser(runs=20_000, backlog=100_000, rounds=3)
     ap.add_argument("--before", type=Path, default=None,
                     help="a copy of lua/ to compare the no-limit hot path with")
+    ap.add_argument("--compare", type=Path, nargs="+", default=None, metavar="LUA_DIR",
+                    help="copies of lua/ whose claim cost per scenario to compare, interleaved")
     args = ap.parse_args()
     if args.before is not None:
         hot_path(args)
+        return
+    if args.compare is not None:
+        compare(args)
         return
     cost: dict[str, list[dict[str, float]]] = {s: [] for s in SCENARIOS}
     drain: dict[str, list[float]] = {s: [] for s in SCENARIOS}

@@ -2,6 +2,8 @@
 enqueue_many, claim them all in batches, acknowledge them all in batches; INFO cpu deltas per
 phase. Give several copies of `lua/` to compare script variants on one server, interleaved
 (the claim and complete scripts come from each copy; enqueue uses the installed scripts).
+With several copies it also prints each round's claim cost relative to the first copy's in the
+same round, and their median: on a loaded machine that paired ratio is the steadier figure.
 
     .venv/bin/python -m bench.script_cost [--runs 20000] [--batch 50] [--rounds 5] [LUA_DIR ...]
 
@@ -37,7 +39,7 @@ def _source(lua_dir: Path, name: str) -> str:
     lib, body = (lua_dir / "_lib.lua").read_text(), (lua_dir / f"{name}.lua").read_text()
     if "K." not in lib + body:
         return lib + "\n" + body
-    return scripts.assemble(name, lib, body)
+    return scripts.assemble(name, lambda f: (lua_dir / f).read_text())
 
 
 def _cpu_us(r: redis.Redis) -> float:
@@ -103,10 +105,17 @@ def main() -> None:
                 res[d].append(one_round(server.url, d, args.runs, args.batch))
     print(f"server={args.server} runs={args.runs} batch={args.batch} rounds={args.rounds}"
           " (Redis CPU µs per run, medians)")
+    first = args.lua_dirs[0]
     for d, rounds in res.items():
         enq, cl, co = (statistics.median(c) for c in zip(*rounds, strict=True))
         print(f"{str(d):40s} enqueue {enq:6.2f}  claim {cl:6.2f}  complete {co:6.2f}"
               f"  total {enq + cl + co:6.2f}")
+    for d in args.lua_dirs[1:]:
+        # paired: each round's variants ran back to back, so a round's ratio cancels the load
+        # the machine had then (medians of independent rounds do not)
+        ratios = [b[1] / a[1] for a, b in zip(res[first], res[d], strict=True)]
+        print(f"claim {d} / {first}, per round: "
+              + " ".join(f"{x:.3f}" for x in ratios) + f"; median {statistics.median(ratios):.3f}")
 
 
 def guard(args: argparse.Namespace) -> None:

@@ -1,16 +1,21 @@
 """The Lua scripts of `lua/`: one per state transition, assembled, loaded and called here.
 
-Assembly. A script is its own file plus only the helpers of `lua/_lib.lua` it uses (found by
-name, with the helpers those use), and `K.<kind>` key suffixes written in from
-`common/keys.py` (the one place a suffix is spelled). An optional first line `#!lua flags=...`
-stays first: Redis 7 then checks the script as a whole before it runs (a script without
-`allow-oom` is refused at maxmemory before its first write, never halfway).
+Assembly. A script is its own file, plus the step files it names on `-- @include <file>` lines
+(whole, in that order: `lua/claim/*.lua`, see claim.lua), plus only the helpers of
+`lua/_lib.lua` that any of those use (found by name, with the helpers those use), and
+`K.<kind>` key suffixes written in from `common/keys.py` (the one place a suffix is spelled).
+An included file holds only definitions (`local function`, `local NAME =`), each defined
+before anything uses it; the assembler refuses anything else. An optional first line
+`#!lua flags=...` stays first: Redis 7 then checks the script as a whole before it runs (a
+script without `allow-oom` is refused at maxmemory before its first write, never halfway).
 
 Errors. Redis and Valkey report a script's error at a line of the source they ran
-(`user_script:3030`). Lines are laid out so that number alone says which file and line it is
-(helpers keep their _lib.lua line numbers; script number i starts at line 500·i), and every
-connection duetime opens rewrites it to what a developer opens (`claim.lua:30`), for direct
-calls and pipelines alike, see `explain`.
+(`user_script:3030`). Every file of `lua/` has its own range of line numbers in one layout
+(`layout`: _lib.lua first, then each script in SCRIPT_NAMES order, its step files just before
+it), and an assembled script puts each line it carries at that number (blank lines between),
+so the number alone says which file and line it is, whatever the size of the files; every
+connection duetime opens rewrites it to what a developer opens (`claim.lua:30`,
+`claim/lanes.lua:12`), for direct calls and pipelines alike, see `explain`.
 
 Why EVALSHA scripts, not a Redis Functions library: every connection loads the scripts when it
 opens (one pipelined round trip), so a restarted server or a promoted replica never meets a
@@ -20,8 +25,10 @@ their own script versions (a FUNCTION LOAD REPLACE would swap one library under 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -58,14 +65,18 @@ _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
 _WORD = re.compile(r"[A-Za-z_]\w*")
 _KEY = re.compile(r"\bK\.([a-z_]+)")
 _AT = re.compile(r"(@?)user_script:(\d+)")
-STRIDE = 500  # lines per script in the numbering of `assembled`
+_INCLUDE = re.compile(r"^-- @include (\S+\.lua)\s*$")
+_STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_NAME = re.compile(r"(?<![.:\w])[A-Za-z_]\w*")  # a name, not a field (`c.name`, `o:name`)
+
+Reader = Callable[[str], str]  # a file of lua/ by its path there ('_lib.lua', 'claim/lanes.lua')
 
 
 @dataclass(frozen=True)
 class Helper:
     name: str
     lines: list[str]  # the definition with the comment lines just above it
-    first: int  # its first line in _lib.lua (1-based)
+    first: int  # its first line in its file (1-based)
     uses: frozenset[str]  # other helpers it calls
 
 
@@ -74,6 +85,16 @@ class Assembled:
     name: str
     source: str
     sha: str
+
+
+@dataclass(frozen=True)
+class Span:
+    """A file's place in the numbering of the assembled scripts: its line n is line
+    `first + n - 1` of every script that carries it."""
+
+    file: str  # as under lua/: 'claim.lua', 'claim/lanes.lua', '_lib.lua'
+    first: int
+    count: int
 
 
 @cache
@@ -89,13 +110,18 @@ def _words(lines: list[str]) -> set[str]:
     return {w for line in lines for w in _WORD.findall(_strip_comment(line))}
 
 
-@cache
-def helpers(lib_text: str | None = None) -> dict[str, Helper]:
-    """`_lib.lua` split into its top-level definitions (`local function f` / `local X =`),
-    each with the comments right above it; a function ends at the first `end` in column 0, a
-    value where its braces close."""
-    lines = (_read(LIB) if lib_text is None else lib_text).splitlines()
-    found: list[tuple[str, int, int, int]] = []  # name, comment start, def line, end (excl.)
+def _names(lines: list[str]) -> set[str]:
+    """The names `lines` refer to as variables: comments, strings and fields left out."""
+    return {w for line in lines for w in _NAME.findall(_STRING.sub("''", _strip_comment(line)))}
+
+
+def _definitions(lines: list[str], where: str = LIB, strict: bool = False
+                 ) -> list[tuple[str, int, int, int]]:
+    """(name, comment start, def line, end exclusive), 0-based, of the top-level definitions
+    (`local function f` ending at the first `end` in column 0, or `local X =` ending where its
+    braces close). `strict`: any other line that is not blank or a comment is an error (a step
+    file holds definitions only: it runs before the script's slot check)."""
+    found: list[tuple[str, int, int, int]] = []
     i, comment_start = 0, None
     while i < len(lines):
         line = lines[i]
@@ -105,8 +131,10 @@ def helpers(lib_text: str | None = None) -> dict[str, Helper]:
         elif m:
             end = i + 1
             if line.startswith("local function"):
-                while not lines[end - 1].startswith("end"):
+                while end <= len(lines) and not lines[end - 1].startswith("end"):
                     end += 1
+                if end > len(lines):
+                    raise ValueError(f"{where}:{i + 1}: `{m.group(1)}` has no `end` in column 0")
             else:  # a value, maybe a table over several lines
                 depth = line.count("{") - line.count("}")
                 while depth > 0:
@@ -116,8 +144,21 @@ def helpers(lib_text: str | None = None) -> dict[str, Helper]:
             i, comment_start = end, None
             continue
         else:
+            if strict and line.strip():
+                raise ValueError(f"{where}:{i + 1}: a step file holds only definitions "
+                                 f"(`local function` / `local NAME =`): {line.strip()!r}")
             comment_start = None
         i += 1
+    return found
+
+
+@cache
+def helpers(lib_text: str | None = None) -> dict[str, Helper]:
+    """`_lib.lua` split into its top-level definitions (`local function f` / `local X =`),
+    each with the comments right above it; a function ends at the first `end` in column 0, a
+    value where its braces close."""
+    lines = (_read(LIB) if lib_text is None else lib_text).splitlines()
+    found = _definitions(lines)
     names = {n for n, *_ in found}
     out = {}
     for name, start, def_line, end in found:
@@ -136,6 +177,22 @@ def _needed(body: list[str], lib_text: str | None = None) -> list[Helper]:
             need.add(n)
             todo += lib[n].uses
     return [h for h in lib.values() if h.name in need]
+
+
+def includes(body_text: str) -> list[str]:
+    """The step files a script names on its `-- @include <file>` lines, in order."""
+    return [m.group(1) for line in body_text.splitlines() if (m := _INCLUDE.match(line))]
+
+
+def _check_order(files: list[tuple[str, list[str]]]) -> None:
+    """Every definition of the step files comes before its first use: in Lua, a name used
+    above its `local function` is a global, nil when the script runs."""
+    defs = [(where, name, lines[d:end])
+            for where, lines in files for name, _, d, end in _definitions(lines, where, strict=True)]
+    for k, (where, name, _) in enumerate(defs):
+        for other, user, body in defs[:k]:
+            if name in _names(body):
+                raise ValueError(f"{other}: `{user}` uses `{name}`, defined after it in {where}")
 
 
 def _suffixes(text: str, where: str) -> str:
@@ -158,9 +215,9 @@ def _suffixes(text: str, where: str) -> str:
 # node giving the slot away (ASK) and by the node taking it (TRYAGAIN, under ASKING), answered
 # (0) anywhere else. A moving slot gets a TRYAGAIN before any write: clients call again, and
 # once the move ends the new node holds every key. Scripts whose first key has no partition tag
-# touch only declared keys: Redis alone handles them. It sits on script line 1 (the `#!lua`
-# line moved to the top) so that no other line moves; one EXISTS of two absent keys is its
-# whole cost.
+# touch only declared keys: Redis alone handles them. It sits on the script's own line 1 (the
+# `#!lua` line moved to the top) so that no other line moves, after the helpers' and steps'
+# definitions (which call nothing); one EXISTS of two absent keys is its whole cost.
 SLOT_GUARD = (
     "do local p = KEYS[1] and string.match(KEYS[1], '^[^{]*{[^}]+}:') if p then "
     "local r = redis.pcall('EXISTS', p .. '~moving:1', p .. '~moving:2') "
@@ -172,28 +229,59 @@ SLOT_GUARD = (
 )
 
 
-def assemble(name: str, lib_text: str, body_text: str) -> str:
-    """_lib.lua with the definitions this script does not use blanked out, padded with empty
-    lines, then the script's own lines from line `STRIDE * (its index + 1) + 1`: every line of
-    every script has a number of its own, so an error's line alone says where it is. The
-    script's `#!lua` line goes first; its own line 1 becomes the SLOT_GUARD."""
-    lib, body = lib_text.splitlines(), body_text.splitlines()
-    if len(lib) >= STRIDE or len(body) >= STRIDE:
-        raise ValueError(f"{LIB} and every script must stay under {STRIDE} lines")
-    keep: set[int] = set()
-    for h in _needed(body, lib_text):
-        keep.update(range(h.first, h.first + len(h.lines)))
-    head = [lib[i - 1] if i in keep else "" for i in range(1, len(lib) + 1)]
+def _layout(read: Reader) -> tuple[Span, ...]:
+    spans: list[Span] = []
+    at = 1
+    for file in [LIB] + [f for name in SCRIPT_NAMES
+                         for f in [*includes(read(f"{name}.lua")), f"{name}.lua"]]:
+        if any(s.file == file for s in spans):
+            continue  # a step file shared by two scripts keeps its first place
+        count = len(read(file).splitlines())
+        spans.append(Span(file, at, count))
+        at += count + 1  # one blank line between files: no line belongs to two
+    return tuple(spans)
+
+
+@cache
+def layout() -> tuple[Span, ...]:
+    """Where each file of lua/ sits in the numbering every assembled script shares."""
+    return _layout(_read)
+
+
+def assemble(name: str, read: Reader = _read) -> str:
+    """Script `name` as sent to the server: the lines of each file it carries (the _lib.lua
+    helpers it needs, its step files, its own lines) at their numbers in `layout`, blank lines
+    between; its `#!lua` line goes first, its own line 1 becomes the SLOT_GUARD. `read` gives
+    the files (a copy of lua/ for a benchmark)."""
+    spans = {s.file: s for s in _layout(read)}
+    own_file = f"{name}.lua"
+    body_text, lib_text = read(own_file), read(LIB)
+    steps = [(f, read(f).splitlines()) for f in includes(body_text)]
+    if [spans[f].first for f, _ in steps] != sorted(spans[f].first for f, _ in steps):
+        raise ValueError(f"{own_file}: its @include lines are in another order than a script "
+                         "before it includes the same files in")
+    _check_order(steps)
+    body = body_text.splitlines()
+    lib = lib_text.splitlines()
+    used = body + [line for _, lines in steps for line in lines]
+    out = [""] * (spans[own_file].first + len(body) - 1)
+    for h in _needed(used, lib_text):
+        if h.first == 1:
+            raise ValueError(f"{LIB}: line 1 is the script's flags line: keep a comment there")
+        for n in range(h.first, h.first + len(h.lines)):
+            out[n - 1] = _suffixes(lib[n - 1], LIB)
+    for f, lines in [*steps, (own_file, body)]:
+        base = spans[f].first - 1
+        for n, line in enumerate(lines):
+            out[base + n] = _suffixes(line, f)
     if body and body[0].startswith("#!"):  # the flags line must be the first line
-        head[0], body = body[0], [SLOT_GUARD, *body[1:]]
-    padding = "\n" * (STRIDE * (SCRIPT_NAMES.index(name) + 1) - len(head))
-    return (_suffixes("\n".join(head), LIB) + "\n" + padding
-            + _suffixes("\n".join(body), f"{name}.lua") + "\n")
+        out[0], out[spans[own_file].first - 1] = body[0], SLOT_GUARD
+    return "\n".join(out) + "\n"
 
 
 @cache
 def assembled(name: str) -> Assembled:
-    source = assemble(name, _read(LIB), _read(f"{name}.lua"))
+    source = assemble(name)
     return Assembled(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
@@ -216,13 +304,13 @@ def sha(name: str) -> str:
 
 
 def locate(line: int) -> str:
-    """`claim.lua:30` for a line of an assembled script (see `assembled`)."""
-    index, offset = divmod(line, STRIDE)
-    if index == 0 or offset == 0:
-        return f"{LIB}:{line}" if index == 0 else f"{SCRIPT_NAMES[index - 1]}.lua:?"
-    if index > len(SCRIPT_NAMES):
-        return f"user_script:{line}"
-    return f"{SCRIPT_NAMES[index - 1]}.lua:{offset}"
+    """`claim.lua:30` (or `claim/lanes.lua:12`, `_lib.lua:25`) for a line of an assembled
+    script (see `layout`)."""
+    spans = layout()
+    k = bisect.bisect_right([s.first for s in spans], line) - 1
+    if k < 0 or line >= spans[k].first + spans[k].count:
+        return f"user_script:{line}"  # between files, or past the last: not one of ours
+    return f"{spans[k].file}:{line - spans[k].first + 1}"
 
 
 def explain(message: str) -> str:

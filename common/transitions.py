@@ -25,8 +25,28 @@ from typing import Any
 from duetime.common.keys import Keyspace
 
 Call = tuple[list[str], list[Any]]
-CLAIM_FIELDS = 12
-CLAIM_HEADER = 5
+
+# The claim reply, defined once: a header, then these fields per run, in this order. claim.lua
+# documents the same order and lua/claim/lease.lua writes it (`reply_run`, one `-- name` per
+# line); tests/unit/test_script_assembly.py checks the two agree.
+CLAIM_REPLY_HEADER = ("next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
+CLAIM_RUN_FIELDS = ("run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
+                    "idempotent", "key", "schedule", "ready_ms", "limited_by")
+CLAIM_HEADER, CLAIM_FIELDS = len(CLAIM_REPLY_HEADER), len(CLAIM_RUN_FIELDS)
+
+
+def _at(fields: tuple[str, ...], *names: str) -> tuple[int, ...]:
+    """The positions of `names` in `fields` (a name missing fails at import)."""
+    return tuple(fields.index(n) for n in names)
+
+
+# positions read by name once, at import: parsing a reply does no name lookup per run
+_NEXT, _MISSED, _SKIPPED, _HELD_C, _HELD_R = _at(
+    CLAIM_REPLY_HEADER, "next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
+(_RUN_ID, _FENCE, _ATTEMPT, _TASK, _PAYLOAD, _DUE, _TIMEOUT, _IDEMPOTENT, _KEY, _SCHEDULE,
+ _READY, _LIMITED_BY) = _at(
+    CLAIM_RUN_FIELDS, "run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
+    "idempotent", "key", "schedule", "ready_ms", "limited_by")
 
 
 @dataclass(frozen=True)
@@ -71,29 +91,31 @@ def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms:
 
 
 def parse_claim(res: list[Any]) -> ClaimReply:
-    nxt = int(res[0])
+    nxt = int(res[_NEXT])
     runs = []
     for i in range(CLAIM_HEADER, len(res), CLAIM_FIELDS):
         f = res[i : i + CLAIM_FIELDS]
         # id, fence, attempt and the score come from the script; the rest is the run record,
         # which an operator's HSET may have damaged: one bad run must not sink its batch
-        run_id, fence, attempt, ready_ms = _s(f[0]), int(f[1]), int(f[2]), int(f[10])
+        run_id, fence, attempt = _s(f[_RUN_ID]), int(f[_FENCE]), int(f[_ATTEMPT])
+        ready_ms = int(f[_READY])
         try:
             runs.append(Claimed(
-                run_id=run_id, fence=fence, attempt=attempt, task=_s(f[3]),
-                payload=f[4] or b"", due_ms=int(f[5] or 0), timeout_ms=int(f[6] or 0),
-                idempotent=f[7] != b"0", key=_s(f[8]) or None, schedule=_s(f[9]) or None,
-                ready_ms=ready_ms, limited_by=_s(f[11]),
+                run_id=run_id, fence=fence, attempt=attempt, task=_s(f[_TASK]),
+                payload=f[_PAYLOAD] or b"", due_ms=int(f[_DUE] or 0),
+                timeout_ms=int(f[_TIMEOUT] or 0), idempotent=f[_IDEMPOTENT] != b"0",
+                key=_s(f[_KEY]) or None, schedule=_s(f[_SCHEDULE]) or None,
+                ready_ms=ready_ms, limited_by=_s(f[_LIMITED_BY]),
             ))
         except (ValueError, UnicodeDecodeError) as exc:
             runs.append(Claimed(
-                run_id=run_id, fence=fence, attempt=attempt, task=(f[3] or b"").decode(errors="replace"),
-                payload=b"",
+                run_id=run_id, fence=fence, attempt=attempt,
+                task=(f[_TASK] or b"").decode(errors="replace"), payload=b"",
                 due_ms=ready_ms, timeout_ms=0, idempotent=True, key=None, schedule=None,
                 ready_ms=ready_ms, damaged=f"run record unreadable: {exc}",
             ))
-    return ClaimReply(None if nxt < 0 else nxt, runs, int(res[1]), int(res[2]), int(res[3]),
-                      int(res[4]))
+    return ClaimReply(None if nxt < 0 else nxt, runs, int(res[_MISSED]), int(res[_SKIPPED]),
+                      int(res[_HELD_C]), int(res[_HELD_R]))
 
 
 def complete(k: Keyspace, p: int, done: list[tuple[str, int]] | list[tuple[str, int, bytes]]

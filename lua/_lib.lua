@@ -3,6 +3,7 @@
 -- `local function` (ending with `end` in column 0) or a `local NAME =` value.
 -- Keys are written `prefix .. K.<kind> .. id`: the suffixes come from common/keys.py.
 -- Time comes only from the server clock, so every process agrees on due times and leases.
+-- Tested by: tests/unit/test_script_assembly.py, tests/integration/test_scripts.py
 
 local EVENTS_MAXLEN = 10000
 

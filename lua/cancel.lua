@@ -5,6 +5,7 @@
 -- field `cancel_requested`: its worker sees it at the next heartbeat (heartbeat.lua returns
 -- 2), stops the task and reports through fail.lua mode 'cancel'. Finished runs are left as
 -- they are; an `uncertain` run needs an operator's verdict (resolve.lua), not a cancel.
+-- Tested by: tests/integration/test_scripts.py, tests/integration/test_cli_runs.py
 -- KEYS[1] due zset    T:due:<queue>     KEYS[2] retry zset  T:retry:<queue>
 -- KEYS[3] done zset   T:done            KEYS[4] deadlines   T:deadlines
 -- KEYS[5] events      T:events

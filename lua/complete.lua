@@ -6,6 +6,8 @@
 -- Finished records stay until the reaper's retention sweep of the done set. The same report
 -- sent twice (the client retries a call whose reply a broken connection lost) gets the same
 -- answer the second time and changes nothing.
+-- Tested by: tests/integration/test_scripts.py, tests/integration/test_worker_inprocess.py,
+--   tests/limits/test_concurrency.py
 -- KEYS[1] leases zset   KEYS[2] done zset   KEYS[3] uncertain zset   KEYS[4] events
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash, attempts, the retry set of
 --         the run's queue) and schedule keys are built from it; they share this partition's

@@ -6,6 +6,7 @@
 -- before now + a delay that doubles with each hand-back of the run (HANDBACKS field), from
 -- ARGV[7] up to ARGV[8] ms, so a worker that keeps meeting it does not claim it in a hot loop.
 -- A non-idempotent run goes back too: its body never started.
+-- Tested by: tests/integration/test_rolling_deploy.py, tests/security/test_acl.py
 -- KEYS[1] leases zset   KEYS[2] due zset (the run's queue)   KEYS[3] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash, and its schedule's keys, are built
 --         from it; same hash tag)

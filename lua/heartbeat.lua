@@ -7,6 +7,7 @@
 -- Flag allow-oom: at maxmemory (noeviction) Redis refuses scripts that may grow memory, the
 -- reaper's included; a heartbeat only rewrites a score and a field, and must never be refused
 -- while the reaper could expire the lease it extends.
+-- Tested by: tests/integration/test_scripts.py, tests/integration/test_worker_stalls.py
 -- KEYS[1] leases zset  T:leases
 -- ARGV[1] partition prefix 'ns:{tag}:' (run hashes are built from it; same hash tag)
 -- ARGV[2] lease ms

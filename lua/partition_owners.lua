@@ -6,6 +6,7 @@
 -- Safety never rests on this table (materialize.lua compares-and-sets each schedule); it only
 -- splits the work. Flag allow-oom: it rewrites a few small fields, so ownership stays put while
 -- the server is at maxmemory (nothing is materialised meanwhile).
+-- Tested by: tests/integration/test_schedules.py, tests/integration/test_failover.py
 -- KEYS[1] owners hash <ns>:owners -- fields p:<partition> = '<scheduler id>|<expiry ms>' and
 --         s:<scheduler id> = last seen (ms)
 -- ARGV[1] scheduler id   ARGV[2] lease ms   ARGV[3] partitions P   ARGV[4] 'hold' | 'release'

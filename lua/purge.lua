@@ -2,6 +2,7 @@
 -- purge.lua: delete dead-lettered runs of one partition: their records and attempt histories.
 -- Only runs still dead are deleted; an index entry without a dead record is just dropped.
 -- Flag allow-oom: it only deletes, so it may run when the server is at maxmemory.
+-- Tested by: tests/integration/test_cli_runs.py
 -- KEYS[1] dead zset T:dead   KEYS[2] events
 -- ARGV[1] partition prefix 'ns:{tag}:' -- run ids are read from the dead index, so their
 --         run hashes and attempt lists are built from it (same hash tag)

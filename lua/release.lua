@@ -2,6 +2,7 @@
 -- release.lua: give a running run back on graceful shutdown without burning an attempt.
 -- The run returns to its due set at its original due time (so it is picked first). A task
 -- declared non-idempotent may have had partial effects: it goes to `uncertain` instead.
+-- Tested by: tests/integration/test_workers.py
 -- KEYS[1] leases zset   KEYS[2] due zset (the run's queue)   KEYS[3] uncertain zset
 -- KEYS[4] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash and attempts, and its schedule's keys,

@@ -6,6 +6,7 @@
 -- The old run is handled: it leaves the dead-letter / uncertain index for the done index
 -- (kept for the retention, then swept). An uncertain old run is thereby resolved as failed
 -- (state dead, resolved_as replay). A run is replayed once; asking again returns that replay.
+-- Tested by: tests/integration/test_cli_runs.py
 -- KEYS[1] due zset T:due:<queue>   KEYS[2] dead zset   KEYS[3] uncertain zset
 -- KEYS[4] done zset                 KEYS[5] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (both run hashes are built from it; same hash tag)

@@ -5,6 +5,7 @@
 -- 'failed': it did not, and must not be retried by itself -> dead-letter (dead index), where
 -- its owner sees it. (The third verdict, run it again, is replay.lua.)
 -- The attempt history is left as observed (outcome unknown); the verdict is on the run.
+-- Tested by: tests/integration/test_cli_runs.py, tests/integration/test_scripts.py
 -- KEYS[1] uncertain zset   KEYS[2] dead zset   KEYS[3] done zset   KEYS[4] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash is built from it; same hash tag)
 -- ARGV[2] run id   ARGV[3] 'succeeded' | 'failed'   ARGV[4] note

@@ -1,6 +1,7 @@
 #!lua flags=allow-oom
 -- schedule_delete.lua: remove a schedule's definition. Its runs stay (history); runs not yet
 -- started keep their place and run unless cancelled. Flag allow-oom: it only deletes.
+-- Tested by: tests/integration/test_cli_schedules.py
 -- KEYS[1] sched_due zset   KEYS[2] schedules index zset   KEYS[3] quarantine zset
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
 -- ARGV[2] name

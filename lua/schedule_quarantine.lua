@@ -5,6 +5,7 @@
 -- reason on its hash; registering the schedule again (schedule_upsert.lua) brings it back.
 -- Compare-and-set on the version the evaluator read: a schedule changed meanwhile is left
 -- alone (the change may be the fix).
+-- Tested by: tests/integration/test_schedules.py, tests/property/test_damaged_records.py
 -- KEYS[1] sched_due zset   KEYS[2] quarantine zset   KEYS[3] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
 -- ARGV[2] name   ARGV[3] version read ('' = any)   ARGV[4] reason

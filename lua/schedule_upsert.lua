@@ -5,6 +5,7 @@
 -- caller from the newest occurrence that already has a run, so none is lost or doubled.
 -- A quarantined schedule (see schedule_quarantine.lua) registered again is taken back, even
 -- with the same definition: its evaluation state is reset from the caller's cursor.
+-- Tested by: tests/integration/test_schedules.py, tests/integration/test_cli_schedules.py
 -- KEYS[1] sched_due zset   KEYS[2] schedules index zset   KEYS[3] quarantine zset
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
 -- ARGV[2] name   ARGV[3] definition hash   ARGV[4] expected version ('0' = must not exist)

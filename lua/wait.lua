@@ -4,6 +4,7 @@
 -- state is returned; otherwise the waiter is counted on the run (`waited`) and the script that
 -- moves the run there pushes one element per waiter onto its notify list, which the client
 -- BLPOPs (with a bounded timeout and a re-check, so a lost element costs one timeout).
+-- Tested by: tests/client/test_async_and_wait.py, tests/integration/test_cli_runs.py
 -- KEYS[1] notify list  T:notify:<run> (declared: the client blocks on it next)
 -- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash is built from it; same hash tag)
 -- ARGV[2] run id

@@ -77,9 +77,17 @@ class DueTimes:
             due = [(rank[k[1]], served.get(k, 0), d, k) for k, d in keys]
         else:
             vt = self._vt
-            for k, _ in keys:  # a queue coming back from idle starts at the current time
-                if vt[k[1]] < self._vnow:
-                    vt[k[1]] = self._vnow
+            active = {k[1] for k, _ in keys}
+            for q in active:  # a queue coming back from idle starts at the current time
+                if vt[q] < self._vnow:
+                    vt[q] = self._vnow
+            if active:
+                # the current time is the least virtual time of the queues with work, read
+                # here, before claiming: taken when a reply came back instead, a second claim
+                # in flight on the same queue read the time its first one had already
+                # advanced, and pushed the other queue's time forward as if it had been idle
+                # (under high:5,low:1 the low queue got 23 % of the runs, not 17 %)
+                self._vnow = min(vt[q] for q in active)
             due = [(vt[k[1]], served.get(k, 0), d, k) for k, d in keys]
         due.sort()
         return [k for *_, k in due]
@@ -94,7 +102,6 @@ class DueTimes:
         time advances by claimed / weight (a claim that found nothing counts as one run)."""
         if self._weights is not None:
             q = key[1]
-            self._vnow = max(self._vnow, self._vt[q])
             self._vt[q] += max(claimed, 1) / self._weights[q]
 
     def earliest(self) -> float | None:

@@ -1,0 +1,88 @@
+-- claim/admission.lua: whether a candidate the limits let through starts now. A pending cancel
+-- request (its worker died before honouring it) cancels it; a starting deadline passed misses
+-- it; a schedule's overlap policy may skip it or buffer it. A record in no known state, or
+-- marked running without a lease, is dead-lettered with the reason (never dropped); an entry
+-- whose record is gone or in another state is stale, and only leaves the index.
+-- Tested by: tests/integration/test_scripts.py, tests/property/test_damaged_records.py,
+--   tests/integration/test_schedules.py
+
+-- The overlap policy of a scheduled run; returns true when the run may start now.
+local function overlap_allows(c, id, sched, overlap)
+  if overlap == 'allow' or overlap == '' then return true end  -- nothing to track
+  local prefix, now = c.prefix, c.now
+  local running = prefix .. K.sched_running .. sched
+  if redis.call('SCARD', running) == 0 then
+    redis.call('SADD', running, id)
+    return true
+  end
+  if overlap == 'skip' then
+    finish_unstarted(prefix, id, 'skipped', 'overlap: previous run still running', now,
+      c.done_key, c.deadlines_key, c.events_key)
+    c.skipped = c.skipped + 1
+    return false
+  end
+  -- buffer_one / cancel_other: wait (out of the due set) until the running one has left
+  local sched_key = prefix .. K.sched .. sched
+  local buffered = redis.call('HGET', sched_key, 'buffered')
+  if buffered and buffered ~= '' and buffered ~= id then
+    finish_unstarted(prefix, id, 'skipped', 'overlap: a run is already buffered', now,
+      c.done_key, c.deadlines_key, c.events_key)
+    c.skipped = c.skipped + 1
+    return false
+  end
+  redis.call('HSET', sched_key, 'buffered', id)
+  emit(c.events_key, id, 'buffered', overlap)
+  if overlap == 'cancel_other' then
+    for _, other in ipairs(redis.call('SMEMBERS', running)) do
+      redis.call('HSET', prefix .. K.run .. other, 'cancel_requested', now)
+      emit(c.events_key, other, 'cancel_requested', 'overlap: cancel_other by ' .. id)
+    end
+  end
+  return false
+end
+
+-- A record that cannot be claimed: dead-lettered when damaged, else a stale entry (left to
+-- the index writes).
+local function not_waiting(c, id, run_key, state)
+  if state == 'running' and not redis.call('ZSCORE', c.leases_key, id) then
+    -- waiting in a due set, yet marked running with no lease: nothing would ever finish or
+    -- recover it (a state written by hand); claimed running runs always hold a lease
+    dead_letter(c.prefix, run_key, c.dead_key, c.events_key, id, c.now,
+      'run record damaged: state running, but it holds no lease')
+  elseif not STATES[state] then
+    if redis.call('EXISTS', run_key) == 1 then
+      dead_letter(c.prefix, run_key, c.dead_key, c.events_key, id, c.now,
+        'run record damaged: state ' .. tostring(state or '(missing)') .. ' is not a run state')
+    end
+  end
+  -- any other state: a stale index entry (cancelled, deleted)
+end
+
+-- Reads candidate `id` (one HMGET, fields below) and decides: returns its fields, whether it
+-- starts now, and then the starting deadline entry to clear (if any). A candidate that does not
+-- start was finished (cancelled, missed, skipped), buffered, dead-lettered, or is stale.
+-- Fields: 1 state, 2 deadline, 3 schedule, 4 overlap, 5 fence, 6 attempt, 7 task, 8 payload,
+-- 9 due, 10 timeout, 11 idempotent, 12 key, 13 cancel_requested, 14 limited_by.
+local function admit(c, id, run_key)
+  local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
+    'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested',
+    'limited_by')
+  local state = f[1]
+  if state ~= 'scheduled' and state ~= 'retrying' then
+    not_waiting(c, id, run_key, state)
+    return f, false
+  end
+  local deadline, sched = tonumber(f[2]), f[3]
+  if (tonumber(f[5]) or 0) > 0 then deadline = nil end  -- a retry is not a late start
+  if f[13] then
+    finish_unstarted(c.prefix, id, 'cancelled', 'cancel requested before it could run again',
+      c.now, c.done_key, c.deadlines_key, c.events_key)
+  elseif deadline and deadline > 0 and c.now > deadline then
+    finish_unstarted(c.prefix, id, 'missed', 'not started before its starting deadline', c.now,
+      c.done_key, c.deadlines_key, c.events_key)
+    c.missed = c.missed + 1
+  elseif not sched or sched == '' or overlap_allows(c, id, sched, f[4] or '') then
+    return f, true, deadline
+  end
+  return f, false
+end

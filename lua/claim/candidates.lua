@@ -1,0 +1,66 @@
+-- claim/candidates.lua: which runs a claim looks at, in order. Candidates are parallel arrays
+-- of `c` (no table per run): c.ids[n], c.froms[n] (true: from the due set, false: from the
+-- retry set), c.scores[n] (when it became claimable); c.seen[id] marks a run already taken.
+-- Priority runs come first, then the tenant lanes (claim/lanes.lua), then the due and retry
+-- sets merged in due order. The window is the batch, plus HELD_SCAN when limits are set.
+-- Tested by: tests/integration/test_scripts.py, tests/limits/test_admission.py,
+--   tests/limits/test_priority.py
+
+-- What this partition and queue have besides plain runs: limits, priority runs, tenant lanes.
+-- One EXISTS when there are none (the hot path).
+local function read_options(c)
+  local keys = c.keys
+  if redis.call('EXISTS', keys.limits, keys.prio, keys.lanes) == 0 then return end
+  c.prio = redis.call('EXISTS', keys.prio) == 1
+  c.lanes = redis.call('EXISTS', keys.lanes) == 1
+  if redis.call('EXISTS', keys.limits) == 1 then
+    c.lims = read_limits(keys.limits)
+    c.scan = c.limit + HELD_SCAN  -- look past runs a limit holds back, to others that may start
+  end
+end
+
+-- The heads of the due and retry sets: flat {id, score, ...} lists of up to c.scan runs due by
+-- the horizon.
+local function due_windows(c)
+  local d = redis.call('ZRANGE', c.due_key, '-inf', c.horizon, 'BYSCORE', 'LIMIT', 0, c.scan,
+    'WITHSCORES')
+  local r = redis.call('ZRANGE', c.retry_key, '-inf', c.horizon, 'BYSCORE', 'LIMIT', 0, c.scan,
+    'WITHSCORES')
+  return d, r
+end
+
+-- Priority runs (T:prio:<queue>, score -priority x 10^13 + due): highest priority, then
+-- earliest due, among those due by the horizon. The index window is twice the scan plus
+-- HELD_SCAN entries; an entry whose run no longer waits in the due set is dropped.
+local function priority_candidates(c)
+  local ids, froms, scores, seen = c.ids, c.froms, c.scores, c.seen
+  local stale = {}
+  for _, id in ipairs(redis.call('ZRANGE', c.keys.prio, 0, c.scan * 2 + HELD_SCAN - 1)) do
+    local due = tonumber(redis.call('ZSCORE', c.due_key, id))
+    if not due or redis.call('HGET', c.prefix .. K.run .. id, 'state') ~= 'scheduled' then
+      stale[#stale + 1] = id  -- claimed, retried, cancelled, held by its schedule: gone
+    elseif due <= c.horizon then
+      local n = #ids + 1
+      ids[n], froms[n], scores[n], seen[id] = id, true, int_s(due), true
+      if n >= c.scan then break end
+    end
+  end
+  if #stale > 0 then redis.call('ZREM', c.keys.prio, unpack(stale)) end
+end
+
+-- The due and retry windows merged, earliest first, after the runs taken already; runs in
+-- `skip` (taken, or waiting in a lane) are passed by.
+local function due_order_candidates(c, d, r, skip)
+  local ids, froms, scores, scan = c.ids, c.froms, c.scores, c.scan
+  local check = c.prio or c.lanes
+  local i, j = 1, 1
+  while #ids < scan and (i <= #d or j <= #r) do
+    local n = #ids + 1
+    if j > #r or (i <= #d and tonumber(d[i + 1]) <= tonumber(r[j + 1])) then
+      if not (check and skip[d[i]]) then ids[n], froms[n], scores[n] = d[i], true, d[i + 1] end
+      i = i + 2
+    else
+      ids[n], froms[n], scores[n] = r[j], false, r[j + 1]; j = j + 2
+    end
+  end
+end

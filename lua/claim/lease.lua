@@ -1,0 +1,48 @@
+-- claim/lease.lua: a run starts. It gets a new fence token and attempt number, and a lease:
+-- its score in T:leases is the expiry (written with the batch, claim/index.lua), the run
+-- hash's worker and fence say who holds it. The attempt's history entry is written when the
+-- attempt ends; while it runs, the run hash holds worker, fence and start.
+-- Tested by: tests/integration/test_scripts.py, tests/unit/test_script_assembly.py
+
+-- The step that starts a run, bound once per call to the claim `c` (its values become the
+-- function's upvalues: no table lookup per run). start(id, run_key, f, ready, deadline,
+-- scopes): `f` are the run's fields as admit read them, `ready` its score (when it became
+-- claimable), `deadline` its starting deadline entry to clear, `scopes` the limits it counts
+-- against (nil when no limit is set). The run goes to the reply; the reply's fields per run,
+-- in this order, are common/transitions.py CLAIM_RUN_FIELDS (a test reads the `-- name` of
+-- each `out[o + N]` line below).
+local function lease_starter(c)
+  local worker, now, now_s, until_s = c.worker, c.now, c.now_s, c.until_s
+  local out, leased, deadlines_key = c.out, c.leased, c.deadlines_key
+  return function(id, run_key, f, ready, deadline, scopes)
+    local fence, attempt = (tonumber(f[5]) or 0) + 1, (tonumber(f[6]) or 0) + 1
+    local fence_s = int_s(fence)
+    -- claimed ahead of its due time: the attempt starts at the due time (the score)
+    local started = now_s
+    if tonumber(ready) > now then started = ready end
+    local held = scopes and take(c, scopes, id) or ''
+    if held == '' then
+      redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt',
+        int_s(attempt), 'worker', worker, 'started', started)
+    else  -- the concurrency slots it took, freed when the attempt ends
+      redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt',
+        int_s(attempt), 'worker', worker, 'started', started, 'held', held)
+    end
+    if deadline then redis.call('ZREM', deadlines_key, id) end
+    leased[#leased + 1] = until_s
+    leased[#leased + 1] = id
+    local o = #out
+    out[o + 1] = id  -- run_id
+    out[o + 2] = fence  -- fence
+    out[o + 3] = attempt  -- attempt
+    out[o + 4] = f[7] or ''  -- task
+    out[o + 5] = f[8] or ''  -- payload
+    out[o + 6] = f[9] or ''  -- due_ms
+    out[o + 7] = f[10] or ''  -- timeout_ms
+    out[o + 8] = f[11] or ''  -- idempotent
+    out[o + 9] = f[12] or ''  -- key
+    out[o + 10] = f[3] or ''  -- schedule
+    out[o + 11] = ready  -- ready_ms
+    out[o + 12] = f[14] or ''  -- limited_by
+  end
+end
