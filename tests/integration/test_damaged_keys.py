@@ -351,10 +351,7 @@ def test_a_damaged_limit_is_refused_with_a_reason(app, kit, url, namespace, raw)
     assert res.exit_code == 1 and "Traceback" not in res.output and "queue:bogus" in res.output
 
 
-# -- claim.lua (being restructured on another branch) ------------------------------------------
-@pytest.mark.xfail(strict=True, reason="claim.lua does not check its keys before its first "
-                   "write yet: it marks runs running, then fails on a wrong-type leases key "
-                   "(fixed after the claim.lua include-file restructuring lands)")
+# -- claim.lua -------------------------------------------------------------------------------------
 def test_a_wrong_type_leases_key_leaves_no_run_running_without_a_lease(kit):
     p = 9
     [rid] = kit.enqueue_in(p)
@@ -364,9 +361,6 @@ def test_a_wrong_type_leases_key_leaves_no_run_running_without_a_lease(kit):
     assert kit.state(rid) == "scheduled" and kit.indexes(rid) == {"due"}
 
 
-@pytest.mark.xfail(strict=True, reason="claim.lua fails as a whole on a wrong-type run key in a "
-                   "due set, blocking its partition and queue (fixed with the claim.lua "
-                   "restructuring)")
 def test_a_wrong_type_run_key_in_a_due_set_blocks_only_itself(kit):
     p = 10
     bad, good = kit.enqueue_in(p, 2)
