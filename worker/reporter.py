@@ -41,6 +41,8 @@ REFUSED_PAUSE_S = (0.05, 5.0)  # pause after Redis refused reports: doubling fro
 SHUTDOWN_TRIES_S = 10.0  # at shutdown, reports Redis will not take are given up after this
 _NO_ARGS: tuple[Any, ...] = ()
 SUCCEEDED = Outcome.SUCCEEDED.value
+# what release.lua stores as an uncertain run's reason; an operator decides whether it ran
+UNCERTAIN_REASON = "interrupted by worker shutdown; task is not idempotent"
 COST_EVERY_S = 1.0  # retry-cost counts go to Redis at most this often (common/retrycost.py)
 
 
@@ -299,6 +301,10 @@ class Reporter:
             child(metrics.DEAD_LETTERS, ctx.task, ex.owner).inc()
             log.warning("run dead-lettered", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
                         worker_id=self.worker_id, schedule=ctx.schedule, owner=ex.owner)
+        elif label == Outcome.UNCERTAIN:  # release.lua: a non-idempotent run cut off here
+            log.warning("run left uncertain by worker shutdown", run_id=ctx.run_id,
+                        task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
+                        schedule=ctx.schedule, state="uncertain", reason=UNCERTAIN_REASON)
         elif label in (Outcome.STALE, Outcome.MISSING):
             metrics.LATE_REJECTED.inc()
             log.warning("late result rejected", run_id=ctx.run_id, task=ctx.task,
