@@ -276,3 +276,28 @@ def test_runs_show_says_how_many_occurrences_a_catch_up_run_stands_for(app, url,
     shown = as_json(cli(url, namespace, "runs", "show", own.id, "--json"))
     assert (shown["coalesced"], shown["coalesced_from"]) == (1, None)
     assert "coalesced" not in ok(cli(url, namespace, "runs", "show", own.id))
+
+
+def succeed_with(app, task, result) -> str:  # noqa: ANN001
+    """A run completed through complete.lua with `result` stored (as a worker stores it)."""
+    from duetime.common.codec import pack_result
+
+    d = Driver(app)
+    run_id = app.enqueue(task, [0])
+    (p, c), = d.claim_all()
+    keys, args = tr.complete(d.k, p, [(c.run_id, c.fence, pack_result(result))])
+    assert d.scripts.complete(keys=keys, args=args) == [b"succeeded"]
+    return run_id
+
+
+def test_runs_show_prints_the_result_bounded_and_json_carries_it_whole(app, url, namespace):
+    result = {"invoice": 44, "lines": ["x" * 40] * 30}
+    run_id = succeed_with(app, basic.noop, result)
+    text = ok(cli(url, namespace, "runs", "show", run_id))
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("result "))
+    shown = line.split("result", 1)[1].strip()
+    assert shown.startswith('{"invoice": 44, "lines": ["xxxx') and shown.endswith("…")
+    assert len(shown) == 500
+    assert as_json(cli(url, namespace, "runs", "show", run_id, "--json"))["result"] == result
+    small = succeed_with(app, basic.noop, [1, "two", None])
+    assert '  result            [1, "two", null]' in ok(cli(url, namespace, "runs", "show", small))
