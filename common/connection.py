@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from duetime.common import memory, scripts
 from duetime.common.durability import Durability, make_durable
 from duetime.common.errors import InvalidInput, PartitionMismatch, RedisRefused, RedisUnavailable
-from duetime.common.keys import Keyspace
+from duetime.common.keys import Keyspace, stored_partitions
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -383,9 +383,10 @@ def ensure_meta(client: redis.Redis, keys: Keyspace, url: str) -> None:
             stored = client.hget(keys.meta, "partitions")
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise unavailable(url, exc) from None
-    if stored is not None and int(stored) != keys.partitions:
+    n = stored_partitions(stored, keys.meta)
+    if n is not None and n != keys.partitions:
         raise PartitionMismatch(
-            f"namespace {keys.namespace!r} was created with {int(stored)} partitions, "
+            f"namespace {keys.namespace!r} was created with {n} partitions, "
             f"this process is configured with {keys.partitions}"
         )
 

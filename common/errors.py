@@ -141,6 +141,11 @@ class Fatal(Exception):  # noqa: N818 - raised by tasks, read as a verb
     """Raised by a task: do not retry; the run goes to dead-letter."""
 
 
+class DamagedState(DuetimeError, ValueError):
+    """A value read back from Redis (meta, limits, a record) that duetime would never have
+    written: edited by hand or by another client. The message names the key and field."""
+
+
 class InvalidState(DuetimeError):
     """The run's current state does not allow the operation (e.g. replaying a running run)."""
 

@@ -11,12 +11,26 @@ import zlib
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from duetime.common.errors import InvalidInput
+from duetime.common.errors import DamagedState, InvalidInput
 from duetime.common.names import check_name
 from redis.crc import key_slot
 
 SLOTS = 16384
 MAX_PARTITIONS = 1024
+
+
+def stored_partitions(raw: bytes | str | None, meta_key: str = "<ns>:meta") -> int | None:
+    """The partition count recorded in the namespace's meta hash (None: not recorded yet).
+    A value no duetime process writes (`HSET <ns>:meta partitions abc`) is refused with a
+    reason naming the key, not a traceback."""
+    if raw is None:
+        return None
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_PARTITIONS):
+        raise DamagedState(f"{meta_key} field partitions is {text[:40]!r}, not a count in "
+                           f"1..{MAX_PARTITIONS}: the namespace's key layout is unknown (restore "
+                           f"it with HSET {meta_key} partitions N)")
+    return int(text)
 
 
 @dataclass(frozen=True)

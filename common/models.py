@@ -101,6 +101,10 @@ class Run:
     # who the run is for, and the limit it last waited on (docs/fairness.md)
     tenant: str | None = None
     limited_by: str | None = None
+    # a schedule's catch-up run standing for several missed occurrences (catchup="latest"):
+    # how many (1 for every other run) and the first of them (None when it stands for itself)
+    coalesced: int = 1
+    coalesced_from: datetime | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -173,4 +177,6 @@ class Run:
             result_error=result_error,
             tenant=s("tenant"),
             limited_by=s("limited_by"),
+            coalesced=max(n("coalesced", 1), 1),
+            coalesced_from=from_ms(s("coalesced_from")),
         )

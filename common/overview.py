@@ -7,6 +7,7 @@ run listings build on this reader (duetime/ops/inspect.py); a scheduler needs on
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -79,6 +80,13 @@ class Overview:
     cost: list[TaskCost] = field(default_factory=list)
 
 
+# what a command reads from a damaged key, standing in for it (HMGET: a None per field)
+_EMPTY: dict[str, Any] = {"ZCOUNT": 0, "ZCARD": 0, "ZRANGE": [], "ZREVRANGE": [],
+                          "ZRANGEBYSCORE": [], "ZREVRANGEBYSCORE": [], "HGETALL": {},
+                          "HGET": None, "SMEMBERS": set(), "SCARD": 0, "LRANGE": [], "LLEN": 0,
+                          "XREVRANGE": [], "XRANGE": [], "XLEN": 0, "EXISTS": 0}
+
+
 def _s(b: bytes | None) -> str:
     return b.decode() if b else ""
 
@@ -88,10 +96,28 @@ class NamespaceReader:
 
     def __init__(self, client: redis.Redis, keys: Keyspace, url: str) -> None:
         self.client, self.keys, self.url = client, keys, url
+        # keys a read found damaged (of the wrong type): key -> the server's error. A reading
+        # of the namespace goes on without them (each read as empty); `doctor` names them.
+        self.damaged: dict[str, str] = {}
 
     def _exec(self, pipe: redis.client.Pipeline) -> list[Any]:
+        """The pipeline's replies; a command refused because its key is damaged (WRONGTYPE)
+        reads as empty and the key is noted in `damaged`, so one bad key of one partition
+        cannot fail a listing of the whole namespace."""
+        stack = [c.args if hasattr(c, "args") else c[0] for c in pipe.command_stack]
         with translated(self.url):
-            return pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
+            out = []
+            for args, reply in zip(stack, replies, strict=True):
+                if isinstance(reply, redis.ResponseError) and str(reply).startswith("WRONGTYPE"):
+                    name = str(args[0]).upper()
+                    key = args[1].decode(errors="replace") if isinstance(args[1], bytes) else str(args[1])
+                    self.damaged[key] = f"{reply} (read with {name})"
+                    reply = [None] * (len(args) - 2) if name == "HMGET" else _EMPTY.get(name)
+                elif isinstance(reply, Exception):
+                    raise reply
+                out.append(reply)
+            return out
 
     def now_ms(self) -> int:
         with translated(self.url):
@@ -181,8 +207,12 @@ class NamespaceReader:
             pipe.zcard(k.uncertain(p))
         res = iter(self._exec(pipe))
         stats = {q: QueueStats(q) for q in qs}
+
+        def zkey_of(kind: str, p: int, q: str) -> str:
+            return str(k.due(p, q) if kind == "due" else k.retry(p, q))
+
         leases = dead = uncertain = 0
-        for _ in range(P):
+        for p in range(P):
             for q in qs:
                 st = stats[q]
                 for kind in ("due", "retry"):
@@ -192,11 +222,14 @@ class NamespaceReader:
                         st.scheduled_later += total - ready
                     else:
                         st.retrying += total
-                    if ready and head:
-                        st.oldest_due_age_s = max(st.oldest_due_age_s, (now - head[0][1]) / 1000)
-                    elif head and head[0][1] > now and (st.next_due_ms is None
-                                                        or head[0][1] < st.next_due_ms):
-                        st.next_due_ms = int(head[0][1])
+                    score = head[0][1] if head and math.isfinite(head[0][1]) else None
+                    if head and score is None:  # +-inf, edited by hand: not a time
+                        self.damaged.setdefault(zkey_of(kind, p, q), f"head score {head[0][1]}")
+                    if ready and score is not None:
+                        st.oldest_due_age_s = max(st.oldest_due_age_s, (now - score) / 1000)
+                    elif score is not None and score > now and (st.next_due_ms is None
+                                                               or score < st.next_due_ms):
+                        st.next_due_ms = int(score)
             leases += next(res)
             dead += next(res)
             uncertain += next(res)

@@ -268,3 +268,56 @@ POLICY_STAGGER = "stagger_ms"
 def read_stagger_policy(client: redis.Redis, keys: Keyspace) -> int:
     """The namespace's default stagger (ms; 0 when none is set or the field is damaged)."""
     return stored_stagger(client.hget(keys.meta, POLICY_STAGGER)) or 0
+
+
+# The fields of a stored schedule the evaluator checks before it plans or materialises it:
+# a field edited by hand (or by another client) is refused with a reason naming it, and the
+# schedule is quarantined, instead of crashing the evaluator or writing runs nobody can run.
+CHECKED_FIELDS = ("queue", "task", "catchup", "overlap", "paused", "max_catchup", "jitter_ms",
+                  "miss_tolerance_ms", "lateness_ms", "payload")
+_MAX_FIELD_MS = int(LATENESS.hi / timedelta(milliseconds=1))
+
+
+def _count(raw: bytes | None, field_name: str, lo: int, hi: int, default: int | None) -> int:
+    if raw is None or raw == b"":
+        if default is None:
+            raise InvalidSchedule(f"field {field_name} is missing")
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        raise InvalidSchedule(f"field {field_name} is {raw[:40]!r}, not an integer") from None
+    if not lo <= n <= hi:
+        raise InvalidSchedule(f"field {field_name} is {n}, outside {lo}..{hi}")
+    return n
+
+
+def check_stored(f: dict[str, bytes | None], trigger: Trigger) -> None:
+    """Raise InvalidSchedule naming the first field of a stored schedule (HMGET values of
+    CHECKED_FIELDS, and its parsed trigger) that no valid ScheduleDef would have written."""
+    from duetime.common.codec import unpack_payload  # the codec pulls in msgpack
+
+    for name in ("queue", "task"):
+        raw = f.get(name)
+        try:
+            check_name(name, raw.decode() if raw is not None else None)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InvalidSchedule(f"field {name}: {exc}") from None
+    for name, allowed in (("catchup", CATCHUP), ("overlap", OVERLAP)):
+        raw = f.get(name)
+        if raw is None and name == "overlap":
+            continue  # records written before overlap policies: allow
+        if raw is None or raw.decode(errors="replace") not in allowed:
+            raise InvalidSchedule(f"field {name} is {raw!r}, not one of {', '.join(allowed)}")
+    if f.get("paused") not in (None, b"", b"0", b"1"):
+        raise InvalidSchedule(f"field paused is {f.get('paused')!r}, not 0 or 1")
+    _count(f.get("max_catchup"), "max_catchup", 1, MAX_WALK, None)
+    for name in ("jitter_ms", "miss_tolerance_ms", "lateness_ms"):
+        _count(f.get(name), name, 0, _MAX_FIELD_MS, 0)
+    if isinstance(trigger, Every) and trigger.interval < MIN_INTERVAL:
+        raise InvalidSchedule(f"field t.interval_us is {trigger.interval // timedelta(microseconds=1)}"
+                              f", shorter than {MIN_INTERVAL // timedelta(microseconds=1)}")
+    try:
+        unpack_payload(f.get("payload"))
+    except ValueError as exc:  # InvalidInput, PayloadTooLarge
+        raise InvalidSchedule(f"field payload cannot be decoded: {exc}") from None

@@ -13,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeAlias, TypeVar, overload
 
 from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.names import check_name, check_owner
@@ -156,17 +156,23 @@ class TaskSpec:
 P = ParamSpec("P")
 R = TypeVar("R")
 
+# What the enqueue options take, as their annotations say it (common/time/parse.py reads them):
+# a duration is a timedelta, seconds (int or float) or a string ("30s", "1h30m", "PT1H30M");
+# an instant is an aware datetime or an ISO-8601 string with a UTC offset.
+Duration: TypeAlias = timedelta | float | str
+Instant: TypeAlias = datetime | str
+
 
 class Enqueuer(Protocol):
     """What a task object enqueues through (the `App`)."""
 
     def enqueue(self, task: TaskSpec, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
-                at: datetime | None = None, delay: timedelta | float | None = None,
+                at: Instant | None = None, delay: Duration | None = None,
                 key: str | None = None, queue: str | None = None) -> str: ...
 
     def aenqueue(self, task: TaskSpec, args: Sequence[Any] = (),
-                 kwargs: dict[str, Any] | None = None, at: datetime | None = None,
-                 delay: timedelta | float | None = None, key: str | None = None,
+                 kwargs: dict[str, Any] | None = None, at: Instant | None = None,
+                 delay: Duration | None = None, key: str | None = None,
                  queue: str | None = None) -> Awaitable[str]: ...
 
 
@@ -174,12 +180,22 @@ class Task(Generic[P, R]):
     """What `@app.task` returns: the decorated function, still callable exactly like it, plus
     its spec and `enqueue` / `aenqueue`.
 
-    `task.enqueue(*args, key=..., at=..., delay=..., queue=..., **kwargs)`: the function's
-    arguments, unwrapped, and the four enqueue options by name; the arguments are checked
-    against the function's signature before anything is written. A task whose own parameters
-    are named `key`, `at`, `delay` or `queue` passes them through
-    `task.options(...).enqueue(*args, **kwargs)`, which takes the function's arguments only
-    (and is type-checked against them).
+    Two forms, both checked at run time against the function's signature before anything is
+    written (InvalidInput); what a type checker can check differs, because ParamSpec (PEP 612)
+    cannot add keyword parameters to a function's own:
+
+    - `task.enqueue(*args, **kwargs)`: the function's arguments only, type-checked against it
+      (a wrong type, a missing argument, an unknown keyword are errors for mypy);
+    - `task.options(key=..., at=..., delay=..., queue=...).enqueue(*args, **kwargs)`: the
+      options bound first, then the function's arguments, type-checked against it; the form to
+      write where options are given, and the only one for a task whose own parameters are named
+      `key`, `at`, `delay` or `queue`.
+
+    For compatibility `task.enqueue(*args, key=..., at=..., delay=..., queue=..., **kwargs)`
+    still works: given any of those four keywords, `enqueue` takes it as the option (never as
+    the function's argument of that name). A type checker then checks the options' types but
+    not the function's arguments (the overload that accepts it takes them as `Any`); the run
+    time check still refuses arguments that do not fit.
     """
 
     def __init__(self, spec: TaskSpec, fn: Callable[P, R], enqueuer: Enqueuer) -> None:
@@ -192,25 +208,69 @@ class Task(Generic[P, R]):
         """Run the function here and now (no run is created)."""
         return self.fn(*args, **kwargs)
 
-    def enqueue(self, *args: Any, key: str | None = None, at: datetime | None = None,
-                delay: timedelta | float | None = None, queue: str | None = None,
-                **kwargs: Any) -> str:
+    # The overloads with an option come first, as at run time an option's keyword is always
+    # the option. Each requires one option, so a call with none falls to the last overload,
+    # checked against the function (`enqueue(44, dely="30s")` matches no overload).
+    @overload
+    def enqueue(self, *args: Any, key: str | None, at: Instant | None = None,
+                delay: Duration | None = None, queue: str | None = None, **kwargs: Any) -> str: ...
+
+    @overload
+    def enqueue(self, *args: Any, at: Instant | None, delay: Duration | None = None,
+                queue: str | None = None, **kwargs: Any) -> str: ...
+
+    @overload
+    def enqueue(self, *args: Any, delay: Duration | None, queue: str | None = None,
+                **kwargs: Any) -> str: ...
+
+    @overload
+    def enqueue(self, *args: Any, queue: str | None, **kwargs: Any) -> str: ...
+
+    @overload
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> str: ...
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> str:
         """Create one run of this task with these arguments; → its id. A repeated `key`
-        returns the first run's id; `at` (aware) or `delay` (seconds or timedelta) schedule
-        it; `queue` overrides the task's."""
-        return TaskOptions(self, at, delay, key, queue).enqueue(*args, **kwargs)
+        returns the first run's id; `at` (an aware datetime or ISO-8601 string) or `delay`
+        (a timedelta, seconds or a string like "30s") schedule it; `queue` overrides the
+        task's. Prefer `task.options(...).enqueue(...)` where options are given: there a type
+        checker checks the arguments too (see the class docstring)."""
+        return self._split(kwargs).enqueue(*args, **kwargs)
 
-    async def aenqueue(self, *args: Any, key: str | None = None, at: datetime | None = None,
-                       delay: timedelta | float | None = None, queue: str | None = None,
-                       **kwargs: Any) -> str:
+    @overload
+    async def aenqueue(self, *args: Any, key: str | None, at: Instant | None = None,
+                       delay: Duration | None = None, queue: str | None = None,
+                       **kwargs: Any) -> str: ...
+
+    @overload
+    async def aenqueue(self, *args: Any, at: Instant | None, delay: Duration | None = None,
+                       queue: str | None = None, **kwargs: Any) -> str: ...
+
+    @overload
+    async def aenqueue(self, *args: Any, delay: Duration | None, queue: str | None = None,
+                       **kwargs: Any) -> str: ...
+
+    @overload
+    async def aenqueue(self, *args: Any, queue: str | None, **kwargs: Any) -> str: ...
+
+    @overload
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> str: ...
+
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
-        return await TaskOptions(self, at, delay, key, queue).aenqueue(*args, **kwargs)
+        return await self._split(kwargs).aenqueue(*args, **kwargs)
 
-    def options(self, *, at: datetime | None = None, delay: timedelta | float | None = None,
+    def _split(self, kwargs: dict[str, Any]) -> TaskOptions[Any, Any]:
+        """The enqueue options among `enqueue`'s keywords, taken out of `kwargs` (an option's
+        keyword is always the option, whatever the function's parameters are named)."""
+        return TaskOptions(self, kwargs.pop("at", None), kwargs.pop("delay", None),
+                           kwargs.pop("key", None), kwargs.pop("queue", None))
+
+    def options(self, *, at: Instant | None = None, delay: Duration | None = None,
                 key: str | None = None, queue: str | None = None) -> TaskOptions[P, R]:
-        """Enqueue options for the next `.enqueue(...)`: an aware `at` or a `delay` (seconds
-        or timedelta), an idempotency `key` (a repeated key returns the first run's id), a
-        `queue` other than the task's."""
+        """Enqueue options for the next `.enqueue(...)`: `at` (an aware datetime or ISO-8601
+        string) or `delay` (a timedelta, seconds or a string like "30s"), an idempotency `key`
+        (a repeated key returns the first run's id), a `queue` other than the task's."""
         return TaskOptions(self, at, delay, key, queue)
 
     @property
@@ -256,8 +316,8 @@ class TaskOptions(Generic[P, R]):
 
     __slots__ = ("task", "at", "delay", "key", "queue")
 
-    def __init__(self, task: Task[P, R], at: datetime | None = None,
-                 delay: timedelta | float | None = None, key: str | None = None,
+    def __init__(self, task: Task[P, R], at: Instant | None = None,
+                 delay: Duration | None = None, key: str | None = None,
                  queue: str | None = None) -> None:
         self.task, self.at, self.delay, self.key, self.queue = task, at, delay, key, queue
 

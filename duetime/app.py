@@ -21,7 +21,7 @@ from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
 from duetime.common.names import check_name, check_owner
 from duetime.common.schedules import ScheduleDef, parse_stagger, seeded
-from duetime.common.tasks import Hook, Registry, Task, TaskSpec
+from duetime.common.tasks import Duration, Hook, Instant, Registry, Task, TaskSpec
 from duetime.common.time.spec import Trigger
 
 if TYPE_CHECKING:  # operator tools are imported where used: a worker process never loads them
@@ -33,7 +33,6 @@ R = TypeVar("R")
 ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue", "tenant",
                             "priority"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
-Duration = timedelta | float | str
 
 
 class ScheduleOptions(TypedDict, total=False):
@@ -186,9 +185,10 @@ class App:
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task: `@app.task` or `@app.task(name=..., retries=...)`.
 
-        Returns a `Task`: called, it runs the function as before; `.enqueue(*args, key=...,
-        at=..., delay=..., queue=..., **kwargs)` creates a run (arguments checked against the
-        function's signature), `.aenqueue(...)` from asyncio code. The name defaults to
+        Returns a `Task`: called, it runs the function as before; `.enqueue(*args, **kwargs)`
+        or `.options(key=..., at=..., delay=..., queue=...).enqueue(*args, **kwargs)` creates a
+        run (arguments checked against the function's signature, by a type checker too; see
+        `Task`), `.aenqueue(...)` from asyncio code. The name defaults to
         `module.qualname`; name it explicitly if the code may move (runs store the name).
         The return value is stored on the run (msgpack, capped like payloads, kept for the
         retention period) for `app.wait`; `store_result=False` skips that. `tenant` is the
@@ -228,8 +228,8 @@ class App:
         task: TaskRef,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        at: datetime | str | None = None,
-        delay: timedelta | float | str | None = None,
+        at: Instant | None = None,
+        delay: Duration | None = None,
         key: str | None = None,
         queue: str | None = None,
         tenant: str | None = None,
@@ -260,8 +260,8 @@ class App:
         task: TaskRef,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        at: datetime | None = None,
-        delay: timedelta | float | None = None,
+        at: Instant | None = None,
+        delay: Duration | None = None,
         key: str | None = None,
         queue: str | None = None,
         tenant: str | None = None,

@@ -14,6 +14,42 @@ local STATES = {scheduled = true, running = true, retrying = true, succeeded = t
 -- The states a run ends in (common/models.py TERMINAL); a waiter also stops at 'uncertain'.
 local FINAL = {succeeded = true, dead = true, cancelled = true, skipped = true, missed = true}
 
+-- A number read from Redis, or nil when it is missing, not a number, nan or infinite: a field
+-- edited by hand must make its run or schedule refused, never a nan score or a script error
+-- halfway through a transition (Redis does not undo the writes before an error).
+local function num(x)
+  local n = tonumber(x)
+  if n and n == n and n > -math.huge and n < math.huge then return n end
+  return nil
+end
+
+-- Nil when `key` is absent or of type `want`, else the reason, naming the key: checked before
+-- a script's first write, so a key of the wrong type (written by hand or by another client)
+-- refuses the one run or call it belongs to instead of failing the script halfway.
+local function wrong_type(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  if t == 'none' or t == want then return nil end
+  return 'key ' .. key .. ' is a ' .. t .. ', not a ' .. want
+end
+
+-- The index keys of a call (pairs: key, type), checked before its first write: the first one
+-- damaged, as an error reply starting 'DAMAGED' (the caller sets that partition aside and
+-- goes on with the others), else nil.
+local function damaged_index(pairs_)
+  for i = 1, #pairs_, 2 do
+    local why = wrong_type(pairs_[i], pairs_[i + 1])
+    if why then return redis.error_reply('DAMAGED ' .. why) end
+  end
+  return nil
+end
+
+-- A run's fields (HMGET), or nil and the reason when its record key is not a hash.
+local function run_fields(run_key, ...)
+  local f = redis.pcall('HMGET', run_key, ...)
+  if f.err then return nil, 'key ' .. run_key .. ' is not a hash (' .. f.err .. ')' end
+  return f, nil
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -34,25 +70,36 @@ local function emit(events_key, run_id, kind, detail)
     'run', run_id, 'event', kind, 'detail', detail or '')
 end
 
+-- A run whose own record key is of the wrong type cannot be written: its id goes to the dead
+-- set, with the reason (naming the key) in the partition's events; the key is left as found.
+local function dead_unreadable(dead_key, events_key, run_id, now, reason)
+  redis.call('ZADD', dead_key, now, run_id)
+  emit(events_key, run_id, 'dead', reason)
+end
+
 -- Close the current attempt: one JSON entry per attempt, pushed when it ends, so entry
 -- number `fence` (1-based) is that claim's attempt. The running attempt lives in the run hash.
 -- Built as one string (no table + cjson.encode per run: complete.lua does this per success).
 -- n, fence, start and now: integers, or their decimal strings as read from Redis.
+-- Returns nil, or -- the attempts key being of the wrong type, so nothing was written -- the
+-- reason naming the key: callers push the attempt before their other writes.
 local function push_attempt(attempts_key, n, fence, worker, start, outcome, now, err)
   local s = '{"n":' .. int_s(n) .. ',"fence":' .. int_s(fence)
     .. ',"worker":' .. cjson.encode(worker or '') .. ',"end":' .. int_s(now)
     .. ',"outcome":"' .. outcome .. '"'
   if start and start ~= '' then s = s .. ',"start":' .. int_s(start) end
   if err then s = s .. ',"error":' .. cjson.encode(err) end
-  redis.call('RPUSH', attempts_key, s .. '}')
+  local r = redis.pcall('RPUSH', attempts_key, s .. '}')
+  if type(r) == 'table' and r.err then return 'key ' .. attempts_key .. ' is not a list' end
+  return nil
 end
 
 -- Merge fields into attempt entry number `fence` (1-based), if it was pushed already.
 local function set_attempt(attempts_key, fence, fields)
   local idx = (tonumber(fence) or 0) - 1
   if idx < 0 then return end
-  local raw = redis.call('LINDEX', attempts_key, idx)
-  if not raw then return end
+  local raw = redis.pcall('LINDEX', attempts_key, idx)
+  if type(raw) ~= 'string' then return end  -- none, or a damaged key: nothing to merge into
   local ok, a = pcall(cjson.decode, raw)
   if not ok or type(a) ~= 'table' then return end
   for k, v in pairs(fields) do a[k] = v end
@@ -64,7 +111,8 @@ end
 local function backoff_ms(base, cap, attempt, jitter)
   local d = base * (2 ^ (attempt - 1))
   if d > cap then d = cap end
-  return math.floor(d / 2 + (d / 2) * tonumber(jitter))
+  if d < 0 then d = 0 end
+  return math.floor(d / 2 + (d / 2) * (num(jitter) or 0))
 end
 
 -- Tell idle workers (the wake channel) that queue `queue` of `partition` has a run due at
@@ -121,12 +169,18 @@ end
 local function retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, force_dead,
                              delay, jitter, reason, channel, partition, queue, from)
   local f = redis.call('HMGET', run_key, 'attempt', 'max_attempts', 'backoff_base', 'backoff_max')
-  local attempt, max_attempts = tonumber(f[1]), tonumber(f[2])
-  local base, cap = tonumber(f[3] or 0), tonumber(f[4] or 0)
+  local attempt, max_attempts = num(f[1]), num(f[2])
+  local base, cap = num(f[3] or 0), num(f[4] or 0)
   if not (attempt and max_attempts and base and cap) then
     force_dead = true
-    reason = reason .. '; run record damaged: attempt/max_attempts/backoff unreadable'
+    reason = reason .. '; run record ' .. run_key
+      .. ' damaged: attempt/max_attempts/backoff_base/backoff_max unreadable'
   end
+  if not force_dead then
+    local why = wrong_type(retry_key, 'zset')
+    if why then force_dead, reason = true, reason .. '; ' .. why end
+  end
+  if delay ~= nil then delay = num(delay) or 0 end
   if force_dead or attempt >= max_attempts then
     redis.call('HSET', run_key, 'state', 'dead', 'finished', now, 'reason', reason)
     redis.call('ZADD', dead_key, now, run_id)
@@ -150,16 +204,18 @@ local function leave_running(prefix, run_key, run_id, now, channel, partition)
   local sched, overlap = f[1], f[2]
   if not sched or sched == '' or not overlap or overlap == 'allow' then return end
   local running = prefix .. K.sched_running .. sched
+  local sched_key = prefix .. K.sched .. sched
+  -- a schedule key of the wrong type is the evaluator's to quarantine; the run goes on ending
+  if wrong_type(running, 'set') or wrong_type(sched_key, 'hash') then return end
   redis.call('SREM', running, run_id)
   if redis.call('SCARD', running) > 0 then return end
-  local sched_key = prefix .. K.sched .. sched
   local buffered = redis.call('HGET', sched_key, 'buffered')
   if buffered and buffered ~= '' then
     redis.call('HDEL', sched_key, 'buffered')
     -- due now, but never before its own due time (it may have been claimed ahead of it)
-    local b = redis.call('HMGET', prefix .. K.run .. buffered, 'queue', 'due')
-    if b[1] then
-      add_due(prefix .. K.due .. b[1], math.max(now, tonumber(b[2]) or 0), buffered, channel,
+    local b = redis.pcall('HMGET', prefix .. K.run .. buffered, 'queue', 'due')
+    if not b.err and b[1] and not wrong_type(prefix .. K.due .. b[1], 'zset') then
+      add_due(prefix .. K.due .. b[1], math.max(now, num(b[2]) or 0), buffered, channel,
         partition, b[1])
     end
   end
@@ -190,7 +246,7 @@ local function free_limits(prefix, run_key, run_id, held)
   local was_full = false
   for scope in string.gmatch(held, '%S+') do
     local key = prefix .. K.limrun .. scope
-    if redis.call('ZREM', key, run_id) == 1 then
+    if redis.pcall('ZREM', key, run_id) == 1 then  -- a damaged slot set frees nothing
       local max = tonumber(redis.call('HGET', prefix .. K.limits, scope .. ':c'))
       if max and redis.call('ZCARD', key) + 1 >= max then was_full = true end
     end

@@ -83,6 +83,15 @@ local c = {
   out = {-1, 0, 0, 0, 0}, taken = 0, missed = 0, skipped = 0,
 }
 
+-- 0. checked before the first write: an index of the wrong type (edited by hand) refuses the
+-- call, naming the key, so this partition and queue wait and nothing is left half done; a due
+-- or retry score edited to +inf (never claimable) is put back from the run record
+local bad = damaged_index({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset',
+  KEYS[5], 'zset', KEYS[6], 'stream', KEYS[7], 'zset', KEYS[8], 'hash', KEYS[9], 'zset',
+  KEYS[10], 'zset', KEYS[11], 'zset'})
+if bad then return bad end
+repair_unending(c)
+
 -- 1. candidates: priority runs, then tenant lanes, then the due and retry sets in due order
 read_options(c)
 local d, r = due_windows(c)

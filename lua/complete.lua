@@ -18,6 +18,9 @@
 -- the run), 'stale' (refused: another attempt owns the run, or it finished) or 'missing'.
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, channel, partition = ARGV[1], ARGV[2], ARGV[3]
+local bad = damaged_index({leases_key, 'zset', done_key, 'zset', uncertain_key, 'zset',
+  events_key, 'stream'})
+if bad then return bad end
 local now = now_ms()
 local now_s = int_s(now)  -- one number-to-string per call, not per run
 local out, finished, unleased = {}, {}, {}
@@ -27,8 +30,9 @@ for i = 4, #ARGV, 3 do
   local run_id, fence, result_value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local run_key = prefix .. K.run .. run_id
   local attempts_key = prefix .. K.attempts .. run_id
-  local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
-    'schedule', 'queue', 'overlap', 'waited', 'held')
+  -- a record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
+  local f = run_fields(run_key, 'state', 'fence', 'attempt', 'worker', 'started',
+    'schedule', 'queue', 'overlap', 'waited', 'held') or {}
   local state = f[1]
   local result
   if not state then
@@ -40,6 +44,10 @@ for i = 4, #ARGV, 3 do
     emit(events_key, run_id, 'late_result_rejected', 'succeeded:' .. fence)
     result = 'stale'
   elseif state == 'running' then
+    -- the attempt entry first: an attempts key of the wrong type loses the entry, not the
+    -- success (its effect happened), and the events say so
+    local damaged = push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now_s, nil)
+    if damaged then emit(events_key, run_id, 'attempt_not_recorded', damaged) end
     unleased[#unleased + 1] = run_id
     if result_value ~= '' then
       redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s, 'result', result_value)
@@ -48,13 +56,12 @@ for i = 4, #ARGV, 3 do
     end
     -- an earlier attempt's error stays in its attempt entry, not on a succeeded run
     if f[3] ~= '1' then redis.call('HDEL', run_key, 'error', 'reason') end
-    push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now_s, nil)
     if f[8] and f[8] ~= 'allow' then leave_running(prefix, run_key, run_id, now, channel, partition) end
     if f[10] and free_limits(prefix, run_key, run_id, f[10]) then freed[f[7] or ''] = true end
     result = 'succeeded'
   else
     -- late success of a reaped attempt that nobody claimed again: it finishes the run
-    redis.call('ZREM', prefix .. K.retry .. (f[7] or ''), run_id)
+    redis.call('ZREM', prefix .. K.retry .. (f[7] or ''), run_id)  -- checked by retry_or_dead
     redis.call('ZREM', uncertain_key, run_id)
     redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
     if result_value ~= '' then redis.call('HSET', run_key, 'result', result_value) end

@@ -31,6 +31,9 @@
 -- ignores or raised its own max_payload cannot fill the server.
 -- Returns (counts) how many runs were created (the others existed already).
 local due_key, prefix = KEYS[1], ARGV[1]
+-- an index of the wrong type refuses the call before it writes a run it could not index
+local bad = damaged_index({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset'})
+if bad then return bad end
 local queue = ARGV[4]
 local lanes = redis.call('EXISTS', KEYS[4]) == 1
 local now = now_ms()

@@ -22,9 +22,12 @@ local channel, partition, queue = ARGV[8], ARGV[9], ARGV[10]
 local run_key, attempts_key = prefix .. K.run .. run_id, prefix .. K.attempts .. run_id
 local now = now_ms()
 
-local f = redis.call('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
-  'retry_at')
-if not f[1] then return {'missing', 0} end
+local bad = damaged_index({leases_key, 'zset', dead_key, 'zset', done_key, 'zset',
+  events_key, 'stream'})
+if bad then return bad end
+-- a record key of the wrong type is no run this worker holds: the reaper dead-letters it
+local f = run_fields(run_key, 'state', 'fence', 'attempt', 'worker', 'started', 'retry_at')
+if not f or not f[1] then return {'missing', 0} end
 if f[2] == fence and f[1] ~= 'running' then
   -- this attempt already ended: if it ended by this very report, answer as the first time
   local raw = redis.call('LINDEX', attempts_key, (tonumber(fence) or 0) - 1)
@@ -41,20 +44,26 @@ if f[2] ~= fence or f[1] ~= 'running' then
   return {'stale', 0}
 end
 
+-- the attempt entry is the first write: an attempts key of the wrong type refuses it alone
+local damaged = push_attempt(attempts_key, f[3], fence, f[4], f[5],
+  mode == 'cancel' and 'cancelled' or 'failed', now, err)
 redis.call('ZREM', leases_key, run_id)
 leave_running(prefix, run_key, run_id, now, channel, partition)
 if free_limits(prefix, run_key, run_id) then
   wake_workers(channel, partition, queue, now)
 end
+if damaged then
+  redis.call('HSET', run_key, 'error', err)
+  dead_letter(prefix, run_key, dead_key, events_key, run_id, now, err .. '; ' .. damaged)
+  return {'dead', 0}
+end
 if mode == 'cancel' then
-  push_attempt(attempts_key, f[3], fence, f[4], f[5], 'cancelled', now, err)
   redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now, 'reason', err)
   redis.call('ZADD', done_key, now, run_id)
   emit(events_key, run_id, 'cancelled', err)
   wake_waiters(prefix, run_key, run_id, 'cancelled')
   return {'cancelled', 0}
 end
-push_attempt(attempts_key, f[3], fence, f[4], f[5], 'failed', now, err)
 redis.call('HSET', run_key, 'error', err)
 local delay = nil
 if mode == 'retry' then delay = tonumber(ARGV[6]) end

@@ -15,13 +15,17 @@
 -- Returns (each) one integer per run: 1 = lease held, 0 = lost (the worker must stop that run),
 -- 2 = held, but cancellation was requested (the worker stops the run and reports 'cancel').
 local leases_key, prefix = KEYS[1], ARGV[1]
+local bad = damaged_index({leases_key, 'zset'})
+if bad then return bad end
 local now = now_ms()
 local now_s, until_s = int_s(now), int_s(now + tonumber(ARGV[2]))  -- formatted once per call
 local out = {}
 for i = 3, #ARGV, 2 do
   local run_id, token = ARGV[i], ARGV[i + 1]
   local run_key = prefix .. K.run .. run_id
-  local f = redis.call('HMGET', run_key, 'state', 'worker', 'fence', 'cancel_requested')
+  -- a record key of the wrong type: that lease is lost (the reaper dead-letters the run);
+  -- the worker's other leases are renewed
+  local f = run_fields(run_key, 'state', 'worker', 'fence', 'cancel_requested') or {}
   local ok = 0
   if f[1] == 'running' and f[2] and f[3] and f[2] .. ':' .. f[3] == token then
     redis.call('ZADD', leases_key, until_s, run_id)

@@ -22,6 +22,11 @@
 local sched_due_key, due_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, name, expected = ARGV[1], ARGV[2], ARGV[3]
 local sched_key = prefix .. K.sched .. name
+-- checked before the first write: a key of the wrong type refuses the call (the evaluator
+-- quarantines the schedule with this reason), never a run left in no index
+local bad = damaged_index({sched_due_key, 'zset', due_key, 'zset', deadlines_key, 'zset',
+  events_key, 'stream', sched_key, 'hash'})
+if bad then return bad end
 
 local s = redis.call('HMGET', sched_key, 'version', 'next_ms', 'paused', 'task', 'queue',
   'payload', 'max_attempts', 'backoff_base', 'backoff_max', 'timeout', 'idempotent', 'owner',
@@ -33,9 +38,9 @@ if expected ~= '' then
 end
 
 local now = now_ms()
-local lateness = tonumber(s[14]) or 0
+local lateness = num(s[14]) or 0  -- 1e400 or nan (edited by hand) is no deadline
 local created = 0
-local last = tonumber(redis.call('HGET', sched_key, 'last_ms')) or 0
+local last = num(redis.call('HGET', sched_key, 'last_ms')) or 0
 local partition, queue = ARGV[8], ARGV[9]
 for i = 11, #ARGV, 5 do
   local run_id, occ, due = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])

@@ -26,24 +26,43 @@ local prefix, limit, seed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local channel, partition = ARGV[4], ARGV[5]
 local now = now_ms()
 
+local bad = damaged_index({leases_key, 'zset', dead_key, 'zset', uncertain_key, 'zset',
+  done_key, 'zset', deadlines_key, 'zset', events_key, 'stream'})
+if bad then return bad end
+
+-- a lease score edited to +-inf is no lease: it gets a minute (the holder's next heartbeat
+-- puts its own back; a dead holder's run is reaped when that minute is up), said in the events
+for _, bound in ipairs({'-inf', '+inf'}) do
+  for _, id in ipairs(redis.call('ZRANGE', leases_key, bound, bound, 'BYSCORE', 'LIMIT', 0, limit)) do
+    redis.call('ZADD', leases_key, now + 60000, id)
+    emit(events_key, id, 'lease_repaired', 'score ' .. bound .. ' in ' .. leases_key)
+  end
+end
+
 local ids = redis.call('ZRANGE', leases_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 local reaped = 0
 for n, id in ipairs(ids) do
   local run_key = prefix .. K.run .. id
   -- everything this pass needs is read and checked before the first write
-  local f = redis.call('HMGET', run_key, 'state', 'fence', 'idempotent', 'queue', 'attempt',
+  local f, unreadable = run_fields(run_key, 'state', 'fence', 'idempotent', 'queue', 'attempt',
     'worker', 'started', 'cancel_requested', 'due', 'held')
   redis.call('ZREM', leases_key, id)
-  if f[1] == 'running' then
+  local attempts_key = prefix .. K.attempts .. id
+  if unreadable then
     reaped = reaped + 1
+    dead_unreadable(dead_key, events_key, id, now, 'lease expired; ' .. unreadable)
+  elseif f[1] == 'running' then
+    reaped = reaped + 1
+    local damaged = push_attempt(attempts_key, f[5], f[2], f[6], f[7], 'unknown', now,
+      'lease expired')
     if f[10] and free_limits(prefix, run_key, id, f[10]) then
       wake_workers(channel, partition, f[4] or '', now)
     end
-    push_attempt(prefix .. K.attempts .. id, f[5], f[2], f[6], f[7], 'unknown', now,
-      'lease expired')
     leave_running(prefix, run_key, id, now, channel, partition)
-    local attempt = tonumber(f[5])
-    if f[8] then
+    local attempt = num(f[5])
+    if damaged then
+      dead_letter(prefix, run_key, dead_key, events_key, id, now, 'lease expired; ' .. damaged)
+    elseif f[8] then
       -- its worker died before honouring a cancel request: the cancel wins over a retry
       redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now,
         'reason', 'cancel requested; the lease expired before the worker stopped it')
@@ -58,15 +77,15 @@ for n, id in ipairs(ids) do
       wake_waiters(prefix, run_key, id, 'uncertain')
     elseif not f[4] or f[4] == '' or not attempt then
       dead_letter(prefix, run_key, dead_key, events_key, id, now,
-        'lease expired; run record damaged (queue or attempt unreadable)')
+        'lease expired; run record ' .. run_key .. ' damaged (queue or attempt unreadable)')
     else
       -- the expired lease already made the run wait a lease length: the first expiry is
       -- retried at once, in its old place; repeated ones (a crash loop) back off as failures do
       local jitter = (seed + n * 0.6180339887) % 1
-      local delay, from = 0, tonumber(f[9]) or now
+      local delay, from = 0, num(f[9]) or now
       if attempt > 1 then
         local b = redis.call('HMGET', run_key, 'backoff_base', 'backoff_max')
-        local base, cap = tonumber(b[1] or 0), tonumber(b[2] or 0)
+        local base, cap = num(b[1] or 0), num(b[2] or 0)
         if base and cap then delay = backoff_ms(base, cap, attempt - 1, jitter) end
         from = now
       end
@@ -76,24 +95,39 @@ for n, id in ipairs(ids) do
     end
   elseif f[1] and not STATES[f[1]] then
     dead_letter(prefix, run_key, dead_key, events_key, id, now,
-      'run record damaged: state ' .. f[1] .. ' is not a run state')
+      'run record ' .. run_key .. ' damaged: state ' .. f[1] .. ' is not a run state')
   elseif not f[1] and redis.call('EXISTS', run_key) == 1 then
-    dead_letter(prefix, run_key, dead_key, events_key, id, now, 'run record damaged: no state')
+    dead_letter(prefix, run_key, dead_key, events_key, id, now,
+      'run record ' .. run_key .. ' damaged: no state')
   end
   -- any other state: a stale index entry (the run finished meanwhile); it was removed above
+end
+
+-- a starting deadline edited to +-inf: the run record's own deadline is put back (or, without
+-- one, the entry goes), said in the events
+for _, bound in ipairs({'-inf', '+inf'}) do
+  for _, id in ipairs(redis.call('ZRANGE', deadlines_key, bound, bound, 'BYSCORE', 'LIMIT', 0, limit)) do
+    local d = redis.pcall('HGET', prefix .. K.run .. id, 'deadline')
+    if num(d) then redis.call('ZADD', deadlines_key, d, id) else redis.call('ZREM', deadlines_key, id) end
+    emit(events_key, id, 'deadline_repaired', 'score ' .. bound .. ' in ' .. deadlines_key)
+  end
 end
 
 local missed = 0
 for _, id in ipairs(redis.call('ZRANGE', deadlines_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)) do
   local run_key = prefix .. K.run .. id
-  local f = redis.call('HMGET', run_key, 'state', 'queue', 'schedule', 'fence')
+  local f = run_fields(run_key, 'state', 'queue', 'schedule', 'fence') or {}
   redis.call('ZREM', deadlines_key, id)
-  if (f[1] == 'scheduled' or f[1] == 'retrying') and (tonumber(f[4]) or 0) == 0 then
+  local due_key = prefix .. K.due .. (f[2] or '')
+  if (f[1] == 'scheduled' or f[1] == 'retrying') and (num(f[4]) or 0) == 0
+      and not wrong_type(due_key, 'zset') then
     missed = missed + 1
-    redis.call('ZREM', prefix .. K.due .. (f[2] or ''), id)
+    redis.call('ZREM', due_key, id)
     if f[3] and f[3] ~= '' then
       local sched_key = prefix .. K.sched .. f[3]
-      if redis.call('HGET', sched_key, 'buffered') == id then redis.call('HDEL', sched_key, 'buffered') end
+      if not wrong_type(sched_key, 'hash') and redis.call('HGET', sched_key, 'buffered') == id then
+        redis.call('HDEL', sched_key, 'buffered')
+      end
     end
     finish_unstarted(prefix, id, 'missed', 'not started before its starting deadline', now,
       done_key, deadlines_key, events_key)
@@ -114,6 +148,8 @@ end
 local wake = -1
 for _, key in ipairs({leases_key, deadlines_key}) do
   local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if head[2] and (wake == -1 or tonumber(head[2]) < wake) then wake = tonumber(head[2]) end
+  local h = head[2] and num(head[2])
+  if head[2] and not h then h = now end  -- +-inf left over a full batch: repaired next call
+  if h and (wake == -1 or h < wake) then wake = h end
 end
 return {reaped, missed, deleted, wake}

@@ -13,6 +13,17 @@
 local sched_due_key, quarantine_key, events_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, name, version, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local sched_key = prefix .. K.sched .. name
+local bad = damaged_index({sched_due_key, 'zset', quarantine_key, 'zset', events_key, 'stream'})
+if bad then return bad end
+local why = wrong_type(sched_key, 'hash')
+if why then
+  -- the key itself is damaged: it is set aside as found, the reason in the events
+  local now = now_ms()
+  redis.call('ZREM', sched_due_key, name)
+  redis.call('ZADD', quarantine_key, now, name)
+  emit(events_key, '', 'schedule_quarantined', name .. ': ' .. why)
+  return 'quarantined'
+end
 local cur = redis.call('HGET', sched_key, 'version')
 if not cur then
   redis.call('ZREM', sched_due_key, name)

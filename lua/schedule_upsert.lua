@@ -18,7 +18,15 @@
 local sched_due_key, index_key, quarantine_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, name, def_hash, expected, cursor = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local sched_key = prefix .. K.sched .. name
+local bad = damaged_index({sched_due_key, 'zset', index_key, 'zset', quarantine_key, 'zset'})
+if bad then return bad end
 local now = now_ms()
+-- registering a schedule whose key holds another type (damaged by hand; the evaluator
+-- quarantined it as found) replaces that key: the definition given is the schedule
+if wrong_type(sched_key, 'hash') then
+  redis.call('DEL', sched_key)
+  redis.call('ZREM', quarantine_key, name)
+end
 
 local cur = redis.call('HMGET', sched_key, 'version', 'def_hash', 'paused', 'quarantined')
 local version = tonumber(cur[1]) or 0

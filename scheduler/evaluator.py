@@ -25,8 +25,10 @@ from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import Outage
 from duetime.common.schedules import (
+    CHECKED_FIELDS,
     MISS_TOLERANCE_MS,
     TRIGGER_FIELDS,
+    check_stored,
     effective_stagger_ms,
     plan,
     read_stagger_policy,
@@ -36,13 +38,26 @@ from duetime.common.schedules import (
 )
 from duetime.common.scripts import Scripts
 from duetime.common.time.spec import Trigger
-from duetime.scheduler.notices import SAFETY_S, Heads, Listener, backed_off, report_health
+from duetime.scheduler.notices import (
+    DAMAGED_RETRY_MS,
+    SAFETY_S,
+    Heads,
+    Listener,
+    about_a_key,
+    backed_off,
+    head_ms,
+    report_health,
+)
 
 log = get_logger("duetime.scheduler")
 
 SCHED_FIELDS = ("version", "next_ms", "queue", "catchup", "max_catchup", "jitter_ms", "paused",
-                "miss_tolerance_ms", "stagger_ms", *TRIGGER_FIELDS)
+                "miss_tolerance_ms", "stagger_ms", *TRIGGER_FIELDS,
+                *[c for c in CHECKED_FIELDS if c not in ("queue", "catchup", "max_catchup",
+                                                         "jitter_ms", "paused",
+                                                         "miss_tolerance_ms")])
 N_PLAIN = 9  # the fields before the trigger's
+N_TRIGGER = N_PLAIN + len(TRIGGER_FIELDS)  # the checked fields follow the trigger's
 POLICY_EVERY_S = 5.0  # how often the namespace's stagger policy is read again
 BATCH = 200
 
@@ -50,8 +65,7 @@ BATCH = 200
 def _about_the_record(exc: Exception) -> bool:
     """An error raised while a script read a schedule's own record (a runtime error located in
     a script, or a key of the wrong type), not a refusal by the server (OOM, READONLY, ...)."""
-    text = str(exc)
-    return isinstance(exc, redis.ResponseError) and (".lua:" in text or text.startswith("WRONGTYPE"))
+    return bool(about_a_key(exc))
 
 
 class Ownership:
@@ -104,8 +118,10 @@ class Evaluator:
         self._read_all_at = 0.0  # monotonic time of the last read of every owned head
         self.stopping = threading.Event()
         self.outage = Outage("evaluator", log, cap_s=None, scheduler_id=self.id)
-        self._triggers: dict[tuple[str, bytes], Trigger] = {}
+        self._triggers: dict[tuple[str | bytes | None, ...], Trigger] = {}
         self.materialized = 0
+        self._moved: set[int] = set()  # partitions a step moved on (materialised or quarantined)
+        self._aside: dict[int, int] = {}  # partition -> server ms: not evaluated before then
         self._policy_ms = 0  # the namespace's default stagger
         self._policy_at = -POLICY_EVERY_S  # monotonic time it was read
 
@@ -118,8 +134,9 @@ class Evaluator:
         return self._policy_ms
 
     def _trigger(self, name: str, version: bytes, raw: list[bytes | None]) -> Trigger:
-        """Parsed triggers are cached per (schedule, version): a cron parses once."""
-        key = (name, version)
+        """Parsed triggers are cached per (schedule, version, stored trigger fields): a cron
+        parses once, and a trigger field edited by hand (no new version) is parsed again."""
+        key = (name, version, *raw)
         t = self._triggers.get(key)
         if t is None:
             if len(self._triggers) > 200_000:
@@ -142,8 +159,28 @@ class Evaluator:
         pipe = self.client.pipeline(transaction=False)
         for p in partitions:
             pipe.zrange(self.keys.sched_due(p), 0, 0, withscores=True)
-        for p, head in zip(partitions, pipe.execute(), strict=True):
-            self.heads.set(p, int(head[0][1]) if head else None, mark)
+        for p, head in zip(partitions, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(head, Exception):  # a damaged index stops its partition only
+                self._damaged_partition(p, self.keys.sched_due(p), head)
+                continue
+            ms = head_ms(head[0][1]) if head else None
+            aside = self._aside.get(p, 0)
+            if ms is not None and ms < aside:
+                ms = aside  # set aside after a damaged key or no progress: not before then
+            self.heads.set(p, ms, mark)
+
+    def _damaged_partition(self, p: int, key: str, exc: Exception) -> None:
+        """A partition's index cannot be read (a key of the wrong type, ...): the other
+        partitions go on; this one is tried again a few seconds later, not in a loop."""
+        if not _about_the_record(exc):
+            raise exc  # the server, not this key: the loop backs off
+        log.error("damaged key: a partition's schedules wait until it is repaired; the others go on",
+                  key=key, partition=p, error=str(exc), fix="duetime doctor names it")
+        self._set_aside(p)
+
+    def _set_aside(self, p: int) -> None:
+        self._aside[p] = until = self._now_ms() + DAMAGED_RETRY_MS
+        self.heads.set(p, until, self.heads.mark())
 
     def tick(self) -> int:
         """A full pass: renew ownership when due, read every owned partition's head, evaluate
@@ -169,11 +206,28 @@ class Evaluator:
         pipe = self.client.pipeline(transaction=False)
         for p in ready:
             pipe.zrange(k.sched_due(p), "-inf", now + self.lead_ms, byscore=True, offset=0, num=BATCH)
-        due = [(p, n.decode()) for p, names in zip(ready, pipe.execute(), strict=True) for n in names]
+        due: list[tuple[int, str]] = []
+        for p, names in zip(ready, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(names, Exception):
+                self._damaged_partition(p, k.sched_due(p), names)
+                continue
+            due += [(p, n.decode(errors="replace")) for n in names]
         created = 0
+        self._moved.clear()
         for i in range(0, len(due), BATCH):
             created += self._evaluate(due[i : i + BATCH], now)
+        self._moved -= set(self._aside)
+        self._aside = {p: t for p, t in self._aside.items() if t > now}
         self._read_heads(ready)  # where each stands now (a batch may have left some due)
+        # a partition whose due schedules could not be moved on (every one skipped or refused)
+        # would be found due again at once: it waits a few seconds instead of spinning
+        stuck = {p for p, _ in due} - self._moved
+        for p in stuck:
+            h = self.heads.due.get(p)
+            if h is not None and h <= now + self.lead_ms:
+                log.warning("due schedules of a partition could not be evaluated; retrying later",
+                            partition=p, retry_in_ms=DAMAGED_RETRY_MS)
+                self._set_aside(p)
         return created
 
     def _sleep_s(self) -> float:
@@ -192,20 +246,33 @@ class Evaluator:
         pipe = self.client.pipeline(transaction=False)
         for p, name in due:
             pipe.hmget(k.sched(p, name), *SCHED_FIELDS)
-        records = pipe.execute()
+        records = pipe.execute(raise_on_error=False)
         policy_ms = self._stagger_policy()
         pipe = self.client.pipeline(transaction=False)
         calls: list[tuple[int, str, bytes]] = []
         for (p, name), f in zip(due, records, strict=True):
+            if isinstance(f, Exception):  # its key is not a hash: only this schedule stops
+                if not _about_the_record(f):
+                    raise f
+                self._quarantine(p, name, b"", f"key {k.sched(p, name)} is damaged: {f}")
+                continue
             version, next_ms, queue, catchup, max_catchup, jitter_ms, paused, tolerance, stagger = \
                 f[:N_PLAIN]
-            if version is None or next_ms is None or paused == b"1":
-                continue  # deleted, finished or paused meanwhile: upsert/pause fix the index
+            if version is None:
+                # its hash is gone (deleted by hand): the due entry is an orphan, removed
+                self._quarantine(p, name, b"", "")
+                continue
+            if paused == b"1" or next_ms is None:
+                # paused or finished meanwhile (pause and the last materialize take it out of
+                # the due set); left there by a hand edit, the partition is set aside below
+                continue
             try:
+                trigger = self._trigger(name, version, f[N_PLAIN:N_TRIGGER])
+                check_stored(dict(zip(SCHED_FIELDS, f, strict=True)), trigger)
                 q = queue.decode()
                 if self.miss_tolerance_ms is not None:
                     tolerance = self.miss_tolerance_ms
-                pl = plan(self._trigger(name, version, f[N_PLAIN:]), int(next_ms), now, self.lead_ms,
+                pl = plan(trigger, int(next_ms), now, self.lead_ms,
                           name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
                           jitter_ms=int(jitter_ms or 0),
                           tolerance_ms=MISS_TOLERANCE_MS if tolerance is None else int(tolerance),
@@ -226,6 +293,7 @@ class Evaluator:
                 skipped=pl.skipped)
             self.scripts.materialize(keys=keys, args=args, client=pipe)
             calls.append((p, name, version))
+            self._moved.add(p)
         if not calls:
             return 0
         created = 0
@@ -245,7 +313,13 @@ class Evaluator:
         reason, in `schedule list` and `doctor`); registering it again brings it back."""
         reason = reason[:500]
         keys, args = tr.schedule_quarantine(self.keys, p, name, version, reason)
-        if tr.status(self.scripts.schedule_quarantine(keys=keys, args=args)) == b"quarantined":
+        self._moved.add(p)  # out of the due set: the partition moved on
+        try:
+            status = tr.status(self.scripts.schedule_quarantine(keys=keys, args=args))
+        except redis.ResponseError as exc:  # the partition's own indexes are damaged
+            self._damaged_partition(p, self.keys.quarantine(p), exc)
+            return
+        if status == b"quarantined":
             metrics.QUARANTINED.inc()
             log.error("schedule quarantined: its record cannot be evaluated; the others go on",
                       schedule=name, reason=reason,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import math
 import random
 import threading
 from typing import Any
@@ -27,6 +28,20 @@ from duetime.common.wake import parse_scheduler_notice, with_notice
 log = get_logger("duetime.scheduler")
 
 SAFETY_S = 30.0  # heads are re-read at least this often (notices are the fast path)
+# a partition whose head read or script call failed on a damaged key is tried again this late
+# (the others go on; an operator sees the key named in the log and in `duetime doctor`)
+DAMAGED_RETRY_MS = 5_000
+
+
+def head_ms(score: float) -> int | None:
+    """A zset head's score as server ms. Scores are written by the scripts as integers; one
+    edited by hand may be `-inf` (due since ever: act now, the script repairs it) or `+inf`
+    (never: None, `duetime doctor` names it) -- never a crash of the loop reading it."""
+    if math.isnan(score) or score == math.inf:
+        return None
+    if score == -math.inf:
+        return 0
+    return int(score)
 
 
 class Heads:
@@ -77,6 +92,15 @@ class Heads:
         with self._lock:
             times = [ms for p, ms in self.due.items() if among is None or p in among]
         return min(times) if times else None
+
+
+def about_a_key(exc: BaseException) -> bool:
+    """An error about one key's content (a script refusing a damaged key, 'DAMAGED ...'; a
+    key of the wrong type; a runtime error located in a script), not a refusal by the server
+    (OOM, READONLY, a connection lost): those stop one partition, not the loop."""
+    text = str(exc)
+    return bool(isinstance(exc, redis.ResponseError) and (
+        text.startswith(("DAMAGED", "WRONGTYPE")) or ".lua:" in text))
 
 
 def report_health(part: str, listener: Listener) -> None:

@@ -22,7 +22,16 @@ from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import Outage
 from duetime.common.scripts import Scripts
-from duetime.scheduler.notices import SAFETY_S, Heads, Listener, backed_off, report_health
+from duetime.scheduler.notices import (
+    DAMAGED_RETRY_MS,
+    SAFETY_S,
+    Heads,
+    Listener,
+    about_a_key,
+    backed_off,
+    head_ms,
+    report_health,
+)
 
 log = get_logger("duetime.reaper")
 
@@ -65,11 +74,27 @@ class Reaper:
         for p in range(k.partitions):
             pipe.zrange(k.leases(p), 0, 0, withscores=True)
             pipe.zrange(k.deadlines(p), 0, 0, withscores=True)
-        heads = pipe.execute()
+        heads = pipe.execute(raise_on_error=False)
         for p in range(k.partitions):
-            times = [int(score) for _, score in heads[2 * p] + heads[2 * p + 1]]
+            leases, deadlines = heads[2 * p], heads[2 * p + 1]
+            if isinstance(leases, Exception) or isinstance(deadlines, Exception):
+                # a damaged index: reap.lua names it (and refuses the call) without writing
+                # anything, so that partition is simply tried again soon
+                self._damaged(p, leases if isinstance(leases, Exception) else deadlines)
+                continue
+            # a +-inf score is read as now: reap.lua repairs it
+            times = [head_ms(score) or 0 for _, score in leases + deadlines]
             self.heads.set(p, min(times) if times else None, mark)
         self._read_all_at = time.monotonic()
+
+    def _damaged(self, p: int, exc: BaseException) -> None:
+        """One partition's keys are damaged (a key of the wrong type): the others go on, this
+        one is tried again DAMAGED_RETRY_MS later (not in a loop), the key named in the log."""
+        if not about_a_key(exc):
+            raise exc  # the server, not this partition: the loop backs off
+        log.error("damaged key: lease recovery of one partition waits until it is repaired; "
+                  "the others go on", partition=p, error=str(exc), fix="duetime doctor names it")
+        self.heads.set(p, self._now_ms() + DAMAGED_RETRY_MS, self.heads.mark())
 
     def reap_once(self) -> int:
         """One pass (pipelined) over the partitions with an expired lease or a passed deadline
@@ -96,9 +121,13 @@ class Reaper:
             for p in pending:
                 keys, args = tr.reap(k, p, BATCH, random.random(), retention)
                 self.scripts.reap(keys=keys, args=args, client=pipe)
-            results = pipe.execute()
+            results = pipe.execute(raise_on_error=False)
             again = []
-            for p, (n, missed, deleted, nxt) in zip(pending, map(tr.counts, results), strict=True):
+            for p, res in zip(pending, results, strict=True):
+                if isinstance(res, Exception):
+                    self._damaged(p, res)
+                    continue
+                n, missed, deleted, nxt = tr.counts(res)
                 total += n
                 self.heads.set(p, nxt if nxt >= 0 else None, mark)
                 if missed:

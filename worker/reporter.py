@@ -41,6 +41,8 @@ REFUSED_PAUSE_S = (0.05, 5.0)  # pause after Redis refused reports: doubling fro
 SHUTDOWN_TRIES_S = 10.0  # at shutdown, reports Redis will not take are given up after this
 _NO_ARGS: tuple[Any, ...] = ()
 SUCCEEDED = Outcome.SUCCEEDED.value
+# what release.lua stores as an uncertain run's reason; an operator decides whether it ran
+UNCERTAIN_REASON = "interrupted by worker shutdown; task is not idempotent"
 COST_EVERY_S = 1.0  # retry-cost counts go to Redis at most this often (common/retrycost.py)
 
 
@@ -61,6 +63,11 @@ class Reporter:
         self._closing = False
         self.recorded = 0  # report calls the scripts answered (burst mode: work done)
         self.on_recorded: Callable[[], None] | None = None  # called after reports were answered
+        # the worker's count of finished attempts, written to its record (`duetime workers`)
+        # with each flush of reports, so it does not lag a heartbeat behind the runs' states;
+        # the record expires as the heartbeat's does (record_ttl_ms)
+        self.processed: Callable[[], int] | None = None
+        self.record_ttl_ms = 0
 
     def pending(self) -> bool:
         """Reports handed over whose outcome is not recorded yet."""
@@ -194,6 +201,13 @@ class Reporter:
         cost: dict[tuple[str, str], list[int]] = {}
         try:
             pipe = self.client.pipeline(transaction=False)
+            n_record = 0
+            if batch and self.processed is not None:
+                # before the scripts: a run read as finished is already counted
+                record = self.keys.worker(self.worker_id)
+                pipe.hset(record, "processed", self.processed())
+                pipe.pexpire(record, self.record_ttl_ms)
+                n_record = 2
             for p, exs in successes.items():
                 keys, args = tr.complete(self.keys, p, [(ex.ctx.run_id, ex.ctx.fence, ex.result)
                                                         for ex in exs])
@@ -214,6 +228,9 @@ class Reporter:
             await arefresh_topology(self.client)  # a dead primary: find its promoted replica
             return batch
         self._outage.ok()
+        # a count refused (Redis at maxmemory) holds back no report: the next flush or heartbeat
+        # writes it again, and the refused reports below are what gets logged
+        results = results[n_record:]
         n_reports = len(successes) + len(others)
         cost_errors = [r for r in results[n_reports:] if isinstance(r, Exception)]
         if cost_errors:  # counts only: logged and dropped, never holding reports back
@@ -299,6 +316,10 @@ class Reporter:
             child(metrics.DEAD_LETTERS, ctx.task, ex.owner).inc()
             log.warning("run dead-lettered", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
                         worker_id=self.worker_id, schedule=ctx.schedule, owner=ex.owner)
+        elif label == Outcome.UNCERTAIN:  # release.lua: a non-idempotent run cut off here
+            log.warning("run left uncertain by worker shutdown", run_id=ctx.run_id,
+                        task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
+                        schedule=ctx.schedule, state="uncertain", reason=UNCERTAIN_REASON)
         elif label in (Outcome.STALE, Outcome.MISSING):
             metrics.LATE_REJECTED.inc()
             log.warning("late result rejected", run_id=ctx.run_id, task=ctx.task,

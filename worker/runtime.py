@@ -70,6 +70,8 @@ class Worker:
         self.unknown = UnknownTasks(self.client, keys, registry, self.clock,
                                     config.unknown_task_grace_ms, self.id)
         self.executor.unknown = self.unknown
+        self.reporter.processed = lambda: self.executor.processed  # published as runs finish
+        self.reporter.record_ttl_ms = config.lease_ms * 3  # as the heartbeat's record
         self.listener = WakeListener(self.client, keys.wake_channel, self.due, self.id)
         self.context = WorkerContext(worker_id=self.id)  # what start hooks give tasks
         set_worker_context(self.context)

@@ -264,6 +264,8 @@ _FIELDS = (
     _Field("second", 0, 59, None, 59),  # optional 6th field, last as in croniter
 )
 _W_ITEM = re.compile(r"([0-9]+)W|W([0-9]+)", re.ASCII | re.IGNORECASE)
+# H as a part of a calendar item (HW, WH, H#2, 1#H, LH, L-H, H(1-5)W), not the H of THU
+_H_IN_CALENDAR_ITEM = re.compile(r"H[(W#/]|H$|^L-?H|#H|^WH", re.ASCII)
 _QUARTZ_LAST = re.compile(r"([0-9]+|[A-Za-z]{3})L", re.ASCII | re.IGNORECASE)
 
 
@@ -334,25 +336,48 @@ class _Parser:
         return set(range(lo, hi + 1, step or 1))
 
     def special(self, f: _Field, item: str) -> str | None:
-        """A calendar item (L, nW in day-of-month; d#n, Ld in day-of-week) in croniter's
-        syntax, or None for an ordinary item. croniter computes the days these name."""
+        """A calendar item (L, LW, L-n, nW in day-of-month; d#n, Ld in day-of-week) as the
+        token ``_special_day`` reads, or None for an ordinary item.
+
+        Each is one item of its field's list, so ``1W,L`` and ``1#2,3`` are unions. ``H`` never
+        combines with them inside one item (``HW``, ``H#2``, ``LH``): a hashed day that moves
+        to the nearest weekday or to an n-th weekday would hide which day it really is."""
+        up = item.upper()
+        if any(c in up for c in "LW#") and _H_IN_CALENDAR_ITEM.search(up):
+            raise self.fail(f, f"has invalid item {item!r}: H does not combine with L, W or # "
+                            "(write H as an item of its own, e.g. H,L)")
         if f.name == "day-of-month":
-            if item.upper() == "L":
+            if up == "L":
                 return "L"
+            if up == "LW":
+                return "31W"  # the weekday nearest the last day: W never leaves the month
+            if up.startswith("L-"):
+                if not re.fullmatch(r"[0-9]+", item[2:]):
+                    raise self.fail(f, f"has invalid item {item!r} (use L-n, n days before the "
+                                    "last day, e.g. L-3)")
+                back = int(item[2:])
+                if not 1 <= back <= 27:
+                    raise self.fail(f, f"days before the last day {back} out of range 1-27 in "
+                                    f"{item!r} (so that the day exists in every month)")
+                return f"L-{back}"
             m = _W_ITEM.fullmatch(item)
             if m is not None:
                 day = int(m.group(1) or m.group(2))
                 if not 1 <= day <= 31:
                     raise self.fail(f, f"nearest-weekday day {day} out of range 1-31 in {item!r}")
                 return f"{day}W"
-            if item.upper() == "LW":
-                raise self.fail(f, f"has unsupported item {item!r} (for the last weekday of "
-                                "the month write 31W: W never leaves the month)")
-            if "L" in item.upper() or "W" in item.upper():
-                raise self.fail(f, f"has invalid item {item!r} (use L or nW, e.g. 15W)")
+            if "#" in item:
+                raise self.fail(f, f"has invalid item {item!r} (# belongs to day-of-week, "
+                                "e.g. 1#2)")
+            if "L" in up or "W" in up:
+                raise self.fail(f, f"has invalid item {item!r} (use L, LW, L-n or nW, "
+                                "e.g. 15W; W takes a single day, not a range or a step)")
         elif f.name == "day-of-week":
             if "#" in item:
                 day_txt, _, nth_txt = item.partition("#")
+                if re.fullmatch(r"([0-9]+|[A-Za-z]{3})-([0-9]+|[A-Za-z]{3})", day_txt):
+                    raise self.fail(f, f"has invalid nth-weekday item {item!r}: # takes a single "
+                                    "day, not a range (list them, e.g. 1#2,2#2)")
                 if not re.fullmatch(r"[0-9]+|[A-Za-z]{3}", day_txt) or not re.fullmatch(
                         r"[0-9]", nth_txt):
                     raise self.fail(f, f"has invalid nth-weekday item {item!r} (use <day>#<n>, "
@@ -512,12 +537,15 @@ def _special_day(token: str, field: str, year: int, month: int) -> int:
     """The day of (year, month) named by one calendar item (L, nW, d#n, Ld), or 0 if none
     (a fifth Monday in a month with four).
 
-    croniter computes it, on the naive calendar only: the item alone in its field, everything
+    ``L-n`` (n days before the last day) is plain arithmetic; for the others croniter
+    computes it, on the naive calendar only: the item alone in its field, everything
     else '*', iterated from the first of the month. It never sees a zone, so its DST handling
     (which fires twice in a fall-back hour and moves spring-forward times) never enters; zones
     stay duetime's. The Gregorian calendar, weekdays included, repeats every 400 years, so
     any year maps into 2000-2399, which keeps croniter away from the ends of datetime.
     """
+    if token.startswith("L-"):
+        return calendar.monthrange(year, month)[1] - int(token[2:])
     from croniter import croniter  # imported here: 75 ms, paid only by expressions with L/W/#
 
     cycle_year = 2000 + (year - 2000) % 400
@@ -648,12 +676,14 @@ class Cron(Trigger):
     ``0 */5 * * * *`` differently. A five-field expression fires at second 0.
 
     Besides numbers, names, ``*``, ranges, steps, lists and ``H`` (see ``seed``), the day
-    fields take croniter's calendar items: ``L`` (last day of the month); ``nW`` or ``Wn``
+    fields take calendar items: ``L`` (last day of the month); ``LW`` (its last weekday);
+    ``L-n`` (n days before the last day, n 1-27); ``nW`` or ``Wn``
     (the weekday, Monday to Friday, nearest day n, never leaving the month: Saturday the 1st
     gives Monday the 3rd, Sunday the 31st gives Friday the 29th; an n past the month's end
-    counts as its last day, so ``31W`` is the last weekday of every month); ``d#n`` (the n-th
+    counts as its last day, so ``31W`` is ``LW``); ``d#n`` (the n-th
     weekday d, n 1-5: ``5#3`` or ``FRI#3``, absent in months without one); ``Ld`` (the last
-    weekday d: ``L5``, ``LFRI``). They mix with plain items in lists (``1,15,L``), and the two
+    weekday d: ``L5``, ``LFRI``). They mix with plain items and H in lists (``1,15,L``, ``H,L``,
+    ``1#2,3``: a list is a union), never with H inside one item, and the two
     day fields combine by cron's rule: when both are restricted (neither starts with ``*``)
     either may match, otherwise both must.
 

@@ -20,7 +20,8 @@ from duetime.app import App
 from duetime.common import logs
 from duetime.common.connection import DEFAULT_URL, redact, server_time_ms, translated
 from duetime.common.durability import ENV_REPLICAS, ENV_TIMEOUT
-from duetime.common.errors import DuetimeError, InvalidInput, InvalidSchedule, InvalidTime
+from duetime.common.errors import DamagedState, DuetimeError, InvalidInput, InvalidSchedule, InvalidTime
+from duetime.common.keys import stored_partitions
 from duetime.common.time.fmt import human_duration, iso, relative
 from duetime.common.time.parse import Span, from_ms, parse_instant
 
@@ -179,10 +180,15 @@ def plain_app(ctx: click.Context, wait_as: str | None = None) -> App:
 
         wait_for_server(lambda: answers(app.store.client), app.redis_url, wait_as)
     with translated(app.redis_url):
-        stored = app.store.client.hget(app.keys.meta, "partitions")
-    if stored is not None and int(stored) != app.keys.partitions:
+        raw = app.store.client.hget(app.keys.meta, "partitions")
+    try:
+        stored = stored_partitions(raw, app.keys.meta)
+    except DamagedState as exc:
         app.close()
-        app = App(redis_url=url, namespace=ns, partitions=int(stored))
+        raise click.ClickException(str(exc)) from None
+    if stored is not None and stored != app.keys.partitions:
+        app.close()
+        app = App(redis_url=url, namespace=ns, partitions=stored)
     return app
 
 

@@ -22,7 +22,7 @@ import redis
 
 from duetime.common import limit_fields
 from duetime.common.connection import translated
-from duetime.common.errors import InvalidInput
+from duetime.common.errors import DamagedState, InvalidInput
 from duetime.common.keys import Keyspace
 from duetime.common.limit_fields import KINDS
 from duetime.common.names import check_name
@@ -56,14 +56,38 @@ class Limit:
                           sort_keys=True)
 
     @classmethod
-    def from_json(cls, scope: str, raw: bytes | str) -> Limit:
-        kind, _, name = (scope.decode() if isinstance(scope, bytes) else scope).partition(":")
+    def from_json(cls, scope: bytes | str, raw: bytes | str, key: str = "the limits hash") -> Limit:
+        """A limit as stored in `<ns>:limits`; a field no duetime process writes (edited by
+        hand) is refused with DamagedState naming the key and field."""
+        scope = scope.decode(errors="replace") if isinstance(scope, bytes) else scope
+        kind, _, name = scope.partition(":")
+
+        def bad(why: str) -> DamagedState:
+            return DamagedState(f"{key} field {scope!r}: {why} (set the limit again with "
+                                f"`duetime limits set`, or HDEL {key} {scope})")
+
+        if kind not in KINDS or not name:
+            raise bad(f"not a <{'|'.join(KINDS)}>:<name> scope")
         try:
             o = json.loads(raw)
         except ValueError:
-            o = {}
-        return cls(kind, name, o.get("concurrency"), o.get("rate"), int(o.get("per_ms") or 1000),
-                   o.get("burst"), o.get("weight"))
+            raise bad(f"value {raw[:40]!r} is not JSON") from None
+        if not isinstance(o, dict):
+            raise bad(f"value {raw[:40]!r} is not a JSON object")
+
+        def number(field: str, lo: float, hi: float, integer: bool) -> Any:
+            v = o.get(field)
+            if v is None:
+                return None
+            ok = isinstance(v, int) if integer else isinstance(v, int | float)
+            if isinstance(v, bool) or not ok or not (lo <= v <= hi):
+                raise bad(f"{field} is {v!r}, not a {'whole ' if integer else ''}number in {lo}..{hi}")
+            return v
+
+        per_ms = number("per_ms", 1, PER.hi / timedelta(milliseconds=1), True)
+        return cls(kind, name, number("concurrency", 1, MAX_CONCURRENCY, True),
+                   number("rate", 0, 1e12, False), int(per_ms or 1000),
+                   number("burst", 0, 1e12, False), number("weight", 1, MAX_WEIGHT, True))
 
     def shares(self, partitions: int) -> list[dict[str, str]]:
         """This limit's T:limits fields in each partition (see the module docstring)."""
@@ -150,5 +174,5 @@ class Limits:
     def list(self) -> list[Limit]:
         with translated(self.url):
             raw: dict[Any, Any] = self.client.hgetall(self.keys.limit_config)
-        return sorted((Limit.from_json(s.decode(), v) for s, v in raw.items()),
+        return sorted((Limit.from_json(s, v, self.keys.limit_config) for s, v in raw.items()),
                       key=lambda lim: (lim.kind, lim.name))

@@ -16,8 +16,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from duetime.client.schedules import ScheduleStore
-from duetime.common.errors import RedisUnavailable
-from duetime.common.keys import Keyspace
+from duetime.common.errors import DamagedState, RedisRefused, RedisUnavailable
+from duetime.common.keys import Keyspace, stored_partitions
 from duetime.ops.inspect import Inspector
 from duetime.ops.schedule_listing import lint_schedules
 from duetime.ops.surge import DEFAULT_MAX_PER_SECOND, profile
@@ -135,7 +135,11 @@ def check_clock(client: redis.Redis) -> list[Finding]:
 
 
 def check_partitions(client: redis.Redis, keys: Keyspace, configured: int | None) -> list[Finding]:
-    stored = client.hget(keys.meta, "partitions")
+    try:
+        stored = stored_partitions(client.hget(keys.meta, "partitions"), keys.meta)
+    except DamagedState as exc:
+        return [Finding("partitions", "fatal", str(exc),
+                        "restore the count the namespace was created with")]
     if stored is None and not client.exists(keys.queues, keys.workers, keys.tasks, keys.owners,
                                             keys.limit_config):
         # a misspelt --namespace looks like a healthy, idle one: say it plainly
@@ -188,25 +192,79 @@ def check_processes(insp: Inspector) -> list[Finding]:
     return out
 
 
+def _reason(r: Any) -> str:
+    if isinstance(r, Exception):
+        return "its key is damaged"
+    return str((r or b"").decode(errors="replace")[:120])
+
+
 def check_schedules(client: redis.Redis, keys: Keyspace) -> list[Finding]:
     """Schedules the evaluator set aside (their record cannot be evaluated): read from the
     partitions' quarantine indexes, never a scan."""
     pipe = client.pipeline(transaction=False)
     for p in range(keys.partitions):
         pipe.zrange(keys.quarantine(p), 0, 4)
-    names = [n.decode(errors="replace") for found in pipe.execute() for n in found]
+    names = [n.decode(errors="replace") for found in pipe.execute(raise_on_error=False)
+             if not isinstance(found, Exception) for n in found]
     if not names:
         return []
     pipe = client.pipeline(transaction=False)
     for n in names[:5]:
         pipe.hget(keys.sched(keys.partition_of_schedule(n), n), "quarantined")
-    reasons = [f"{n} ({(r or b'').decode(errors='replace')[:120]})"
-               for n, r in zip(names[:5], pipe.execute(), strict=True)]
+    reasons = [f"{n} ({_reason(r)})"
+               for n, r in zip(names[:5], pipe.execute(raise_on_error=False), strict=True)]
     more = f" and {len(names) - 5} more" if len(names) > 5 else ""
     return [Finding("schedules", "warn", f"quarantined schedule(s), not firing: "
                     f"{'; '.join(reasons)}{more}",
                     "fix the definition and register each again (app.schedule or "
                     "`duetime schedule add`); `duetime schedule list` marks them")]
+
+
+# the per-partition index keys and the type the scripts need them to be
+INDEX_TYPES = (("leases", "zset"), ("deadlines", "zset"), ("dead", "zset"), ("uncertain", "zset"),
+               ("done", "zset"), ("sched_due", "zset"), ("schedules", "zset"),
+               ("quarantine", "zset"), ("events", "stream"), ("limits", "hash"))
+# of these, the ones whose scores are times (an edited +-inf is no time)
+TIMED = ("leases", "deadlines", "sched_due")
+
+
+def check_damaged(client: redis.Redis, keys: Keyspace, insp: Inspector | None = None,
+                  queues: list[str] | None = None) -> list[Finding]:
+    """Keys no duetime script would have written: an index of the wrong type (the scripts
+    refuse to write its partition), a time score of +-inf, and whatever key a listing met
+    damaged (`insp.damaged`). One finding per key, naming it; reads only, never a scan."""
+    pipe = client.pipeline(transaction=False)
+    plan: list[tuple[str, str, str]] = []  # (key, what, wanted)
+    for p in range(keys.partitions):
+        for kind, want in INDEX_TYPES:
+            key = getattr(keys, kind)(p)
+            pipe.type(key)
+            plan.append((key, "type", want))
+        for q in queues or []:
+            for key in (keys.due(p, q), keys.retry(p, q)):
+                pipe.type(key)
+                plan.append((key, "type", "zset"))
+        for kind in TIMED:
+            key = getattr(keys, kind)(p)
+            for op in (pipe.zrange, pipe.zrevrange):
+                op(key, 0, 0, withscores=True)
+                plan.append((key, "score", ""))
+    found: dict[str, str] = {}
+    for (key, what, want), res in zip(plan, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(res, Exception):
+            continue  # a wrong type, reported by its type check
+        if what == "type":
+            t = res.decode() if isinstance(res, bytes) else str(res)
+            if t not in ("none", want):
+                found[key] = f"is a {t}, not a {want}"
+        elif res and res[0][1] in (float("inf"), float("-inf")):
+            found.setdefault(key, f"member {res[0][0].decode(errors='replace')!r} has score "
+                             f"{res[0][1]} (not a time)")
+    for key, why in (insp.damaged.items() if insp is not None else ()):
+        found.setdefault(key, why)
+    return [Finding("damaged key", "warn", f"{key} {why}",
+                    "runs and schedules of this key are set aside until it is repaired (delete "
+                    "or restore it); everything else goes on") for key, why in sorted(found.items())]
 
 
 SURGE_HORIZON_MS = 3_600_000  # doctor looks one hour ahead; `schedule lint` a day
@@ -277,13 +335,15 @@ def run_checks(client: redis.Redis, keys: Keyspace, url: str,
         return [Finding("connection", "fatal", str(unavailable(url, exc)),
                         "check the URL, the network and the server")]
     findings: list[Finding] = []
+    insp = Inspector(client, keys, url)
     checks: list[Callable[[], list[Finding]]] = [
         lambda: check_server(client), lambda: check_memory(client),
         lambda: check_persistence(client), lambda: check_cluster(client),
         lambda: check_clock(client), lambda: check_tls(url),
         lambda: check_partitions(client, keys, configured_partitions),
-        lambda: check_processes(Inspector(client, keys, url)),
+        lambda: check_processes(insp),
         lambda: check_schedules(client, keys),
+        lambda: check_damaged(client, keys, insp, insp.queues()),
     ]
     if surges:
         checks.append(lambda: check_surges(client, keys, url))
@@ -293,4 +353,8 @@ def run_checks(client: redis.Redis, keys: Keyspace, url: str,
         except (redis.ConnectionError, redis.TimeoutError, RedisUnavailable) as exc:
             findings.append(Finding("connection", "fatal", f"lost the server mid-check: {exc}"))
             break
+        except (redis.ResponseError, RedisRefused) as exc:
+            # one check refused (a damaged key it reads): said, and the other checks go on
+            findings.append(Finding("check failed", "warn", f"a check could not finish: {exc}",
+                                    "`duetime doctor` lists the damaged keys it found below"))
     return findings

@@ -7,6 +7,7 @@ listing costs O(partitions × queues + runs examined), whatever the size of the 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -196,10 +197,20 @@ class Inspector(NamespaceReader):
 
     def _summaries(self, ids: list[str]) -> list[RunSummary | None]:
         pipe = self.client.pipeline(transaction=False)
-        for run_id in ids:
-            pipe.hmget(self.keys.run(self.keys.partition_of_run(run_id), run_id), *SUMMARY_FIELDS)
-        return [RunSummary.decode(run_id, v) if v[0] else None
-                for run_id, v in zip(ids, self._exec(pipe), strict=True)]
+        keys = [self.keys.run(self.keys.partition_of_run(run_id), run_id) for run_id in ids]
+        for key in keys:
+            pipe.hmget(key, *SUMMARY_FIELDS)
+        out: list[RunSummary | None] = []
+        for run_id, key, v in zip(ids, keys, self._exec(pipe), strict=True):
+            if key in self.damaged:
+                # its record key is not a hash: the reaper dead-lettered the id as found
+                none: list[bytes | None] = [None] * len(SUMMARY_FIELDS)
+                s = RunSummary.decode(run_id, none)
+                out.append(dataclasses.replace(s, state="dead",
+                                               reason=f"record key {key} is not a hash"))
+            else:
+                out.append(RunSummary.decode(run_id, v) if v[0] else None)
+        return out
 
     def list_runs(self, state: str | None = None, schedule: str | None = None,
                   queue: str | None = None, limit: int = 50, budget: int = 100_000) -> RunListing:

@@ -78,7 +78,8 @@ class KeyGuide:
             pipe.zrange(k.leases(p), 0, 0)
             pipe.zrevrange(k.done(p), 0, 0)
             pipe.zrange(k.schedules(p), 0, 99)
-        res = pipe.execute()
+        # a damaged key (of the wrong type) gives no sample; `duetime doctor` names it
+        res = [[] if isinstance(x, Exception) else x for x in pipe.execute(raise_on_error=False)]
         leased = [m.decode() for i in range(0, len(res), 3) for m in res[i]]
         done = [m.decode() for i in range(1, len(res), 3) for m in res[i]]
         names = [m.decode() for i in range(2, len(res), 3) for m in res[i]]

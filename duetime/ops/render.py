@@ -3,6 +3,7 @@ readable text. Field names and meanings here only ever gain new keys."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,6 +20,20 @@ from duetime.common.time.spec import Cron
 from duetime.ops.inspect import LeaseInfo, RunSummary
 
 _TIMES = ("due", "started", "finished", "retry_at", "cancel_requested", "heartbeat")
+RESULT_TEXT_CHARS = 500  # a result as text is cut here: a page or a terminal, not a dump
+
+
+def _jsonish(o: Any) -> Any:
+    """msgpack values JSON cannot carry: bytes as hex, anything else (datetime, Decimal,
+    UUID) as its text."""
+    return o.hex() if isinstance(o, bytes) else str(o)
+
+
+def result_text(value: Any, limit: int = RESULT_TEXT_CHARS) -> str:
+    """A stored result for a person: compact JSON on one line, cut to `limit` characters with
+    an ellipsis (`--json` carries it whole)."""
+    text = json.dumps(value, ensure_ascii=False, default=_jsonish, separators=(", ", ": "))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _secs(a: datetime | None, b: datetime | None) -> float | None:
@@ -40,6 +55,8 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "cancel_requested": _iso(run.cancel_requested), "resolved_as": run.resolved_as,
         "heartbeat": _iso(run.heartbeat), "lease_expires": _iso(run.lease_expires),
         "tenant": run.tenant, "limited_by": run.limited_by, "result_error": run.result_error,
+        "coalesced": run.coalesced, "coalesced_from": _iso(run.coalesced_from),
+        "result": run.result,
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
              "started": _iso(a.started), "ended": _iso(a.ended), "outcome": a.outcome,
@@ -62,6 +79,10 @@ def run_to_text(run: Run, now: datetime | None = None) -> str:
             if k in _TIMES and now is not None:
                 text += f"  ({relative(getattr(run, k), now)})"
             lines.append(f"  {k:<17} {text}")
+    if run.coalesced > 1:  # a catch-up run: the occurrences it stands for
+        lines.append(f"  {'coalesced':<17} {run.coalesced} occurrences, from {d['coalesced_from']}")
+    if run.result is not None:
+        lines.append(f"  result            {result_text(run.result)}")
     if run.error:
         lines.append(f"  error             {run.error.splitlines()[0]}")
     lines.append("  attempts:")

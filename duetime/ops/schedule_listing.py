@@ -38,7 +38,7 @@ def lint_schedules(store: ScheduleStore, progress: Callable[[int], None] | None 
         pipe = store.client.pipeline(transaction=False)
         for n in chunk:
             pipe.hmget(k.sched(k.partition_of_schedule(n), n), *LINT_FIELDS)
-        for n, values in zip(chunk, store._call(pipe.execute), strict=True):
+        for n, values in zip(chunk, store._replies(pipe, [None] * len(LINT_FIELDS)), strict=True):
             paused, quarantined, jitter, stagger, *raw = values
             if paused == b"1" or quarantined:
                 inactive += 1

@@ -22,6 +22,7 @@ from duetime.ops.render import (
     lease_to_dict,
     next_fires,
     overview_to_dict,
+    result_text,
     run_to_dict,
     schedule_to_dict,
     scheduler_to_dict,
@@ -45,7 +46,7 @@ PLOTTED = (("backlog", "backlog", ""), ("running", "running", ""),
 
 def _hidden(d: dict[str, Any], show_payload: bool) -> dict[str, Any]:
     if not show_payload:
-        d = {k: v for k, v in d.items() if k not in ("args", "kwargs")}
+        d = {k: v for k, v in d.items() if k not in ("args", "kwargs", "result")}
     return d
 
 
@@ -115,6 +116,8 @@ class Console:
         with its place on a common time axis (percent left, width) for the timeline."""
         run = self.insp.get_run(run_id, large=show_payload)  # hidden: not even read
         d = _hidden(run_to_dict(run), show_payload)
+        if show_payload and run.result is not None:  # read with the payload, shown bounded
+            d["result_text"] = result_text(run.result)
         starts = [a.started for a in run.attempts if a.started]
         if starts:
             now = self.now()

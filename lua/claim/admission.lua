@@ -11,6 +11,10 @@ local function overlap_allows(c, id, sched, overlap)
   if overlap == 'allow' or overlap == '' then return true end  -- nothing to track
   local prefix, now = c.prefix, c.now
   local running = prefix .. K.sched_running .. sched
+  -- a schedule key of the wrong type is the evaluator's to quarantine: its run is not held
+  if wrong_type(running, 'set') or wrong_type(prefix .. K.sched .. sched, 'hash') then
+    return true
+  end
   if redis.call('SCARD', running) == 0 then
     redis.call('SADD', running, id)
     return true
@@ -64,9 +68,14 @@ end
 -- Fields: 1 state, 2 deadline, 3 schedule, 4 overlap, 5 fence, 6 attempt, 7 task, 8 payload,
 -- 9 due, 10 timeout, 11 idempotent, 12 key, 13 cancel_requested, 14 limited_by.
 local function admit(c, id, run_key)
-  local f = redis.call('HMGET', run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
+  local f, unreadable = run_fields(run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
     'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested',
     'limited_by')
+  if unreadable then
+    -- its record key is of the wrong type: dead-lettered as found (it leaves the due set)
+    dead_unreadable(c.dead_key, c.events_key, id, c.now, unreadable)
+    return {}, false
+  end
   local state = f[1]
   if state ~= 'scheduled' and state ~= 'retrying' then
     not_waiting(c, id, run_key, state)

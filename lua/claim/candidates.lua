@@ -21,6 +21,19 @@ end
 
 -- The heads of the due and retry sets: flat {id, score, ...} lists of up to c.scan runs due by
 -- the horizon.
+-- A due or retry score of +inf (edited by hand) would never come due: the run's own time (its
+-- `due`, or `retry_at`) is put back, now when that is unreadable, and the events name the key.
+local function repair_unending(c)
+  for _, pair in ipairs({{c.due_key, 'due'}, {c.retry_key, 'retry_at'}}) do
+    local key, field = pair[1], pair[2]
+    for _, id in ipairs(redis.call('ZRANGE', key, '+inf', '+inf', 'BYSCORE', 'LIMIT', 0, 16)) do
+      local t = redis.pcall('HGET', c.prefix .. K.run .. id, field)
+      redis.call('ZADD', key, num(t) or c.now, id)
+      emit(c.events_key, id, 'due_repaired', 'score +inf in ' .. key)
+    end
+  end
+end
+
 local function due_windows(c)
   local d = redis.call('ZRANGE', c.due_key, '-inf', c.horizon, 'BYSCORE', 'LIMIT', 0, c.scan,
     'WITHSCORES')

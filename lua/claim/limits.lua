@@ -92,8 +92,8 @@ end
 -- other state: the full read decides). A held run stays in its set and records the limit in
 -- `limited_by`, counted once per run and limit (c.held_c, c.held_r).
 local function held_by_limit(c, run_key)
-  local g = redis.call('HMGET', run_key, 'state', 'tenant', 'task', 'limited_by',
-    'cancel_requested')
+  local g = run_fields(run_key, 'state', 'tenant', 'task', 'limited_by', 'cancel_requested')
+  if not g then return nil, nil end  -- a damaged record: admit dead-letters it
   local why, kind, scopes = nil, nil, nil
   if (g[1] == 'scheduled' or g[1] == 'retrying') and not g[5] then
     scopes = scopes_of(c, g[2], g[3])

@@ -7,6 +7,9 @@ from datetime import timedelta
 
 import pytest
 from duetime.common import transitions as tr
+from duetime.common.schedules import run_id_for
+from duetime.common.scripts import Scripts
+from duetime.common.time.parse import from_ms
 
 import duetime
 from tests.apps import basic
@@ -249,3 +252,52 @@ def test_ctrl_c_in_replay_all_leaves_every_run_whole_and_a_rerun_finishes(app, u
     ok(cli(url, namespace, "dead", "replay", "--all"))
     assert dead_left() == 0
     assert len({app.get_run(i).replayed_by for i in ids[::100]}) == 30
+
+
+def test_runs_show_says_how_many_occurrences_a_catch_up_run_stands_for(app, url, namespace):
+    """materialize.lua writes `coalesced`/`coalesced_from` on a catch-up run (catchup="latest");
+    get_run, `runs show` and its --json expose them, and an ordinary run stands for itself."""
+    name = "minutely-catchup"
+    app.schedule(name, duetime.Every(timedelta(minutes=1)), basic.noop, catchup="latest")
+    k, minute, first = app.keys, 60_000, 1_800_000_000_000
+    newest, alone = first + 4 * minute, first + 5 * minute
+    p = k.partition_of_schedule(name)
+    keys, args = tr.materialize(k, p, name, "default", [run_id_for(name, newest), newest, newest,
+                                                        5, first, run_id_for(name, alone), alone,
+                                                        alone, 1, alone])
+    assert Scripts(app.store.client).materialize(keys=keys, args=args)[0] == b"ok"
+    caught_up, own = app.get_run(run_id_for(name, newest)), app.get_run(run_id_for(name, alone))
+    assert (caught_up.coalesced, caught_up.coalesced_from) == (5, from_ms(first))
+    assert (own.coalesced, own.coalesced_from) == (1, None)
+    shown = as_json(cli(url, namespace, "runs", "show", caught_up.id, "--json"))
+    assert (shown["coalesced"], shown["coalesced_from"]) == (5, "2027-01-15T08:00:00Z")
+    text = ok(cli(url, namespace, "runs", "show", caught_up.id))
+    assert "  coalesced         5 occurrences, from 2027-01-15T08:00:00Z" in text.splitlines()
+    shown = as_json(cli(url, namespace, "runs", "show", own.id, "--json"))
+    assert (shown["coalesced"], shown["coalesced_from"]) == (1, None)
+    assert "coalesced" not in ok(cli(url, namespace, "runs", "show", own.id))
+
+
+def succeed_with(app, task, result) -> str:  # noqa: ANN001
+    """A run completed through complete.lua with `result` stored (as a worker stores it)."""
+    from duetime.common.codec import pack_result
+
+    d = Driver(app)
+    run_id = app.enqueue(task, [0])
+    (p, c), = d.claim_all()
+    keys, args = tr.complete(d.k, p, [(c.run_id, c.fence, pack_result(result))])
+    assert d.scripts.complete(keys=keys, args=args) == [b"succeeded"]
+    return run_id
+
+
+def test_runs_show_prints_the_result_bounded_and_json_carries_it_whole(app, url, namespace):
+    result = {"invoice": 44, "lines": ["x" * 40] * 30}
+    run_id = succeed_with(app, basic.noop, result)
+    text = ok(cli(url, namespace, "runs", "show", run_id))
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("result "))
+    shown = line.split("result", 1)[1].strip()
+    assert shown.startswith('{"invoice": 44, "lines": ["xxxx') and shown.endswith("…")
+    assert len(shown) == 500
+    assert as_json(cli(url, namespace, "runs", "show", run_id, "--json"))["result"] == result
+    small = succeed_with(app, basic.noop, [1, "two", None])
+    assert '  result            [1, "two", null]' in ok(cli(url, namespace, "runs", "show", small))

@@ -166,6 +166,10 @@ def test_downtime_catchup_policies(app, url):
     assert len(coalesced) == 1
     assert int(run_field(app, coalesced[0], "coalesced")) == missed
     assert int(run_field(app, coalesced[0], "coalesced_from")) == int(first.timestamp() * 1000)
+    # and the run record says so (app.get_run: Run.coalesced, Run.coalesced_from)
+    got = app.get_run(coalesced[0].id)
+    assert (got.coalesced, got.coalesced_from) == (missed, at_ms(int(first.timestamp() * 1000)))
+    assert all(app.get_run(run.id).coalesced == 1 for run in runs["all"])
     assert occurrence(coalesced[0]) == int(first.timestamp() * 1000) + 500 * (missed - 1)
 
 

@@ -5,7 +5,8 @@ converts it to the local wall clock with zoneinfo and applies its own tiny match
 support) and its own reading of the DST rules.  Slow but obviously correct, which is the point.
 
 Beyond plain fields it reads the optional sixth (second) field and the calendar items, each
-by brute force over the days of the month: ``L`` (last day), ``nW``/``Wn`` (the weekday,
+by brute force over the days of the month: ``L`` (last day), ``LW`` (its last
+Monday-Friday), ``L-n`` (n days before the last day), ``nW``/``Wn`` (the weekday,
 Monday-Friday, of the month nearest day n, n clamped to the month's last day), ``d#n`` (n-th
 weekday d) and ``Ld`` (last weekday d); the day fields still combine by the Vixie rule.
 """
@@ -75,9 +76,13 @@ def _special_dom(item: str, year: int, month: int) -> int | None:
     days = _month_days(year, month)
     if item.upper() == "L":
         return days[-1].day
+    if item.upper().startswith("L-"):  # n days before the last day
+        return days[-1].day - int(item[2:])
+    weekdays = [d.day for d in days if 1 <= _weekday(d) <= 5]
+    if item.upper() == "LW":  # the last Monday-Friday of the month
+        return weekdays[-1]
     n = int(item.upper().strip("W"))
     target = min(n, days[-1].day)
-    weekdays = [d.day for d in days if 1 <= _weekday(d) <= 5]
     return min(weekdays, key=lambda d: (abs(d - target), d))
 
 
@@ -95,7 +100,7 @@ def _special_dow(item: str, year: int, month: int) -> int | None:
 
 def _is_special(field: str, item: str) -> bool:
     if field == "dom":
-        return item.upper() == "L" or re.fullmatch(r"[0-9]+W|W[0-9]+", item.upper()) is not None
+        return re.fullmatch(r"L|LW|L-[0-9]+|[0-9]+W|W[0-9]+", item.upper()) is not None
     return "#" in item or (item[:1].upper() == "L" and len(item) > 1)
 
 

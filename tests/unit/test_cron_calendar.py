@@ -163,9 +163,8 @@ def test_h_expressions_are_unchanged() -> None:
 
 
 INVALID = [
-    ("0 0 LW * *", "cron field 'day-of-month' has unsupported item 'LW' (for the last weekday "
-                   "of the month write 31W"),
-    ("0 0 L-2 * *", "'day-of-month' has invalid item 'L-2' (use L or nW, e.g. 15W)"),
+    ("0 0 L-28 * *", "'day-of-month' days before the last day 28 out of range 1-27 in 'L-28'"),
+    ("0 0 L-2W * *", "'day-of-month' has invalid item 'L-2W' (use L-n, n days before the last"),
     ("0 0 W * *", "'day-of-month' has invalid item 'W'"),
     ("0 0 32W * *", "'day-of-month' nearest-weekday day 32 out of range 1-31 in '32W'"),
     ("0 0 0W * *", "nearest-weekday day 0 out of range 1-31"),
@@ -175,7 +174,8 @@ INVALID = [
     ("0 0 * * 5#6", "'day-of-week' nth-weekday 6 out of range 1-5 in '5#6'"),
     ("0 0 * * 5#0", "nth-weekday 0 out of range 1-5"),
     ("0 0 * * 8#1", "'day-of-week' value 8 out of range 0-7"),
-    ("0 0 * * 1-5#2", "'day-of-week' has invalid nth-weekday item '1-5#2' (use <day>#<n>"),
+    ("0 0 * * 1-5#2", "'day-of-week' has invalid nth-weekday item '1-5#2': # takes a single day, "
+                     "not a range"),
     ("0 0 * * FRI#", "has invalid nth-weekday item 'FRI#'"),
     ("0 0 * * JAN#1", "'day-of-week' does not accept name 'JAN'"),
     ("0 0 * * LXYZ", "'day-of-week' has invalid last-weekday item 'LXYZ' (use L<day>"),
@@ -297,7 +297,7 @@ def _field(values: st.SearchStrategy[str], lo: int, hi: int) -> st.SearchStrateg
 EXPRESSIONS = st.tuples(
     _field(st.sampled_from(["0", "30"]), 0, 59),
     _field(st.sampled_from(["1", "2"]), 0, 23),
-    _field(st.sampled_from(["L", "15W", "1W", "31W", "W8"]), 1, 31),
+    _field(st.sampled_from(["L", "15W", "1W", "31W", "W8", "LW", "L-3"]), 1, 31),
     _field(st.sampled_from(["MAR", "nov", "APR-OCT"]), 1, 12),
     _field(st.sampled_from(["0#2", "SUN#1", "L0", "lsun", "1#5", "MON-FRI"]), 0, 7),
     st.one_of(st.none(), _field(st.sampled_from(["0", "59"]), 0, 59)),

@@ -71,6 +71,23 @@ def test_log_message_is_bounded_or_withheld():
     assert log_message("KeyError: 'secret'", False) is None
 
 
+@pytest.mark.parametrize("data", [b"l|0|inf", b"l|0|-inf", b"s|1|nan", b"d|x|5", b"l|0|1e400",
+                                  b"junk"])
+def test_a_scheduler_notice_that_is_no_time_is_ignored(data):
+    """A stray PUBLISH on the scheduler wake channel (`inf` overflowed int() and killed the
+    listener thread: no notices after it) changes nothing."""
+    import threading
+
+    from duetime.scheduler.notices import Heads, Listener
+
+    heads = Heads()
+    listener = Listener(None, "redis://x", "ch", "lsd", heads, threading.Event())
+    listener._handle(data)
+    assert heads.earliest() is None
+    listener._handle(b"l|0|1700000000123")
+    assert heads.earliest() == 1700000000123
+
+
 def test_a_notice_newer_than_a_read_still_counts():
     from duetime.common.wake import with_notice
 

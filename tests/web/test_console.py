@@ -173,3 +173,30 @@ def test_the_overview_shows_the_cost_of_retries_by_owner(console, wapp):
              for x in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
     assert cells == ["send-invoice", "billing", "3", "2", "1.5s", "3", "2", "1.5s"], cells
     assert '/dead?owner=billing' in row.group(1)
+
+
+def test_a_succeeded_run_page_shows_its_result_in_its_own_block(wapp):
+    import html
+
+    from duetime.common import transitions as tr
+    from duetime.common.codec import pack_result
+    from starlette.testclient import TestClient
+
+    from duetime.web.server import create_app
+
+    d = Driver(wapp)
+    result = {"receipt": "<b>r-77</b>", "lines": ["y" * 50] * 20}
+    run_id = wapp.enqueue("web.tick")
+    (p, c), = d.claim_all()
+    keys, args = tr.complete(d.k, p, [(c.run_id, c.fence, pack_result(result))])
+    assert d.scripts.complete(keys=keys, args=args) == [b"succeeded"]
+    with TestClient(create_app(wapp), base_url="http://127.0.0.1") as client:
+        hidden = client.get(f"/runs/{run_id}").text
+        assert 'id="show-result"' in hidden and "r-77" not in hidden  # hidden like the payload
+        page = client.get(f"/runs/{run_id}?payload=1").text
+    m = re.search(r'<pre id="result-text">(.*?)</pre>', page, re.S)
+    assert m, "no result block on the page"
+    shown = html.unescape(m.group(1))
+    assert shown.startswith('{"receipt": "<b>r-77</b>", "lines": ["yyy') and shown.endswith("…")
+    assert len(shown) == 500
+    assert "<b>r-77</b>" not in page  # escaped, never markup
