@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import click
 
@@ -23,7 +23,7 @@ def _store(ctx: click.Context) -> QueuePauses:
 def _since(at_ms: int) -> str:
     if at_ms <= 0:
         return ""
-    return datetime.fromtimestamp(at_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _to_dict(p: QueuePause) -> dict[str, object]:

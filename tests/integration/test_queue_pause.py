@@ -10,13 +10,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
-from duetime.cli import main as cli
-from duetime.client.pause import QueuePauses
 from duetime.common import transitions as tr
 from duetime.common.connection import sync_client
 from duetime.common.errors import InvalidInput
 from duetime.common.scripts import Scripts
+
+from duetime.cli import main as cli
+from duetime.client.pause import QueuePauses
 from duetime.embedded import EmbeddedServer, free_port
 from tests.apps import basic
 from tests.integration.inproc import burst, serving, until
