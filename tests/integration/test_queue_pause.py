@@ -129,3 +129,44 @@ def test_cli_pause_list_resume(app):
     assert claim_everywhere(app)[0] == [run]
     res = runner.invoke(cli, ["queue", "pause", "a|b"], env=env)
     assert res.exit_code == 2 and "error:" in res.output
+
+
+@pytest.mark.scripts(memory="doctor reads INFO, which the in-memory backend has not")
+def test_top_doctor_and_the_gauge_show_a_paused_queue(app):
+    from duetime.common import metrics
+    from duetime.scheduler.gauges import Gauges
+
+    env = {"DUETIME_REDIS_URL": app.redis_url, "DUETIME_NAMESPACE": app.keys.namespace}
+    runner = CliRunner()
+    app.enqueue(basic.noop, [1])
+    app.enqueue(basic.noop, [1], queue="other")
+    g = Gauges(app.redis_url, app.keys)
+    try:
+        g.update()
+        assert metrics.QUEUE_PAUSED.labels("default")._value.get() == 0
+        app.pause_queue("default", note="db migration")
+        g.update()
+        assert metrics.QUEUE_PAUSED.labels("default")._value.get() == 1
+        assert metrics.QUEUE_PAUSED.labels("other")._value.get() == 0
+    finally:
+        g.client.close()
+
+    top = runner.invoke(cli, ["top", "--once"], env=env)
+    assert top.exit_code == 0, top.output
+    assert "default (paused)" in top.output and "db migration" in top.output
+    assert "other (paused)" not in top.output
+    as_json = json.loads(runner.invoke(cli, ["top", "--once", "--json"], env=env).output)
+    paused = {q["queue"]: (q["paused"], q["pause_note"]) for q in as_json["queues"]}
+    assert paused["default"] == (True, "db migration") and paused["other"] == (False, "")
+
+    doctor = runner.invoke(cli, ["doctor"], env=env)
+    assert "queue 'default' is paused (db migration)" in doctor.output, doctor.output
+    assert "duetime queue resume default" in doctor.output
+    app.resume_queue("default")
+    assert "is paused" not in runner.invoke(cli, ["doctor"], env=env).output
+    g = Gauges(app.redis_url, app.keys)
+    try:
+        g.update()
+        assert metrics.QUEUE_PAUSED.labels("default")._value.get() == 0
+    finally:
+        g.client.close()
