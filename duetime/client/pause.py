@@ -98,7 +98,3 @@ class QueuePauses:
                 note = "(pause record unreadable)"
             out.append(QueuePause(name, note, at))
         return sorted(out, key=lambda x: x.queue)
-
-    def is_paused(self, queue: str) -> bool:
-        with translated(self.url):
-            return bool(self.client.hexists(self.keys.paused_config, queue))

@@ -13,7 +13,7 @@ local function read_options(c)
   local keys = c.keys
   if redis.call('EXISTS', keys.limits, keys.prio, keys.lanes, keys.paused) == 0 then return end
   -- a paused queue (T:paused, duetime queue pause): nothing else is read, nothing claimed
-  if redis.call('HEXISTS', keys.paused, c.queue) == 1 then c.paused = true; return end
+  if redis.call('HGET', keys.paused, c.queue) then c.paused = true; return end
   c.prio = redis.call('EXISTS', keys.prio) == 1
   c.lanes = redis.call('EXISTS', keys.lanes) == 1
   if redis.call('EXISTS', keys.limits) == 1 then
