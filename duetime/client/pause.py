@@ -77,10 +77,8 @@ class QueuePauses:
         with translated(self.url):
             res = pipe.execute()
             now = int(time.time() * 1000)
-            wake = self.client.pipeline(transaction=False)
-            for p in range(self.keys.partitions):
-                wake.publish(self.keys.wake_channel, worker_wake(p, q, now))
-            wake.execute()
+            for p in range(self.keys.partitions):  # one by one: a cluster pipeline refuses it
+                self.client.publish(self.keys.wake_channel, worker_wake(p, q, now))
         return any(int(n) for n in res)
 
     def list(self) -> list[QueuePause]:

@@ -170,3 +170,26 @@ def test_top_doctor_and_the_gauge_show_a_paused_queue(app):
         assert metrics.QUEUE_PAUSED.labels("default")._value.get() == 0
     finally:
         g.client.close()
+
+
+def test_a_resume_publishes_a_wake_for_every_partition_of_the_queue(app):
+    from duetime.common.wake import parse_worker_wake
+
+    app.pause_queue("default")
+    r = sync_client(app.redis_url)
+    sub = r.pubsub(ignore_subscribe_messages=True)
+    try:
+        sub.subscribe(app.keys.wake_channel)
+        assert sub.get_message(timeout=5) is None  # the subscription is confirmed
+        app.resume_queue("default")
+        got = set()
+        for _ in range(app.keys.partitions):
+            msg = sub.get_message(timeout=10)
+            assert msg is not None, f"wakes received: {sorted(got)}"
+            parsed = parse_worker_wake(msg["data"], app.keys.partitions)
+            assert parsed is not None and parsed[1] == "default", msg
+            got.add(parsed[0])
+        assert got == set(range(app.keys.partitions))
+    finally:
+        sub.close()
+        r.close()
