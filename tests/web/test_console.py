@@ -173,3 +173,24 @@ def test_the_overview_shows_the_cost_of_retries_by_owner(console, wapp):
              for x in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
     assert cells == ["send-invoice", "billing", "3", "2", "1.5s", "3", "2", "1.5s"], cells
     assert '/dead?owner=billing' in row.group(1)
+
+
+def test_a_queue_is_paused_and_resumed_from_the_overview(console, wapp):
+    from duetime.client.pause import QueuePauses
+
+    pauses = QueuePauses(wapp.store.ready(), wapp.keys, wapp.redis_url)
+    webapp.tick.enqueue()  # the queue appears on the overview
+    c = console(token=TOKEN)
+    csrf = csrf_of(c.get("/").text)
+    assert c.post("/queues/default/pause", data={"csrf": csrf}).status_code == 403  # locked
+    assert pauses.list() == []
+    csrf = unlocked(c)
+    res = c.post("/queues/default/pause", data={"csrf": csrf, "note": "partner down"},
+                 follow_redirects=False)
+    assert res.status_code == 303 and res.headers["location"] == "/?flash=queue-paused"
+    assert [(p.queue, p.note) for p in pauses.list()] == [("default", "partner down")]
+    page = c.get("/?flash=queue-paused").text
+    assert "Queue paused" in page and 'action="/queues/default/resume"' in page
+    res = c.post("/queues/default/resume", data={"csrf": csrf}, follow_redirects=False)
+    assert res.status_code == 303 and pauses.list() == []
+    assert 'action="/queues/default/pause"' in c.get("/").text
