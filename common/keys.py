@@ -92,6 +92,9 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "caps": KeyKind("caps", "hash", "the namespace's caps, copied into every partition so "
                     "enqueue.lua checks them in its slot: max_payload -> bytes (absent: no cap; "
                     "set with duetime limits payload)"),
+    "paused": KeyKind("paused", "hash", "the namespace's paused queues, copied into every "
+                      "partition so claim.lua sees a pause in its slot: queue -> JSON {note, "
+                      "at} (absent: nothing paused; set with duetime queue pause)"),
     "limrun": KeyKind("limrun:", "zset", "runs holding a concurrency slot of a limit -> lease "
                       "expiry hint (ms); an entry whose lease is gone frees its slot",
                       "scope"),
@@ -122,6 +125,8 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
     "wake": KeyKind("wake", "channel", "pub/sub: '<partition>|<queue>|<due ms>' wakes idle workers"),
     "limits": KeyKind("limits", "hash", "the limits set for the namespace (duetime limits set): "
                       "'<kind>:<name>' -> JSON; copied as per-partition shares into T:limits"),
+    "paused": KeyKind("paused", "hash", "paused queues as paused (duetime queue pause): queue "
+                      "-> JSON {note, at ms}; copied into every partition's T:paused"),
     "series": KeyKind("series:", "stream", "per-queue numbers (backlog, running, finished/s, "
                       "start lateness p50/p99, dead) sampled by schedulers at a fixed step, capped; "
                       "entry id = the sample's time: what the web console plots", "step"),
@@ -260,6 +265,10 @@ class Keyspace:
         """HASH of the namespace's caps as this partition's scripts read them (max_payload)."""
         return self.prefix(p) + SUFFIX["caps"]
 
+    def paused(self, p: int) -> str:
+        """HASH queue -> pause record: the queues claim.lua takes nothing from."""
+        return self.prefix(p) + SUFFIX["paused"]
+
     def limrun(self, p: int, scope: str) -> str:
         """Runs holding a concurrency slot of `scope` ('tenant:acme', 'queue:default')."""
         return self.prefix(p) + SUFFIX["limrun"] + scope
@@ -308,6 +317,11 @@ class Keyspace:
     def limit_config(self) -> str:
         """HASH '<kind>:<name>' -> the limit as set (JSON), for listing and re-sharing."""
         return self._global("limits")
+
+    @cached_property
+    def paused_config(self) -> str:
+        """HASH queue -> the pause as recorded (JSON), for listing and repair."""
+        return self._global("paused")
 
     @cached_property
     def wake_channel(self) -> str:

@@ -98,6 +98,8 @@ QUEUE_OLDEST_DUE = Gauge("duetime_queue_oldest_due_age_seconds",
                          "Age of the oldest claimable run (0 when none is waiting)", ["queue"])
 QUEUE_SCHEDULED = Gauge("duetime_queue_scheduled", "Runs due later", ["queue"])
 QUEUE_RETRYING = Gauge("duetime_queue_retrying", "Runs waiting for a retry", ["queue"])
+QUEUE_PAUSED = Gauge("duetime_queue_paused", "1 while the queue is paused (duetime queue pause): "
+                     "nothing is claimed from it", ["queue"])
 LEASES_ACTIVE = Gauge("duetime_leases_active", "Runs running under a lease")
 DEAD_RUNS = Gauge("duetime_dead_letter_runs", "Dead-lettered runs not yet replayed or purged")
 UNCERTAIN_RUNS = Gauge("duetime_uncertain_runs", "Runs whose outcome is unknown (await an operator)")
@@ -119,6 +121,7 @@ WORKER_METRICS = (RUNS_FINISHED, START_LATENESS, QUEUE_DELAY, EXECUTION, CLAIMED
 REAPER_METRICS = (REAPED, MISSED, REFUSING_WRITES)
 SCHEDULER_METRICS = (*REAPER_METRICS, SKIPPED, MATERIALIZED, QUARANTINED, PARTITIONS_OWNED,
                      QUEUE_BACKLOG, QUEUE_OLDEST_DUE, QUEUE_SCHEDULED, QUEUE_RETRYING,
+                     QUEUE_PAUSED,
                      LEASES_ACTIVE, DEAD_RUNS, UNCERTAIN_RUNS, PARTITIONS_UNOWNED, WORKERS_LIVE)
 ROLES: dict[str, tuple[Any, ...]] = {"worker": WORKER_METRICS, "reaper": REAPER_METRICS,
                                      "scheduler": SCHEDULER_METRICS}
@@ -162,7 +165,8 @@ def preset_queue_gauges(queues: Iterable[str]) -> None:
     """A scheduler's queue gauges at 0 for the queues it knows at startup: the first gauges
     pass fills them a moment later, but a scrape in between must already see the series."""
     for q in queues:
-        for metric in (QUEUE_BACKLOG, QUEUE_OLDEST_DUE, QUEUE_SCHEDULED, QUEUE_RETRYING):
+        for metric in (QUEUE_BACKLOG, QUEUE_OLDEST_DUE, QUEUE_SCHEDULED, QUEUE_RETRYING,
+                       QUEUE_PAUSED):
             child(metric, q)
 
 

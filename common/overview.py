@@ -7,6 +7,7 @@ run listings build on this reader (duetime/ops/inspect.py); a scheduler needs on
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ class QueueStats:
     lateness_p99_s: float | None = None
     dead: int = 0
     next_due_ms: int | None = None  # the earliest due or retry time still ahead (server ms)
+    paused: bool = False  # duetime queue pause: nothing is claimed from it
+    pause_note: str = ""
 
 
 @dataclass
@@ -233,6 +236,7 @@ class NamespaceReader:
             leases += next(res)
             dead += next(res)
             uncertain += next(res)
+        self._pauses(stats, add=queues is None)
         schedulers, unowned = self._owners()
         ov = Overview(now, stats, leases, dead, uncertain, P, unowned, len(self.workers()),
                       len(schedulers), window_s)
@@ -241,6 +245,22 @@ class NamespaceReader:
         if cost:
             ov.cost = self._exec_cost(ov.now_ms, window_s)
         return ov
+
+    def _pauses(self, stats: dict[str, QueueStats], add: bool) -> None:
+        """Mark the paused queues (`<ns>:paused`, duetime/client/pause.py); `add`: a paused
+        queue not yet used is listed too."""
+        raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.paused_config))
+        for name, value in raw.items():
+            q = _s(name)
+            if q not in stats:
+                if not add:
+                    continue
+                stats[q] = QueueStats(q)
+            stats[q].paused = True
+            try:
+                stats[q].pause_note = str(json.loads(value).get("note", ""))
+            except (ValueError, AttributeError):
+                stats[q].pause_note = "(pause record unreadable)"
 
     def _exec_cost(self, now_ms: int, window_s: float) -> list[TaskCost]:
         with translated(self.url):

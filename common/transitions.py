@@ -86,7 +86,7 @@ def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms:
           ahead_ms: int = 0) -> Call:
     return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.deadlines(p),
              k.events(p), k.dead(p), k.limits(p), k.prio(p, queue), k.lanes(p, queue),
-             k.laned(p, queue)],
+             k.laned(p, queue), k.paused(p)],
             [k.prefix(p), worker_id, limit, lease_ms, ahead_ms, k.sched_wake, p, queue])
 
 

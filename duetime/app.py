@@ -454,6 +454,20 @@ class App:
         """The limits set in this namespace."""
         return Limits(self.store.ready(), self.keys, self.redis_url).list()
 
+    # -- queue pause ----------------------------------------------------------------------
+    def pause_queue(self, queue: str, note: str = "") -> None:
+        """Stop every worker claiming from `queue` (fleet-wide, kept in Redis across restarts);
+        enqueues are still accepted and wait. Runs already running finish."""
+        from duetime.client.pause import QueuePauses
+
+        QueuePauses(self.store.ready(), self.keys, self.redis_url).pause(queue, note)
+
+    def resume_queue(self, queue: str) -> None:
+        """Let workers claim from a paused `queue` again, at once."""
+        from duetime.client.pause import QueuePauses
+
+        QueuePauses(self.store.ready(), self.keys, self.redis_url).resume(queue)
+
     # -- schedules ------------------------------------------------------------------------
     def schedule(self, name: str, trigger: Trigger, task: TaskRef, args: Sequence[Any] = (),
                  kwargs: dict[str, Any] | None = None, *, paused: bool = False,

@@ -8,7 +8,8 @@
 -- Tested by: tests/integration/test_scripts.py, tests/limits/test_admission.py,
 --   tests/limits/test_concurrency.py, tests/limits/test_rate.py, tests/limits/test_fairness.py,
 --   tests/limits/test_priority.py, tests/property/test_damaged_records.py,
---   tests/integration/test_cluster.py, tests/integration/test_reshard.py
+--   tests/integration/test_cluster.py, tests/integration/test_reshard.py,
+--   tests/integration/test_queue_pause.py
 -- KEYS[1] due zset     T:due:<queue>       KEYS[2] retry zset   T:retry:<queue>
 -- KEYS[3] leases zset  T:leases            KEYS[4] done zset    T:done
 -- KEYS[5] deadlines    T:deadlines         KEYS[6] events       T:events
@@ -16,6 +17,9 @@
 -- KEYS[9] priority index T:prio:<queue> (runs enqueued with a priority: taken first once due;
 --         an entry whose run is no longer waiting in the due set is dropped here)
 -- KEYS[10] lanes zset T:lanes:<queue>   KEYS[11] laned zset T:laned:<queue>
+-- KEYS[12] paused hash T:paused (queue -> pause record; duetime/client/pause.py): a paused
+--          queue claims nothing; the reply is the header alone, next_due_ms = now + 1 s, so a
+--          worker looks again a second later (a resume also wakes the workers at once)
 -- Tenant lanes (docs/fairness.md): when the queue has lanes here, runs are taken round-robin
 -- from the lanes T:lane:<queue>|<tenant>, least recently served tenant first, an equal share
 -- of the batch each; the due-order path then skips laned runs (retries, releases, replays and
@@ -61,10 +65,12 @@
 -- @include claim/index.lua
 -- @include claim/next_due.lua
 
+local PAUSED_RECHECK_MS = 1000  -- a paused queue's next look: the worker must not spin
 local now = now_ms()
 local lease = tonumber(ARGV[4])
 local c = {
-  keys = {limits = KEYS[8], prio = KEYS[9], lanes = KEYS[10], laned = KEYS[11]},
+  keys = {limits = KEYS[8], prio = KEYS[9], lanes = KEYS[10], laned = KEYS[11],
+          paused = KEYS[12]},
   due_key = KEYS[1], retry_key = KEYS[2], leases_key = KEYS[3], done_key = KEYS[4],
   deadlines_key = KEYS[5], events_key = KEYS[6], dead_key = KEYS[7],
   prefix = ARGV[1], worker = ARGV[2], queue = ARGV[8] or '',
@@ -73,7 +79,7 @@ local c = {
   -- numbers sent to Redis as strings built once per call, not once per run (see int_s)
   now_s = int_s(now), until_s = int_s(now + lease),
   -- what the partition has besides plain runs (read_options)
-  lims = nil, prio = false, lanes = false, scan = tonumber(ARGV[3]),
+  lims = nil, prio = false, lanes = false, paused = false, scan = tonumber(ARGV[3]),
   -- the candidates (claim/candidates.lua, lanes.lua: picked, past_read)
   ids = {}, froms = {}, scores = {}, seen = {}, lane_of = {}, picked = nil, past_read = false,
   -- limit state (claim/limits.lua)
@@ -94,6 +100,7 @@ repair_unending(c)
 
 -- 1. candidates: priority runs, then tenant lanes, then the due and retry sets in due order
 read_options(c)
+if c.paused then return {now + PAUSED_RECHECK_MS, 0, 0, 0, 0} end  -- the header alone
 local d, r = due_windows(c)
 if c.prio then priority_candidates(c) end
 local skip = c.seen

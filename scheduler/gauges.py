@@ -51,6 +51,7 @@ class Gauges:
             metrics.QUEUE_OLDEST_DUE.labels(q).set(st.oldest_due_age_s)
             metrics.QUEUE_SCHEDULED.labels(q).set(st.scheduled_later)
             metrics.QUEUE_RETRYING.labels(q).set(st.retrying)
+            metrics.QUEUE_PAUSED.labels(q).set(1 if st.paused else 0)
         metrics.LEASES_ACTIVE.set(ov.leases)
         metrics.DEAD_RUNS.set(ov.dead)
         metrics.UNCERTAIN_RUNS.set(ov.uncertain)

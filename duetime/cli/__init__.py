@@ -33,6 +33,7 @@ COMMANDS = {  # name -> (module, attribute)
     "keys": ("duetime.cli.ops", "keys"),
     "web": ("duetime.cli.web", "web"),
     "limits": ("duetime.cli.limits", "limits"),
+    "queue": ("duetime.cli.queue", "queue"),
 }
 
 

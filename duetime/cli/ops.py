@@ -90,7 +90,8 @@ def render_frame(ov: Overview, title: str) -> str:
         f"partitions owned) · running {ov.leases} · uncertain {ov.uncertain} · dead {ov.dead}",
         "",
     ]
-    rows = [(q.queue, q.backlog, ago(q.oldest_due_age_s) if q.backlog else "-",
+    rows = [(q.queue + (" (paused)" if q.paused else ""), q.backlog,
+             ago(q.oldest_due_age_s) if q.backlog else "-",
              q.scheduled_later, q.running, q.retrying, f"{q.finished_per_s:.1f}",
              human_duration(q.lateness_p50_s), human_duration(q.lateness_p99_s), q.dead)
             for q in sorted(ov.queues.values(), key=lambda q: q.queue)]
@@ -98,6 +99,10 @@ def render_frame(ov: Overview, title: str) -> str:
                   f"DONE/s({ov.window_s:g}s)", "LATE p50", "LATE p99", "DEAD"), rows)
     note = ["", "(rates, lateness and dead per queue are from a sample of recent runs)"] \
         if ov.sampled else []
+    paused = [q for q in sorted(ov.queues.values(), key=lambda q: q.queue) if q.paused]
+    if paused:  # duetime queue pause: enqueues wait, nothing is claimed
+        note += ["", "paused (nothing claimed; duetime queue resume NAME): " + ", ".join(
+            q.queue + (f" ({q.pause_note})" if q.pause_note else "") for q in paused)]
     return "\n".join(head + [body] + note + cost_section(ov))
 
 

@@ -302,6 +302,17 @@ def check_surges(client: redis.Redis, keys: Keyspace, url: str) -> list[Finding]
                     "them (`duetime schedule policy set --stagger ...`)")]
 
 
+def check_paused_queues(client: redis.Redis, keys: Keyspace, url: str) -> list[Finding]:
+    """One line per paused queue: its runs are accepted and wait, and none is claimed."""
+    from duetime.client.pause import QueuePauses
+
+    return [Finding("queue paused", "warn",
+                    f"queue {p.queue!r} is paused" + (f" ({p.note})" if p.note else "")
+                    + ": runs enqueued to it wait, none is claimed",
+                    f"duetime queue resume {p.queue}")
+            for p in QueuePauses(client, keys, url).list()]
+
+
 def check_tls(url: str) -> list[Finding]:
     """A `rediss://` URL that turns certificate or host name verification off: encrypted,
     but anyone on the path can pose as the server."""
@@ -344,6 +355,7 @@ def run_checks(client: redis.Redis, keys: Keyspace, url: str,
         lambda: check_processes(insp),
         lambda: check_schedules(client, keys),
         lambda: check_damaged(client, keys, insp, insp.queues()),
+        lambda: check_paused_queues(client, keys, url),
     ]
     if surges:
         checks.append(lambda: check_surges(client, keys, url))

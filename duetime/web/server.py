@@ -52,6 +52,8 @@ FLASH = {
     "replayed": "Replayed: this is the new run.",
     "resolved": "Resolved.",
     "cancelled": "Cancel done or requested.",
+    "queue-paused": "Queue paused: its runs are accepted and wait; no worker claims them.",
+    "queue-resumed": "Queue resumed: workers claim its runs again.",
     "unlocked": "Writes are unlocked for this browser session.",
     "locked": "Writes are locked again for this browser session.",
 }
@@ -296,6 +298,25 @@ class ConsoleApp:
             raise HTTPException(404)
         return RedirectResponse(f"/schedules/{_seg(name)}?flash={action}d", status_code=303)
 
+    async def queue_action(self, request: Request) -> Response:
+        """Pause or resume a queue (duetime/client/pause.py), fleet-wide."""
+        from duetime.client.pause import QueuePauses
+
+        got = await self._action(request, "name")
+        if isinstance(got, Response):
+            return got
+        form, name, action = got
+        app = self.console.app
+        pauses = QueuePauses(self.console.insp.client, app.keys, app.redis_url)
+        if action == "pause":
+            note = str(form.get("note") or "paused from the web console")[:500]
+            await run_in_threadpool(pauses.pause, name, note)
+        elif action == "resume":
+            await run_in_threadpool(pauses.resume, name)
+        else:
+            raise HTTPException(404)
+        return RedirectResponse(f"/?flash=queue-{action}d", status_code=303)
+
     async def run_action(self, request: Request) -> Response:
         got = await self._action(request, "run_id")
         if isinstance(got, Response):
@@ -377,6 +398,7 @@ def create_app(app: App, write_token: str | None = None, allowed_hosts: Iterable
         Route("/schedules", c.schedules),
         Route("/schedules/{name:path}/{action}", c.schedule_action, methods=["POST"]),
         Route("/schedules/{name:path}", c.schedule),
+        Route("/queues/{name:path}/{action}", c.queue_action, methods=["POST"]),
         Route("/leases", c.leases),
         Route("/workers", c.workers),
         Route("/unlock", c.unlock_page),

@@ -4,13 +4,16 @@
 -- Priority runs come first, then the tenant lanes (claim/lanes.lua), then the due and retry
 -- sets merged in due order. The window is the batch, plus HELD_SCAN when limits are set.
 -- Tested by: tests/integration/test_scripts.py, tests/limits/test_admission.py,
---   tests/limits/test_priority.py
+--   tests/limits/test_priority.py, tests/integration/test_queue_pause.py
 
--- What this partition and queue have besides plain runs: limits, priority runs, tenant lanes.
+-- What this partition and queue have besides plain runs: limits, priority runs, tenant lanes,
+-- a pause.
 -- One EXISTS when there are none (the hot path).
 local function read_options(c)
   local keys = c.keys
-  if redis.call('EXISTS', keys.limits, keys.prio, keys.lanes) == 0 then return end
+  if redis.call('EXISTS', keys.limits, keys.prio, keys.lanes, keys.paused) == 0 then return end
+  -- a paused queue (T:paused, duetime queue pause): nothing else is read, nothing claimed
+  if redis.call('HGET', keys.paused, c.queue) then c.paused = true; return end
   c.prio = redis.call('EXISTS', keys.prio) == 1
   c.lanes = redis.call('EXISTS', keys.lanes) == 1
   if redis.call('EXISTS', keys.limits) == 1 then

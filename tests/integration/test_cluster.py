@@ -177,3 +177,16 @@ def test_retry_cost_and_surge_lint_on_a_cluster(capp, cprocs, cluster):
     assert lint["peak"] == 300 and lint["over"] == 24 and lint["suggestion"]["stagger_s"]
     cli("schedule", "policy", "set", "--stagger", f"{lint['suggestion']['stagger_s']:g}s")
     assert json.loads(cli("schedule", "lint", "--max-per-second", "50", "--json"))["flat"]
+
+
+def test_a_queue_pause_holds_every_partition_of_a_cluster(capp):
+    from tests.integration.inproc import burst
+    from tests.integration.test_queue_pause import claim_everywhere
+
+    capp.pause_queue("default", note="cluster")
+    ids = capp.enqueue_many([(basic.noop, [i]) for i in range(64)])  # over every partition
+    assert len({capp.keys.partition_of_run(i) for i in ids}) > 1
+    assert claim_everywhere(capp)[0] == []  # each partition's slot holds its copy
+    capp.resume_queue("default")
+    assert burst(capp).processed == 64
+    assert all(capp.get_run(i).state == "succeeded" for i in ids)

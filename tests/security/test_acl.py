@@ -145,7 +145,8 @@ def test_each_role_runs_its_part_and_nothing_is_refused(acl, namespace: str, tmp
                      ["runs", "wait", ok[0], "--timeout", "1s"], ["dead", "list"],
                      ["dead", "show", failing], ["uncertain", "list"], ["schedule", "list"],
                      ["schedule", "show", "acl-every"], ["top", "--once"], ["top", "--once", "--json"],
-                     ["workers"], ["leases"], ["keys"], ["keys", "--run", ok[0]], ["doctor"]):
+                     ["workers"], ["leases"], ["keys"], ["keys", "--run", ok[0]], ["doctor"],
+                     ["queue", "list"]):
             res = cli(ro, namespace, *args)
             assert res.exit_code == 0, (args, res.stdout[-300:], res.stderr[-500:])
 
@@ -158,7 +159,10 @@ def test_each_role_runs_its_part_and_nothing_is_refused(acl, namespace: str, tmp
                      ["schedule", "trigger", "acl-new"],
                      ["schedule", "backfill", "acl-new", "--from", "2026-01-01T00:00:00Z",
                       "--to", "2026-01-01T03:00:00Z"],
-                     ["schedule", "delete", "acl-new"], ["enqueue", "chaos.quick", "--app", APP]):
+                     ["schedule", "delete", "acl-new"], ["enqueue", "chaos.quick", "--app", APP],
+                     # a pause the worker's claims see (under its role) until the resume
+                     ["queue", "pause", "default", "--note", "acl"], ["queue", "list"],
+                     ["queue", "resume", "default"]):
             res = cli(url, namespace, *args)
             assert res.exit_code == 0, (args, res.stdout[-300:], res.stderr[-500:])
         # the scheduler and the last worker serve on after the operators' commands (shown by

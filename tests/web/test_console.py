@@ -200,3 +200,24 @@ def test_a_succeeded_run_page_shows_its_result_in_its_own_block(wapp):
     assert shown.startswith('{"receipt": "<b>r-77</b>", "lines": ["yyy') and shown.endswith("…")
     assert len(shown) == 500
     assert "<b>r-77</b>" not in page  # escaped, never markup
+
+
+def test_a_queue_is_paused_and_resumed_from_the_overview(console, wapp):
+    from duetime.client.pause import QueuePauses
+
+    pauses = QueuePauses(wapp.store.ready(), wapp.keys, wapp.redis_url)
+    webapp.tick.enqueue()  # the queue appears on the overview
+    c = console(token=TOKEN)
+    csrf = csrf_of(c.get("/").text)
+    assert c.post("/queues/default/pause", data={"csrf": csrf}).status_code == 403  # locked
+    assert pauses.list() == []
+    csrf = unlocked(c)
+    res = c.post("/queues/default/pause", data={"csrf": csrf, "note": "partner down"},
+                 follow_redirects=False)
+    assert res.status_code == 303 and res.headers["location"] == "/?flash=queue-paused"
+    assert [(p.queue, p.note) for p in pauses.list()] == [("default", "partner down")]
+    page = c.get("/?flash=queue-paused").text
+    assert "Queue paused" in page and 'action="/queues/default/resume"' in page
+    res = c.post("/queues/default/resume", data={"csrf": csrf}, follow_redirects=False)
+    assert res.status_code == 303 and pauses.list() == []
+    assert 'action="/queues/default/pause"' in c.get("/").text
