@@ -94,7 +94,7 @@ local c = {
 -- or retry score edited to +inf (never claimable) is put back from the run record
 local bad = damaged_index({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset',
   KEYS[5], 'zset', KEYS[6], 'stream', KEYS[7], 'zset', KEYS[8], 'hash', KEYS[9], 'zset',
-  KEYS[10], 'zset', KEYS[11], 'zset'})
+  KEYS[10], 'zset', KEYS[11], 'zset', KEYS[12], 'hash'})
 if bad then return bad end
 repair_unending(c)
 
