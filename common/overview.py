@@ -94,6 +94,18 @@ def _s(b: bytes | None) -> str:
     return b.decode() if b else ""
 
 
+def _queued(pipe: Any) -> list[Any]:
+    """The argument lists of a pipeline's queued commands, to name the key of a refused one.
+    redis-py 8's cluster pipeline queues them in its execution strategy, not in
+    `command_stack`: read there when it has them (guarded: absent in other versions, where
+    `command_stack` holds them)."""
+    stack = list(getattr(pipe, "command_stack", None) or [])
+    if not stack:
+        strategy = getattr(pipe, "_execution_strategy", None)
+        stack = list(getattr(strategy, "_command_queue", None) or [])
+    return [c.args if hasattr(c, "args") else c[0] for c in stack]
+
+
 class NamespaceReader:
     """Queue stats, live workers and schedulers of one namespace (reads only)."""
 
@@ -107,12 +119,15 @@ class NamespaceReader:
         """The pipeline's replies; a command refused because its key is damaged (WRONGTYPE)
         reads as empty and the key is noted in `damaged`, so one bad key of one partition
         cannot fail a listing of the whole namespace."""
-        stack = [c.args if hasattr(c, "args") else c[0] for c in pipe.command_stack]
+        stack = _queued(pipe)
         with translated(self.url):
             replies = pipe.execute(raise_on_error=False)
+            if len(stack) != len(replies):  # commands not told apart: errors are raised
+                stack = [()] * len(replies)
             out = []
             for args, reply in zip(stack, replies, strict=True):
-                if isinstance(reply, redis.ResponseError) and str(reply).startswith("WRONGTYPE"):
+                if isinstance(reply, redis.ResponseError) and str(reply).startswith("WRONGTYPE") \
+                        and len(args) >= 2:
                     name = str(args[0]).upper()
                     key = args[1].decode(errors="replace") if isinstance(args[1], bytes) else str(args[1])
                     self.damaged[key] = f"{reply} (read with {name})"

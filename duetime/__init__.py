@@ -10,6 +10,7 @@ from duetime.app import App
 from duetime.client.schedules import ScheduleInfo, ScheduleNotFound
 from duetime.common.context import RunContext, current_run, worker_context
 from duetime.common.errors import (
+    DamagedState,
     DuetimeError,
     EnqueueIncomplete,
     Fatal,
@@ -53,7 +54,7 @@ __all__ = [
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
     "EnqueueIncomplete", "NotReplicated", "PartitionMismatch", "RunFailed", "ResultNotStored",
-    "WaitTimeout",
+    "WaitTimeout", "DamagedState",
     "WorkerStartFailed", "WorkerContext", "worker_context",
     "ServerBinaryNotFound",
     "__version__",

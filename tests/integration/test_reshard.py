@@ -337,7 +337,7 @@ def test_no_script_runs_on_a_partly_moved_partition(cluster, capp):
     for key in keys:  # a busy partition: every set the claim declares exists
         if key == k.events(p):
             s.xadd(key, {"run": "-", "event": "test", "detail": ""})
-        elif key == k.limits(p):  # the one hash among them
+        elif key in (k.limits(p), k.paused(p)):  # the hashes among them
             s.hset(key, "placeholder", "0")
         elif key != k.due(p, "default"):
             s.zadd(key, {"placeholder": far})
