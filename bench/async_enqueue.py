@@ -10,14 +10,13 @@ this measures the time it used to bound (< 10 ms).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import time
 import uuid
 
-from bench.stats import percentile, print_rounds
-from duetime.embedded import EmbeddedServer
+from bench.drive import parser, repeated
+from bench.stats import percentile
 from tests.apps import basic
 
 
@@ -66,15 +65,9 @@ def one_round(url: str, n: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=10_000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
-    args = ap.parse_args()
-    with EmbeddedServer(args.server) as server:
-        rounds = [one_round(server.url, args.runs) for _ in range(args.repeat)]
-    print(f"server={args.server} runs={args.runs} repeat={args.repeat}")
-    print_rounds(rounds)
+    args = parser(runs=10_000, repeat=3).parse_args()
+    repeated(args, lambda url: one_round(url, args.runs),
+             f"server={args.server} runs={args.runs} repeat={args.repeat}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ the order only; this measures the delay it used to bound (< 0.5 s).
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -18,8 +17,8 @@ import uuid
 from datetime import timedelta
 
 import duetime
-from bench.stats import percentile, print_rounds
-from duetime.embedded import EmbeddedServer
+from bench.drive import parser, repeated
+from bench.stats import percentile
 from tests.apps import basic
 
 
@@ -52,15 +51,9 @@ def one_round(url: str, seconds: float) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=12.0)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--server", choices=["redis", "valkey"], default="redis")
-    args = ap.parse_args()
-    with EmbeddedServer(args.server) as server:
-        rounds = [one_round(server.url, args.seconds) for _ in range(args.repeat)]
-    print(f"server={args.server} seconds={args.seconds} repeat={args.repeat}")
-    print_rounds(rounds)
+    args = parser(seconds=12.0, repeat=3).parse_args()
+    repeated(args, lambda url: one_round(url, args.seconds),
+             f"server={args.server} seconds={args.seconds} repeat={args.repeat}")
 
 
 if __name__ == "__main__":
