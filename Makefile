@@ -21,7 +21,7 @@ test: venv
 	$(BIN)/python .ci/typecheck.py
 	@command -v chromedriver >/dev/null 2>&1 || echo "note: no chromium/chromedriver: the web console's \
 	browser tests are skipped (apt-get install -y chromium chromium-driver to run them)"
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 4 --dist loadfile $(PYTEST_ARGS)
 
 # the fast lane: the tests that prove lua/ on Redis, Valkey and the in-memory backend, under a
 # minute (docs/testing.md); `pytest -m scripts` adds the cluster, failover and worker-process ones
