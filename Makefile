@@ -3,7 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-floors test-scripts soak lint typecheck bench venv dist clean screenshots
+# docs: the docs site into site/ (mkdocs build --strict, also part of `make test`); docs-serve
+# previews it on http://127.0.0.1:8000
+.PHONY: docs docs-serve demo test test-floors test-scripts soak lint typecheck bench venv dist clean screenshots
 
 $(BIN)/duetime: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +21,7 @@ demo: venv
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/python .ci/typecheck.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q
 	@command -v chromedriver >/dev/null 2>&1 || echo "note: no chromium/chromedriver: the web console's \
 	browser tests are skipped (apt-get install -y chromium chromium-driver to run them)"
 	$(BIN)/python -m pytest -q -n 4 --dist loadfile $(PYTEST_ARGS)
@@ -40,13 +43,20 @@ FLOORS_VENV := .venv-floors
 FLOORS_TESTS ?= tests/unit tests/integration/test_scripts.py tests/packaging/test_floors.py::test_floors_match_pyproject
 test-floors:
 	$(PY) -m venv --clear $(FLOORS_VENV)
-	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing]' 'pytest>=8' 'hypothesis>=6.100'
+	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing,docs]' 'pytest>=8' 'hypothesis>=6.100'
 	$(FLOORS_VENV)/bin/python -m pip check
 	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
+	NO_MKDOCS_2_WARNING=1 $(FLOORS_VENV)/bin/mkdocs build --strict -q -d .cache/site-floors
 
 # the README's pictures of the web console, taken by its browser tests (needs chromium)
 screenshots: venv
 	DUETIME_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/web/test_browser.py
+
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 lint: venv
 	$(BIN)/ruff check .

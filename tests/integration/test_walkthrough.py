@@ -4,72 +4,42 @@ namespace come from the test."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import redis
 from duetime.common.keys import Keyspace
 
 from duetime.ops.inspect import Inspector
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT
+from tests.integration.docblocks import blocks, run_page
 
 README = ROOT / "README.md"
 
 
-def walkthrough() -> tuple[str, dict[str, str]]:
-    """→ (the bash script, {file name: python source})."""
-    section = README.read_text().split("## Walkthrough", 1)[1].split("\n## ", 1)[0]
-    script, files = [], {}
-    for lang, body in re.findall(r"```(sh|python)\n(.*?)```", section, re.S):
-        if lang == "python":
-            name = re.match(r"# (\S+\.py)\n", body)
-            assert name, f"a python block must start with '# <file>.py':\n{body}"
-            files[name.group(1)] = body
-        else:
-            # the test's server replaces the README's example URL
-            script += [ln for ln in body.splitlines() if not ln.startswith("export DUETIME_REDIS_URL=")]
-    return "\n".join(script), files
+def section() -> str:
+    """The README's Walkthrough section."""
+    return README.read_text().split("## Walkthrough", 1)[1].split("\n## ", 1)[0]
 
 
 def test_readme_walkthrough_runs_as_written(url, namespace, tmp_path: Path):
-    script, files = walkthrough()
+    script, files = blocks(section())
     assert "duetime schedule add" in script and "redis-cli" in script and files
-    for name, body in files.items():
-        (tmp_path / name).write_text(body)
-    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": namespace,
-           "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    bash = subprocess.Popen(["bash", "-c", "set -euo pipefail\n" + script], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
     client = redis.Redis.from_url(url)
     insp = Inspector(client, Keyspace(namespace), url)
-    seen: dict[str, object] = {}
+
+    def observe() -> dict[str, object]:
+        batch = [r for r in insp.list_runs("succeeded", limit=1000).runs
+                 if r.task == "demo.resize" and not r.schedule]
+        return {"batch": len(batch), "run_workers": {r.worker for r in batch},
+                "live": {w.id for w in insp.workers()},
+                "thumbnails": len(insp.list_runs("succeeded", schedule="thumbnails").runs)}
+
     try:
-        # bash exits after its last step; the scheduler and workers it started in the
-        # background keep running (and hold its output pipes) until the group is stopped
-        wait_for(lambda: bash.poll() is not None, 150, what="the walkthrough to finish")
-        if bash.returncode == 0:
-            batch = [r for r in insp.list_runs("succeeded", limit=1000).runs
-                     if r.task == "demo.resize" and not r.schedule]
-            seen = {"batch": len(batch), "run_workers": {r.worker for r in batch},
-                    "live": {w.id for w in insp.workers()},
-                    "thumbnails": len(insp.list_runs("succeeded", schedule="thumbnails").runs)}
+        code, out, err, seen = run_page(section(), url, namespace, tmp_path, observe)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(bash.pid, signal.SIGTERM)  # the README's "kill %1 %2 %3"
-        try:
-            raw_out, raw_err = bash.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(bash.pid, signal.SIGKILL)
-            raw_out, raw_err = bash.communicate()
         client.close()
-    out, err = raw_out.decode(errors="replace"), raw_err.decode(errors="replace")
-    assert bash.returncode == 0, err[-4000:]
+    assert code == 0, err[-4000:]
     # the single run, the service's and the 200 of the batch succeeded, shared by the workers
     assert seen["batch"] == 202 and seen["run_workers"] == seen["live"] and len(seen["live"]) == 2
     assert seen["thumbnails"] >= 1  # the schedule registered from the CLI fired and ran
@@ -81,4 +51,15 @@ def test_readme_walkthrough_runs_as_written(url, namespace, tmp_path: Path):
     assert "\nsucceeded\ndemo.resize\n" in out  # redis-cli HMGET of the run's hash
     assert "T:leases" in out and "redis-cli -u" in out  # duetime keys
     assert "DONE/s" in out and "default" in out  # top --once
+    assert "Traceback" not in err
+
+
+def test_readme_hello_world_runs_as_written(url, namespace, tmp_path: Path):
+    """The README's hello world: a module of the user's own, a worker, one enqueue and wait."""
+    text = README.read_text().split("## Hello world", 1)[1].split("\n## ", 1)[0]
+    script, files = blocks(text)
+    assert set(files) == {"jobs.py"} and "duetime worker --app jobs:app" in script
+    code, out, err, _ = run_page(text, url, namespace, tmp_path, dict)
+    assert code == 0, err[-4000:]
+    assert out.splitlines()[-1] == "5"
     assert "Traceback" not in err

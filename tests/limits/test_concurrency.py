@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from duetime.common import limit_fields
@@ -178,7 +178,7 @@ def test_runs_behind_held_ones_are_claimed_and_a_full_batch_says_come_back_now(a
     app.set_limit("tenant", "acme", concurrency=1)
     # due an hour ago, a millisecond apart, ahead of b: runs due in one millisecond are ordered
     # by id, so enqueue times alone would not fix which comes first
-    past = datetime.now(timezone.utc) - timedelta(hours=1)
+    past = datetime.now(UTC) - timedelta(hours=1)
     a = [app.enqueue(basic.noop, tenant="acme", at=past + timedelta(milliseconds=i))
          for i in range(3)]
     b = [app.enqueue(basic.noop, tenant=other) for _ in range(5)]

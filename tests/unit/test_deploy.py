@@ -73,7 +73,7 @@ def test_dashboard_panels_use_real_metrics():
     assert len(exprs) >= 15
     used = {m for e in exprs for m in METRIC.findall(e)}
     assert used <= names.keys(), used - names.keys()
-    # every metric family the README lists for operators is on the dashboard
+    # every metric family docs/reference/metrics.md lists for operators is on the dashboard
     for family in ("duetime_runs_finished_total", "duetime_start_lateness_seconds_bucket",
                    "duetime_queue_delay_seconds_bucket", "duetime_execution_duration_seconds_bucket",
                    "duetime_lease_expiries_total", "duetime_late_results_rejected_total",
