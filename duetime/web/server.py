@@ -34,6 +34,7 @@ from duetime.common.errors import (
     RunNotFound,
 )
 from duetime.common.models import STATES
+from duetime.common.startup import answers
 from duetime.common.time.fmt import human_duration as _human
 from duetime.common.time.spec import InvalidSchedule
 from duetime.ops.admin import VERDICTS
@@ -158,6 +159,23 @@ class ConsoleApp:
             return self.refuse(request, 403, "Writes are locked in this browser session.",
                                "Unlock them with the write token (the lock at the top right).")
         return form
+
+    # -- probes -----------------------------------------------------------------------------
+    # For a platform's health checks (deploy/kubernetes/console.yaml). Not pages: no session,
+    # no template, nothing about the namespace in the body. They answer the same allow-listed
+    # Host names as every page: a kubelet's probe sends `Host: localhost`.
+    def healthz(self, request: Request) -> Response:
+        """Alive: the process serves requests (a Redis outage does not make it dead)."""
+        return Response("ok\n", media_type="text/plain", headers={"Cache-Control": "no-store"})
+
+    async def readyz(self, request: Request) -> Response:
+        """Ready: Redis answers this console's credential (TIME, allowed to every role)."""
+        try:
+            await run_in_threadpool(answers, self.console.insp.client)
+        except redis.RedisError as exc:
+            return Response(f"not ready: Redis: {type(exc).__name__}\n", status_code=503,
+                            media_type="text/plain", headers={"Cache-Control": "no-store"})
+        return Response("ready\n", media_type="text/plain", headers={"Cache-Control": "no-store"})
 
     # -- pages ------------------------------------------------------------------------------
     def overview(self, request: Request) -> Response:
@@ -387,6 +405,8 @@ def create_app(app: App, write_token: str | None = None, allowed_hosts: Iterable
         HTTPException: on_error}
     routes = [
         Route("/", c.overview),
+        Route("/healthz", c.healthz),
+        Route("/readyz", c.readyz),
         Route("/runs", c.runs),
         Route("/runs/{run_id:path}/confirm/{action}", c.confirm),
         Route("/runs/{run_id:path}/{action}", c.run_action, methods=["POST"]),

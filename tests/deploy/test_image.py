@@ -95,7 +95,7 @@ class Image:
 
 def test_the_dockerfile_builds_and_installs_the_wheel_in_a_clean_virtualenv(tmp_path: Path):
     stages = dockerfile()
-    assert {"wheel", "duetime", "app"} <= stages.keys()
+    assert {"wheel", "duetime", "app", "console"} <= stages.keys()
     base_python = tmp_path / "base-python"  # what python:X-slim gives: python and pip on PATH
     subprocess.run([sys.executable, "-m", "venv", str(base_python)], check=True, timeout=300)
     images: dict[str, Image] = {}
@@ -130,6 +130,18 @@ def test_the_dockerfile_builds_and_installs_the_wheel_in_a_clean_virtualenv(tmp_
     check = image.exec(["python", "-c", f"import {module} as m, duetime; "
                         f"assert isinstance(m.{attr}, duetime.App)"])
     assert check.returncode == 0, check.stderr
+
+    # the console stage: the base image plus the web extra, on the same filesystem
+    assert stages["console"].base == "duetime"
+    image.replay(stages["console"], images)
+    assert not image.host("/tmp/wheels").exists(), "the wheel is left in the console image"
+    web = image.exec(["python", "-c", "import duetime.web.server, uvicorn"])
+    assert web.returncode == 0, web.stderr
+    argv = [*effective(stages, "console", "ENTRYPOINT").exec_form(),  # type: ignore[union-attr]
+            *effective(stages, "console", "CMD").exec_form()]  # type: ignore[union-attr]
+    assert argv[:2] == ["duetime", "web"] and option(argv, "--host") == "0.0.0.0", argv
+    helped = image.exec([*argv, "--help"])
+    assert helped.returncode == 0 and "Usage: duetime web" in helped.stdout, helped.stderr
 
 
 def test_the_image_runs_as_an_unprivileged_user():

@@ -19,6 +19,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 from duetime.common.time.parse import parse_duration
 
 from tests.conftest import ROOT
@@ -43,7 +44,9 @@ VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["versi
 # the oldest Kubernetes the manifests claim (policy/v1 PDB with unhealthyPodEvictionPolicy
 # is GA from 1.31 on), and the newest kubernetes-validate knows
 K8S_VERSIONS = ("1.31.0", kubernetes_validate.utils.latest_version())
-CORE_KINDS = {"ConfigMap", "Secret", "Deployment", "PodDisruptionBudget"}
+CORE_KINDS = {"ConfigMap", "Secret", "Deployment", "PodDisruptionBudget", "Service",
+              "ServiceAccount", "NetworkPolicy"}
+OPTIONAL = ROOT / "deploy" / "kubernetes" / "optional"
 
 
 def objects(kind: str) -> dict[str, dict[str, Any]]:
@@ -124,9 +127,15 @@ def test_the_worker_autoscaler_targets_the_worker_deployment_on_exported_metrics
     assert used <= exported().keys(), used - exported().keys()
 
 
+def roles() -> dict[str, dict[str, Any]]:
+    """The Deployments by the duetime command they run: worker, scheduler, web (the console)."""
+    return {container(d)["args"][0]: d for d in objects("Deployment").values()}
+
+
 def test_workers_get_longer_than_their_grace_to_stop_and_are_probed_on_duetimes_endpoints():
-    deployments = objects("Deployment")
-    for name, dep in deployments.items():
+    for name, dep in roles().items():
+        if name == "web":
+            continue  # the console has no metrics port: its own test below
         c = container(dep)
         args = c["args"]
         helped = duetime_help(args)
@@ -136,6 +145,9 @@ def test_workers_get_longer_than_their_grace_to_stop_and_are_probed_on_duetimes_
         assert [p["containerPort"] for p in c["ports"] if p["name"] == "metrics"] == [port]
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
         assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        # liveness waits for the startup probe: a slow import of the task code is not a crash
+        assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 30
         annotations = dep["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/port"] == str(port)
         pod = dep["spec"]["template"]["spec"]
@@ -151,13 +163,12 @@ def test_workers_get_longer_than_their_grace_to_stop_and_are_probed_on_duetimes_
 
 
 def test_two_schedulers_and_budgets_that_keep_them_and_the_workers_up():
-    deployments = objects("Deployment")
-    roles = {container(d)["args"][0]: d for d in deployments.values()}
-    assert set(roles) == {"scheduler", "worker"}
-    assert roles["scheduler"]["spec"]["replicas"] >= 2
+    by_role = roles()
+    assert set(by_role) == {"scheduler", "worker", "web"}
+    assert by_role["scheduler"]["spec"]["replicas"] >= 2
     budgets = objects("PodDisruptionBudget")
     assert len(budgets) == 2
-    for dep in deployments.values():
+    for dep in (by_role["scheduler"], by_role["worker"]):
         labels = dep["spec"]["template"]["metadata"]["labels"]
         assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
         (pdb,) = [b for b in budgets.values()
@@ -168,7 +179,7 @@ def test_two_schedulers_and_budgets_that_keep_them_and_the_workers_up():
 
 def test_the_redis_url_comes_from_a_secret_and_the_namespace_from_a_config_map():
     maps, secrets = objects("ConfigMap"), objects("Secret")
-    for dep in objects("Deployment").values():
+    for dep in roles().values():
         refs = container(dep)["envFrom"]
         (cm,) = [maps[r["configMapRef"]["name"]] for r in refs if "configMapRef" in r]
         (secret,) = [secrets[r["secretRef"]["name"]] for r in refs if "secretRef" in r]
@@ -227,6 +238,18 @@ def test_the_compose_services_build_from_the_dockerfile_and_run_as_documented():
     assert parse_seconds(services["worker"]["stop_grace_period"]) > parse_seconds(option(worker, "--grace"))
 
 
+def test_the_compose_console_is_the_console_stage_on_loopback_and_read_only_by_default():
+    svc = compose()["services"]["console"]
+    assert svc["build"]["target"] == "console" and "console" in dockerfile()
+    argv = svc["command"]
+    assert argv[0] == "web" and duetime_help(argv).returncode == 0
+    port = option(argv, "--port")
+    assert svc["ports"] == [f"127.0.0.1:{port}:{port}"]  # published on the host's loopback only
+    # an empty token is no token (read-only) unless the operator sets one
+    assert svc["environment"]["DUETIME_WEB_WRITE_TOKEN"] == "${DUETIME_WEB_WRITE_TOKEN:-}"
+    assert f"127.0.0.1:{port}/readyz" in " ".join(svc["healthcheck"]["test"])
+
+
 def test_prometheus_in_compose_mounts_files_that_exist():
     mounts = compose()["services"]["prometheus"]["volumes"]
     for m in mounts:
@@ -283,5 +306,146 @@ def test_the_systemd_environment_file_names_only_duetimes_variables():
 def test_no_secret_looking_value_but_placeholders():
     """The example URLs carry a placeholder password, never a real-looking one."""
     for path in [*Path(ROOT / "deploy").rglob("*.yaml"), *SYSTEMD.glob("*")]:
-        for m in re.finditer(r"rediss?://:([^@\s]+)@", path.read_text()):
+        for m in re.finditer(r"rediss?://[\w-]*:([^@\s]+)@", path.read_text()):
             assert m.group(1) == "change-me", (path, m.group(0))
+
+
+# -- the console, pods' identity, network, monitoring, autoscaling without KEDA ----------
+def test_the_console_is_read_only_unless_its_token_secret_exists_and_is_probed_with_a_known_host():
+    dep = roles()["web"]
+    c = container(dep)
+    helped = duetime_help(c["args"])
+    assert helped.returncode == 0, helped.stderr
+    assert option(c["args"], "--host") == "0.0.0.0"
+    (token,) = [e for e in c["env"] if e["name"] == "DUETIME_WEB_WRITE_TOKEN"]
+    ref = token["valueFrom"]["secretKeyRef"]
+    assert ref["optional"] is True  # no Secret, no token: read-only
+    # the Secret that unlocks writes is not among the manifests applied by default
+    assert ref["name"] not in objects("Secret")
+    (optional_secret,) = yaml.safe_load_all((OPTIONAL / "console-write-token.yaml").read_text())
+    assert optional_secret["metadata"]["name"] == ref["name"]
+    assert set(optional_secret["stringData"]) == {ref["key"]}
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(optional_secret, version, strict=True)
+    # its image is the Dockerfile's console stage, with the web extra
+    assert c["image"] == f"duetime-console:{VERSION}" and "console" in dockerfile()
+    # probes carry a Host the console answers to (it refuses unknown names: DNS rebinding)
+    allowed = {"localhost", "127.0.0.1", "::1", *[c["args"][i + 1] for i, a in
+                                                   enumerate(c["args"]) if a == "--allowed-host"]}
+    for probe, path in (("startupProbe", "/healthz"), ("readinessProbe", "/readyz"),
+                        ("livenessProbe", "/healthz")):
+        get = c[probe]["httpGet"]
+        assert get["path"] == path and get["port"] == "http", probe
+        (host,) = [h["value"] for h in get["httpHeaders"] if h["name"] == "Host"]
+        assert host in allowed, probe
+    # its Service answers on the container's port, and the Service's name is an allowed host
+    (svc,) = [s for s in objects("Service").values()
+              if s["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]]
+    assert svc["metadata"]["name"] in allowed
+    assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["http"]
+
+
+def test_no_pod_mounts_a_kubernetes_api_token():
+    (account,) = objects("ServiceAccount").values()
+    assert account["automountServiceAccountToken"] is False
+    for name, dep in objects("Deployment").items():
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == account["metadata"]["name"], name
+        assert pod["automountServiceAccountToken"] is False, name
+
+
+def test_workers_spread_over_nodes():
+    pod = roles()["worker"]["spec"]["template"]["spec"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    labels = roles()["worker"]["spec"]["template"]["metadata"]["labels"]
+    assert spread["labelSelector"]["matchLabels"].items() <= labels.items()
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions", []):
+        assert expr["operator"] == "In", expr
+        if labels.get(expr["key"]) not in expr["values"]:
+            return False
+    return True
+
+
+def test_network_policies_admit_scrapes_and_probes_and_keep_worker_egress_open():
+    pods = {name: (d["spec"]["template"]["metadata"]["labels"], container(d))
+            for name, d in roles().items()}
+    policies = objects("NetworkPolicy").values()
+    for role, (labels, c) in pods.items():
+        mine = [p for p in policies if _selects(p["spec"]["podSelector"], labels)]
+        ingress = [p for p in mine if "Ingress" in p["spec"]["policyTypes"]]
+        assert ingress, role  # every pod's ingress is restricted...
+        port_names = {p["name"] for p in c["ports"]}
+        opened = {port["port"] for p in ingress for rule in p["spec"]["ingress"]
+                  for port in rule["ports"]}
+        assert opened and opened <= port_names, (role, opened)  # ...to its own named ports
+        egress = [p for p in mine if "Egress" in p["spec"]["policyTypes"]]
+        if role == "worker":
+            assert egress == []  # tasks call what they call
+        else:
+            ports = {port["port"] for p in egress for rule in p["spec"]["egress"]
+                     for port in rule["ports"]}
+            assert {6379, 53} <= ports, role
+
+
+SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
+    # the part of the Prometheus Operator's ServiceMonitor (monitoring.coreos.com/v1) used here
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "spec": {"type": "object", "additionalProperties": False,
+                 "required": ["selector", "endpoints"],
+                 "properties": {
+                     "selector": {"type": "object", "required": ["matchLabels"]},
+                     "endpoints": {"type": "array", "minItems": 1, "items": {
+                         "type": "object", "additionalProperties": False, "required": ["port"],
+                         "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+                                        "interval": {"type": "string",
+                                                     "pattern": r"^[0-9]+[smh]$"}}}}}},
+    },
+}
+
+
+def test_the_service_monitor_scrapes_the_metrics_port_of_workers_and_schedulers():
+    (monitor,) = objects("ServiceMonitor").values()
+    jsonschema.validate(monitor, SERVICE_MONITOR_SCHEMA)
+    services = [s for s in objects("Service").values()
+                if _selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    covered = set()
+    for svc in services:
+        assert endpoint["port"] in {p["name"] for p in svc["spec"]["ports"]}
+        for role, dep in roles().items():
+            if _selects({"matchLabels": svc["spec"]["selector"]},
+                        dep["spec"]["template"]["metadata"]["labels"]):
+                covered.add(role)
+                (port,) = [p for p in svc["spec"]["ports"] if p["name"] == endpoint["port"]]
+                assert port["targetPort"] in {p["name"] for p in container(dep)["ports"]}
+    assert covered == {"worker", "scheduler"}
+
+
+def test_the_autoscalers_target_one_worker_per_concurrency_worth_of_runs():
+    """KEDA's threshold and the HPA's per-pod target equal the worker's --concurrency: as many
+    workers as it takes to run everything waiting and running at once."""
+    concurrency = option(container(roles()["worker"])["args"], "--concurrency")
+    (scaled,) = objects("ScaledObject").values()
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["metadata"]["threshold"] == concurrency
+    (hpa,) = yaml.safe_load_all((OPTIONAL / "hpa.yaml").read_text())
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(hpa, version, strict=True)
+    assert hpa["spec"]["scaleTargetRef"]["name"] == roles()["worker"]["metadata"]["name"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["external"]["target"]["averageValue"] == concurrency
+    assert hpa["spec"]["minReplicas"] >= 1
+    # the adapter rule in its comment computes what the ScaledObject's query does
+    assert trigger["metadata"]["query"] in (OPTIONAL / "hpa.yaml").read_text()

@@ -43,7 +43,7 @@ def rule_blocks() -> list[dict[str, str]]:
     blocks = []
     for chunk in text.split("- alert: ")[1:]:
         fields = {"alert": chunk.splitlines()[0].strip()}
-        for key in ("expr", "for", "severity", "summary", "description"):
+        for key in ("expr", "for", "severity", "summary", "description", "runbook_url"):
             m = re.search(rf"^\s+{key}: (.+)$", chunk, re.M)
             fields[key] = m.group(1).strip() if m else ""
         blocks.append(fields)
@@ -64,6 +64,20 @@ def test_alert_rules_cover_the_failure_modes_and_use_real_metrics():
         used = set(METRIC.findall(r["expr"]))
         assert used and used <= names.keys(), (r["alert"], used - names.keys())
         assert r["expr"].count("(") == r["expr"].count(")"), r["alert"]
+
+
+def test_every_alert_links_its_runbook_section_and_every_section_has_an_alert():
+    """runbook_url is `<site>/runbooks/#<alert in lower case>`: the anchor MkDocs gives the
+    heading `## <Alert>` of docs/runbooks.md."""
+    runbooks = (DEPLOY.parent / "docs" / "runbooks.md").read_text()
+    sections = set(re.findall(r"^## (\w+)$", runbooks, re.M))
+    rules = rule_blocks()
+    assert sections == {r["alert"] for r in rules}
+    for r in rules:
+        url = r["runbook_url"].strip('"')
+        assert url.endswith(f"/runbooks/#{r['alert'].lower()}"), (r["alert"], url)
+        section = runbooks.split(f"## {r['alert']}\n", 1)[1].split("\n## ", 1)[0]
+        assert "**Means:**" in section and "**Fix:**" in section, r["alert"]
 
 
 def test_dashboard_panels_use_real_metrics():
