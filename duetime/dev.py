@@ -1,6 +1,7 @@
-"""`duetime dev`: a whole deployment on one machine for trying things out — an embedded
-server (unless a Redis URL is configured), a scheduler (evaluator, reaper, gauges), worker
-processes and sample schedules of the demo app — running until Ctrl-C."""
+"""`duetime dev`: a whole deployment on one machine — an embedded server (unless a Redis URL is
+configured), a scheduler (evaluator, reaper, gauges) and worker processes — running until
+Ctrl-C. With `--app`, the workers run your app and restart when its code changes (`duetime
+worker --reload`); without, they run the demo app and sample schedules are declared."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ SAMPLES = (
 )
 
 
-def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: int | None) -> None:
+def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: int | None,
+            app_ref: str | None = None, reload: bool = False) -> None:
     from duetime.scheduler.evaluator import Evaluator
     from duetime.scheduler.gauges import Gauges
     from duetime.scheduler.reaper import Reaper
@@ -41,14 +43,20 @@ def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: 
             server = stack.enter_context(local_server())
             url = server.url
             click.echo(f"started an embedded {server.kind.capitalize()} server at {url}")
-        from duetime import demo_app
+        app: App
+        if app_ref is None:
+            from duetime import demo_app
 
-        app: App = demo_app.app
+            app, worker_app = demo_app.app, "duetime.demo_app:app"
+        else:
+            from duetime.cli.common import load_app
+
+            app, worker_app = load_app(app_ref, None, None), app_ref
         app.configure(redis_url=url, namespace=namespace)
         app.store.ready()
         ns = app.keys.namespace
         created = []
-        for name, trigger, task, args in SAMPLES:
+        for name, trigger, task, args in SAMPLES if app_ref is None else ():
             status = app.schedule(name, trigger, task, args, catchup="latest")
             click.echo(f"schedule {name}: {trigger.describe()} ({status})")
             if status == "created":
@@ -66,9 +74,11 @@ def run_dev(url: str | None, namespace: str | None, workers: int, metrics_port: 
             extra = ["--metrics-port", str(metrics_port + 1 + i)] if metrics_port else []
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "duetime", "--log-level", "WARNING", "worker", "--app",
-                 "duetime.demo_app:app", "--concurrency", "16", "--grace", "5s", *extra],
+                 worker_app, "--concurrency", "16", "--grace", "5s", *extra,
+                 *(["--reload"] if reload else [])],
                 env=env, start_new_session=True))
-        click.echo(f"scheduler running here; {workers} worker process(es): {[p.pid for p in procs]}")
+        click.echo(f"scheduler running here; {workers} worker process(es) of {worker_app}"
+                   f"{' (restarted on code changes)' if reload else ''}: {[p.pid for p in procs]}")
         click.echo("\nin another shell:\n"
                    f"  export DUETIME_REDIS_URL={url} DUETIME_NAMESPACE={ns}\n"
                    "  duetime top            # live view\n"

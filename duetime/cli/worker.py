@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import click
 import redis
@@ -48,13 +49,25 @@ from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, 
 @click.option("--burst", is_flag=True, help="Stop, exit 0, once idle: nothing of its own "
               "running, every outcome recorded, no run of its queues due now (runs due later "
               "are not waited for). For tests, CI and batch jobs; one process only.")
+@click.option("--reload", is_flag=True, help="Development: restart the worker when a .py file "
+              "under --reload-dir changes (needs the `dev` extra: watchfiles).")
+@click.option("--reload-dir", "reload_dirs", multiple=True, metavar="DIR",
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder --reload watches (repeatable; default: the current folder).")
 @click.pass_context
 @fail_cleanly
 def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
            processes: int, lease: timedelta, grace: timedelta, claim_ahead: timedelta,
            unknown_task_grace: timedelta, metrics_port: int | None, metrics_host: str,
-           burst: bool) -> None:
+           burst: bool, reload: bool, reload_dirs: tuple[Path, ...]) -> None:
     """Execute runs: claim, run, heartbeat, report."""
+    if reload_dirs and not reload:
+        raise click.UsageError("--reload-dir needs --reload")
+    if reload:
+        if burst:
+            raise click.UsageError("--burst stops when idle: drop --reload")
+        _reload(app_ref, reload_dirs or (Path.cwd(),), grace)
+        return
     if burst and processes > 1:
         # the supervisor restarts a child that exits: N burst workers would never end
         raise click.UsageError("--burst runs one worker process: drop --processes")
@@ -95,6 +108,21 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _reload(app_ref: str, dirs: tuple[Path, ...], grace: timedelta) -> None:
+    """Run the worker as a child and replace it on code changes (duetime/cli/reload.py)."""
+    try:
+        import watchfiles  # noqa: F401 - the extra's presence, checked before anything starts
+    except ImportError:
+        raise click.ClickException("--reload needs its extra: pip install 'duetime[dev]' "
+                                   "(watchfiles)") from None
+    from duetime.cli.reload import Reloader, child_argv
+
+    # the app must import before the loop starts: a wrong --app is one error line, not a
+    # child that fails at every change
+    load_app(app_ref, None, None)
+    sys.exit(Reloader(child_argv(sys.argv[1:]), dirs, grace.total_seconds()).run())
 
 
 def _supervise(n: int, metrics_port: int | None) -> None:

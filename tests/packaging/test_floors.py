@@ -36,8 +36,9 @@ def _floors() -> dict[str, str]:
     return pins
 
 
-# the extras whose floors the floors lane installs and uses (the docs extra: it builds the site)
-FLOORED_EXTRAS = ("docs",)
+# the extras whose floors the floors lane installs and uses (docs: it builds the site; dev: it
+# runs the reload tests)
+FLOORED_EXTRAS = ("docs", "dev")
 
 
 def test_floors_match_pyproject():
