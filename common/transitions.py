@@ -203,14 +203,19 @@ def wait(k: Keyspace, p: int, run_id: str) -> Call:
 # -- schedules and scheduler ownership --------------------------------------------------------
 def materialize(k: Keyspace, p: int, name: str, queue: str, runs: list[Any],
                 expected: tuple[bytes | str, bytes | str, int | str] | None = None,
-                skipped: int = 0) -> Call:
+                skipped: int = 0, intervals: list[int] | None = None, calendar: str = "",
+                excluded: list[Any] | None = None) -> Call:
     """runs: flat (run id, occurrence ms, due ms, coalesced count, first ms) values.
     expected: (version, cursor ms, new cursor ms or '') for the evaluator's compare-and-set;
-    None for backfill and trigger-now (runs only, no cursor move, no starting deadline)."""
+    None for backfill and trigger-now (runs only, no cursor move, no starting deadline).
+    intervals: each run's data interval start ms (0: none); calendar: 'NAME vN' applied, and
+    excluded: flat (run id, occurrence ms) of occurrences it excluded (skipped runs)."""
     version, cursor, new_cursor = expected if expected is not None else ("", "", "")
-    return ([k.sched_due(p), k.due(p, queue), k.deadlines(p), k.events(p)],
+    n = len(runs) // 5
+    starts = [s or "" for s in (intervals or [])] + [""] * (n - len(intervals or []))
+    return ([k.sched_due(p), k.due(p, queue), k.deadlines(p), k.events(p), k.done(p)],
             [k.prefix(p), name, version, cursor, new_cursor, skipped, k.wake_channel, p, queue,
-             k.sched_wake, *runs])
+             k.sched_wake, n, *runs, *starts[:n], calendar, *(excluded or [])])
 
 
 def schedule_upsert(k: Keyspace, p: int, name: str, def_hash: str, version: int | str,

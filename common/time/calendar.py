@@ -358,20 +358,22 @@ def previous_before(trigger: Trigger, t: datetime, horizon: timedelta = timedelt
     return None
 
 
-def interval_starts(trigger: Trigger, firsts: list[int], occurrences: list[int]) -> list[int]:
+def interval_starts(trigger: Trigger, firsts: list[int], occurrences: list[int],
+                    before: int = 0) -> list[int]:
     """For runs standing for the occurrences firsts[i]..occurrences[i] (ms, ascending), the
     start of each one's data interval: the trigger's occurrence just before firsts[i]
-    (0: none). A run whose first occurrence follows the previous run's is not searched for."""
+    (0: none). The occurrence before (the previous run's, or `before`, the newest one that
+    had a run) is checked with one step; only otherwise is it searched for."""
     from duetime.common.time.parse import from_ms, to_ms
 
     out: list[int] = []
     for i, first in enumerate(firsts):
-        if i and occurrences[i - 1] < first:
-            nxt = trigger.next_after(from_ms(occurrences[i - 1]))
+        hint = occurrences[i - 1] if i else before
+        if 0 < hint < first:
+            nxt = trigger.next_after(from_ms(hint))
             if nxt is not None and to_ms(nxt, ceil=True) == first:
-                out.append(occurrences[i - 1])
+                out.append(hint)
                 continue
         prev = previous_before(trigger, from_ms(first))
         out.append(0 if prev is None else to_ms(prev, ceil=True))
     return out
-
