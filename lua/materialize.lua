@@ -21,7 +21,8 @@
 --         to the reapers)
 -- ARGV[11] n, the number of runs; ARGV[12..11+5n] per run, 5 values: run id, occurrence ms,
 --         due ms, coalesced count, first ms
--- then n values: each run's data interval start ms ('' = none; its end is its occurrence)
+-- then n values: each run's data interval start ms ('' = no interval; '0' = none before;
+--         its end is its occurrence)
 -- then the calendar applied ('' = none; 'NAME vN' is written to the schedule's cal_v), and
 -- pairs (run id, occurrence ms) of occurrences the calendar excluded: each is recorded once
 -- as a `skipped` run with the reason 'excluded by calendar NAME vN' (materialize/calendar.lua)

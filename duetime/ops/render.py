@@ -56,6 +56,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "heartbeat": _iso(run.heartbeat), "lease_expires": _iso(run.lease_expires),
         "tenant": run.tenant, "limited_by": run.limited_by, "result_error": run.result_error,
         "coalesced": run.coalesced, "coalesced_from": _iso(run.coalesced_from),
+        "interval_start": _iso(run.interval_start), "interval_end": _iso(run.interval_end),
         "result": run.result,
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
@@ -81,6 +82,8 @@ def run_to_text(run: Run, now: datetime | None = None) -> str:
             lines.append(f"  {k:<17} {text}")
     if run.coalesced > 1:  # a catch-up run: the occurrences it stands for
         lines.append(f"  {'coalesced':<17} {run.coalesced} occurrences, from {d['coalesced_from']}")
+    if run.interval_end is not None:  # a schedule's run: the data interval it covers
+        lines.append(f"  {'interval':<17} {d['interval_start'] or '-'} .. {d['interval_end']}")
     if run.result is not None:
         lines.append(f"  result            {result_text(run.result)}")
     if run.error:

@@ -2,9 +2,12 @@
 -- business calendar excluded (recorded once each as a skipped run, counted on the schedule).
 
 -- A run's data interval: from the trigger's previous occurrence (calendar applied) to its own.
+-- `start` '' (or absent): no interval (a manual run); '0': its trigger had no occurrence before.
 local function add_interval(fields, start, occ)
   if start and start ~= '' then
-    fields[#fields + 1] = 'interval_start'; fields[#fields + 1] = start
+    if start ~= '0' then
+      fields[#fields + 1] = 'interval_start'; fields[#fields + 1] = start
+    end
     fields[#fields + 1] = 'interval_end'; fields[#fields + 1] = occ
   end
 end
