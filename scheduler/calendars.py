@@ -20,7 +20,7 @@ from duetime.common.time.parse import from_ms, to_ms
 from duetime.common.time.spec import Trigger
 
 # the schedule fields this module reads (after the evaluator's own)
-CALENDAR_FIELDS = ("calendar", "on_excluded", "cal_v", "last_ms")
+CALENDAR_FIELDS = ("calendar", "on_excluded", "cal_v", "last_ms", "created")
 # skipped runs recorded per evaluation of one schedule: a trigger firing more often than this
 # on the excluded days between two of its runs records the first ones (all are dropped)
 MAX_EXCLUDED_RECORDS = 1000
@@ -56,6 +56,7 @@ class Applied:
     cursor_ms: int | None  # the cursor to plan from (moved when the calendar changed)
     label: str  # 'NAME vN' ('' without a calendar)
     last_ms: int  # the newest occurrence that has a run (0: none)
+    created_ms: int = 0  # when the schedule was created
 
 
 def apply(trigger: Trigger, rec: dict[str, bytes | None], cursor_ms: int, now_ms: int,
@@ -65,33 +66,37 @@ def apply(trigger: Trigger, rec: dict[str, bytes | None], cursor_ms: int, now_ms
     without a run yet (after the newest run, and not before what was already handled)."""
     try:
         last = int(rec.get("last_ms") or 0)
+        created = int(rec.get("created") or 0)
     except ValueError:
-        last = 0
+        last = created = 0
     name = (rec.get("calendar") or b"").decode(errors="replace")
     if not name:
-        return Applied(trigger, cursor_ms, "", last)
+        return Applied(trigger, cursor_ms, "", last, created)
     cal = calendars.get(name)
     if cal is None or isinstance(cal, InvalidSchedule):
         raise cal or InvalidSchedule(f"calendar {name} was not read")
     wrapped = Calendared(trigger, cal, (rec.get("on_excluded") or b"skip").decode(errors="replace"))
     if (rec.get("cal_v") or b"").decode(errors="replace") == cal.label:
-        return Applied(wrapped, cursor_ms, cal.label, last)
+        return Applied(wrapped, cursor_ms, cal.label, last, created)
     since = max(last, min(cursor_ms, now_ms) - 1)
     nxt = wrapped.next_after(from_ms(since))
-    return Applied(wrapped, None if nxt is None else to_ms(nxt, ceil=True), cal.label, last)
+    return Applied(wrapped, None if nxt is None else to_ms(nxt, ceil=True), cal.label, last,
+                   created)
 
 
 def extras(name: str, applied: Applied, runs: list[PlannedRun], new_cursor: int | None,
            horizon_ms: int) -> tuple[list[int], list[Any]]:
     """Each planned run's data interval start, and flat (run id, occurrence ms) of the
     occurrences the calendar dropped since the newest run, up to the new cursor (and the
-    lead's horizon), to be recorded as skipped runs."""
+    lead's horizon), to be recorded as skipped runs: they are recorded when the schedule is
+    next evaluated, that is when its next business-day occurrence is materialised."""
     starts = interval_starts(applied.trigger, [r.coalesced_from_ms for r in runs],
                              [r.occurrence_ms for r in runs], applied.last_ms)
     excluded: list[Any] = []
     t = applied.trigger
     if isinstance(t, Calendared) and applied.cursor_ms is not None:
-        lo = applied.last_ms + 1 if applied.last_ms else applied.cursor_ms
+        # from the newest run on (before the first run: from the schedule's creation)
+        lo = applied.last_ms + 1 if applied.last_ms else (applied.created_ms or applied.cursor_ms)
         hi = min(horizon_ms + 1, new_cursor if new_cursor is not None else horizon_ms + 1)
         if lo < hi:
             for r in t.skipped_between(from_ms(lo), from_ms(hi), MAX_EXCLUDED_RECORDS):

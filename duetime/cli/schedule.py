@@ -202,7 +202,7 @@ def schedule_show(ctx: click.Context, name: str, as_json: bool) -> None:
     app = plain_app(ctx)
     info = app.get_schedule(name)
     now = server_now(app)
-    fires = next_fires(info, now)
+    fires = next_fires(info, now, trigger=app.schedules.effective_trigger(info))
     policy_ms = app.schedules.stagger_policy()
     if as_json:
         own = None if info.stagger_s is None else round(info.stagger_s * 1000)

@@ -22,6 +22,7 @@ from duetime.scheduler.calendars import apply
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+Case = tuple[Trigger, Calendar, str, datetime, datetime]
 CI = settings(derandomize=True, max_examples=150, deadline=None)
 ZONES = ["America/New_York", "Europe/London", "UTC", "Australia/Lord_Howe", "Asia/Kathmandu"]
 EXPRS = ["0 9 * * *", "30 2 * * *", "30 1 * * *", "0 9,17 * * *", "0 17 * * SAT",
@@ -86,7 +87,7 @@ def _oracle(trigger: Trigger, cal: Calendar, policy: str, lo: datetime, hi: date
 
 @CI
 @given(cases())
-def test_calendared_instants_are_the_oracles(case: tuple[Trigger, Calendar, str, datetime, datetime]) -> None:
+def test_calendared_instants_are_the_oracles(case: Case) -> None:
     trigger, cal, policy, lo, hi = case
     got = list(Calendared(trigger, cal, policy).occurrences(lo, hi))
     assert got == _oracle(trigger, cal, policy, lo, hi)
@@ -95,7 +96,7 @@ def test_calendared_instants_are_the_oracles(case: tuple[Trigger, Calendar, str,
 
 @CI
 @given(cases())
-def test_previous_before_is_the_one_just_before(case: tuple[Trigger, Calendar, str, datetime, datetime]) -> None:
+def test_previous_before_is_the_one_just_before(case: Case) -> None:
     trigger, cal, policy, lo, hi = case
     c = Calendared(trigger, cal, policy)
     got = list(c.occurrences(lo, hi))
@@ -109,7 +110,7 @@ def test_previous_before_is_the_one_just_before(case: tuple[Trigger, Calendar, s
 
 @CI
 @given(cases())
-def test_skipped_are_the_raws_that_fire_nowhere(case: tuple[Trigger, Calendar, str, datetime, datetime]) -> None:
+def test_skipped_are_the_raws_that_fire_nowhere(case: Case) -> None:
     trigger, cal, policy, lo, hi = case
     c = Calendared(trigger, cal, policy)
     dropped = set(c.skipped_between(lo, hi, limit=10_000))
@@ -151,7 +152,7 @@ def test_a_roll_onto_a_dst_gap_follows_the_gap_policy() -> None:
 @CI
 @given(cases(), st.data())
 def test_a_calendar_edited_mid_way_applies_from_the_next_occurrence_without_a_run(
-        case: tuple[Trigger, Calendar, str, datetime, datetime], data: st.DataObject) -> None:
+        case: Case, data: st.DataObject) -> None:
     trigger, v1, policy, lo, hi = case
     v2 = data.draw(calendars(lo))
     v2 = Calendar("c", v1.version + 1, v2.weekdays, v2.excluded)
