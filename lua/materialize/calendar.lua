@@ -1,5 +1,6 @@
 -- materialize/calendar.lua: the data interval of a schedule's run, and the occurrences a
 -- business calendar excluded (recorded once each as a skipped run, counted on the schedule).
+-- Tested by: tests/integration/test_calendars.py
 
 -- A run's data interval: from the trigger's previous occurrence (calendar applied) to its own.
 -- `start` '' (or absent): no interval (a manual run); '0': its trigger had no occurrence before.
