@@ -53,7 +53,8 @@ __all__ = [
     "Retry", "Fatal",
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
-    "RunNotFound", "ScheduleNotFound", "CalendarNotFound", "CalendarInfo", "InvalidState", "RedisUnavailable", "RedisRefused",
+    "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
+    "CalendarNotFound", "CalendarInfo",
     "EnqueueIncomplete", "NotReplicated", "PartitionMismatch", "RunFailed", "ResultNotStored",
     "WaitTimeout", "DamagedState",
     "WorkerStartFailed", "WorkerContext", "worker_context",

@@ -12,6 +12,7 @@ has no run yet.
 from __future__ import annotations
 
 import builtins
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -83,7 +84,7 @@ def ics_dates(ics: str | bytes | Path, years: range) -> set[date]:
     one day without one), RRULEs expanded over `years` (EXDATE honoured)."""
     try:
         import icalendar
-        from dateutil.rrule import rrulestr
+        rrulestr = importlib.import_module("dateutil.rrule").rrulestr  # icalendar's dependency
     except ImportError:
         raise DuetimeError("a calendar from an iCalendar file needs the icalendar package: "
                            "pip install 'duetime[calendars]'") from None
@@ -108,7 +109,9 @@ def ics_dates(ics: str | bytes | Path, years: range) -> set[date]:
         starts = [d0]
         if ev.get("RRULE") is not None:
             midnight = datetime.min.time()
-            rule = rrulestr(ev["RRULE"].to_ical().decode(), dtstart=datetime.combine(d0, midnight))
+            text = ev["RRULE"].to_ical()
+            text = text.decode() if isinstance(text, bytes) else str(text)
+            rule = rrulestr(text, dtstart=datetime.combine(d0, midnight))
             window = (datetime.combine(lo, midnight) - timedelta(days=length),
                       datetime.combine(hi, midnight))
             starts = [x.date() for x in rule.between(*window, inc=True)]
@@ -228,9 +231,3 @@ def decode_info(name: str, raw: dict[bytes, bytes]) -> CalendarInfo:
                         int(h.get("ics_dates") or 0) if (h.get("ics_dates") or "0").isdigit() else 0,
                         from_ms(updated_ms or None))
 
-
-def read_calendar(client: redis.Redis, keys: Keyspace, name: str) -> Calendar | None:
-    """The stored calendar (None: there is none)."""
-    raw = client.hgetall(keys.calendar(name))
-    return Calendar.from_fields(name, {k.decode(): v.decode(errors="replace")
-                                       for k, v in raw.items()}) if raw else None

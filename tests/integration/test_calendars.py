@@ -13,12 +13,12 @@ from zoneinfo import ZoneInfo
 import holidays
 import pytest
 from click.testing import CliRunner
-from duetime.cli import main
 from duetime.common.connection import server_time_ms
 from duetime.common.time.parse import from_ms, to_ms
 from duetime.scheduler.evaluator import Evaluator
 
 import duetime
+from duetime.cli import main
 from tests.apps import basic
 from tests.integration.test_schedules import runs_of
 
