@@ -114,6 +114,11 @@ def test_the_evaluator_records_excluded_occurrences_as_skipped_and_rolls(app, ur
                       count=48)
     excluded = [o for o in occ if o.utc.date() == tomorrow]
     assert excluded and all(o.status == "skipped" and "calendar off v1" in o.detail for o in excluded)
+    occ, _ = timeline(app.schedules, app.get_schedule("hourly-next"), from_ms(at), from_ms(at),
+                      count=48)
+    moved = [o for o in occ if o.utc.date() == tomorrow]
+    assert moved and all(o.status == "moved" and o.run_id == f"hourly-next@{o.ms + DAY_MS}"
+                         for o in moved)
 
 
 def test_a_calendar_edited_applies_from_the_next_occurrence_without_a_run(app, url):
