@@ -20,6 +20,7 @@ from duetime.scheduler.evaluator import Evaluator
 import duetime
 from duetime.cli import main
 from tests.apps import basic
+from tests.integration.inproc import burst
 from tests.integration.test_schedules import runs_of
 
 DAY_MS = 86_400_000
@@ -203,3 +204,15 @@ def test_calendar_cli_add_show_list_delete(app, url, tmp_path):
     assert runner.invoke(main, ["calendar", "delete", "plant"], env=env).exit_code == 0
     gone = runner.invoke(main, ["calendar", "show", "plant"], env=env)
     assert gone.exit_code != 0 and "no calendar" in gone.output
+
+
+def test_a_task_reads_its_data_interval_from_current_run(app):
+    app.calendar("wk2")  # Monday-Friday
+    app.schedule("ctx", duetime.Cron("0 0 * * *"), basic.interval, calendar="wk2")
+    assert app.backfill("ctx", "2026-03-05T00:00:00Z", "2026-03-09T00:00:00Z") == (3, 3)
+    burst(app)
+    got = {k.decode(): v.decode() for k, v in app.store.client.hgetall(basic.data_intervals_key()).items()}
+    ms = [int(datetime(2026, 3, d, tzinfo=UTC).timestamp() * 1000) for d in (4, 5, 6, 9)]
+    assert got == {  # Thursday, Friday, then Monday: its interval spans the weekend
+        f"ctx@{ms[i + 1]}": f"{from_ms(ms[i]).isoformat()} {from_ms(ms[i + 1]).isoformat()}"
+        for i in range(3)}
