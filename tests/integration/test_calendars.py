@@ -216,3 +216,19 @@ def test_a_task_reads_its_data_interval_from_current_run(app):
     assert got == {  # Thursday, Friday, then Monday: its interval spans the weekend
         f"ctx@{ms[i + 1]}": f"{from_ms(ms[i]).isoformat()} {from_ms(ms[i + 1]).isoformat()}"
         for i in range(3)}
+
+
+def test_an_edited_calendar_moves_a_far_cursor_at_once(app, url):
+    """The edit brings the schedule due (its cursor is a day away), so the evaluator plans it
+    again with the new version without waiting for the old cursor."""
+    app.calendar("far", weekdays="mon-sun")
+    app.schedule("far-s", duetime.Cron("0 6 * * *"), basic.noop, calendar="far")
+    cursor = app.get_schedule("far-s").next_fire
+    now = server_time_ms(app.store.client)
+    _evaluate_at(url, app, now)  # nothing due: the cursor stays
+    assert app.get_schedule("far-s").next_fire == cursor
+    app.calendar("far", dates=[cursor.date()], weekdays="mon-sun")
+    _evaluate_at(url, app, now + 1000)
+    info = app.get_schedule("far-s")
+    assert info.next_fire == cursor + timedelta(days=1) and runs_of(app, "far-s") == []
+    assert "far v2" in app.schedules.effective_trigger(info).describe()
