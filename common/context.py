@@ -19,6 +19,11 @@ class RunContext:
     idempotency_key: str
     scheduled_at: datetime | None
     schedule: str | None = None
+    # a schedule's run: the data interval it covers, from the previous occurrence of its
+    # trigger (calendar applied) to its own; a catch-up run standing for several occurrences
+    # covers all of them. None for other runs.
+    interval_start: datetime | None = None
+    interval_end: datetime | None = None
     _lost: bool = field(default=False, repr=False)
     _lost_seen: bool = field(default=False, repr=False)
 

@@ -134,6 +134,10 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
                     "succeed, ms spent on those, counted by workers since the namespace began"),
     "cost_minute": KeyKind("cost:", "hash", "the same counts for one minute (epoch minute of "
                            "the workers' clocks), kept a day: `top`'s recent window", "minute"),
+    "calendar": KeyKind("calendar:", "hash", "a business calendar (duetime calendar add): version, "
+                        "weekdays, dates (excluded, resolved over first_year..last_year), its "
+                        "sources (country, subdiv, explicit, ics_dates), updated", "name"),
+    "calendars": KeyKind("calendars", "zset", "calendar name -> when it was last changed (ms)"),
 }
 GLOBAL: dict[str, str] = {name: kind.suffix for name, kind in GLOBAL_KEYS.items()}
 
@@ -283,6 +287,15 @@ class Keyspace:
     @cached_property
     def meta(self) -> str:
         return self._global("meta")
+
+    def calendar(self, name: str) -> str:
+        """HASH of one business calendar (common/time/calendar.py reads it)."""
+        return self._global("calendar") + name
+
+    @cached_property
+    def calendars(self) -> str:
+        """ZSET of every calendar's name -> when it was last changed."""
+        return self._global("calendars")
 
     @cached_property
     def workers(self) -> str:

@@ -105,6 +105,10 @@ class Run:
     # how many (1 for every other run) and the first of them (None when it stands for itself)
     coalesced: int = 1
     coalesced_from: datetime | None = None
+    # a schedule's run: the data interval it covers (from the previous occurrence of its
+    # trigger, calendar applied, to its own occurrence); None for other runs
+    interval_start: datetime | None = None
+    interval_end: datetime | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -179,4 +183,6 @@ class Run:
             limited_by=s("limited_by"),
             coalesced=max(n("coalesced", 1), 1),
             coalesced_from=from_ms(s("coalesced_from")),
+            interval_start=from_ms(s("interval_start")),
+            interval_end=from_ms(s("interval_end")),
         )

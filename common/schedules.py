@@ -125,6 +125,24 @@ def _millis(value: timedelta | float | str | None, what: str, span: Span) -> int
     return 0 if value is None else duration_ms(span.parse(value, what))
 
 
+ON_EXCLUDED = ("skip", "next", "previous")
+
+
+def check_calendar_options(calendar: str, on_excluded: str) -> None:
+    if calendar:
+        check_name("calendar", calendar)
+    if on_excluded not in ON_EXCLUDED:
+        raise InvalidSchedule(f"on_excluded must be one of {', '.join(ON_EXCLUDED)}; "
+                              f"got {on_excluded!r}")
+
+
+def calendar_fields(calendar: str, on_excluded: str) -> dict[str, str]:
+    """A schedule's calendar as hash fields: absent without one (so the definition hash of a
+    schedule without a calendar is the one it had before calendars existed); the store
+    writes '' then, clearing an old one."""
+    return {"calendar": calendar, "on_excluded": on_excluded} if calendar else {}
+
+
 @dataclass(frozen=True)
 class ScheduleDef:
     """What the user declares; stored in `T:sched:<name>` with the evaluation state."""
@@ -144,12 +162,17 @@ class ScheduleDef:
     miss_tolerance_ms: int = MISS_TOLERANCE_MS
     stagger_ms: int | None = None  # None: the namespace's stagger policy (`schedule policy`)
     tenant: str = ""  # given to every run it creates ('' = none)
+    # a business calendar by name ('' = none) and what an occurrence on an excluded day does
+    # (common/time/calendar.py): 'skip', or roll to the 'next' / 'previous' business day
+    calendar: str = ""
+    on_excluded: str = "skip"
 
     def __post_init__(self) -> None:
         check_name("schedule name", self.name)
         check_name("queue", self.queue)
         if self.tenant:
             check_name("tenant", self.tenant)
+        check_calendar_options(self.calendar, self.on_excluded)
         if self.catchup not in CATCHUP:
             raise InvalidSchedule(f"catchup must be one of {', '.join(CATCHUP)}; got {self.catchup!r}")
         if self.overlap not in OVERLAP:
@@ -183,6 +206,7 @@ class ScheduleDef:
         }
         if self.tenant:  # absent when unset (the store writes '' then, clearing an old one)
             f["tenant"] = self.tenant
+        f.update(calendar_fields(self.calendar, self.on_excluded))
         return f
 
     def def_hash(self) -> str:

@@ -31,7 +31,8 @@ Call = tuple[list[str], list[Any]]
 # line); tests/unit/test_script_assembly.py checks the two agree.
 CLAIM_REPLY_HEADER = ("next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
 CLAIM_RUN_FIELDS = ("run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
-                    "idempotent", "key", "schedule", "ready_ms", "limited_by")
+                    "idempotent", "key", "schedule", "ready_ms", "limited_by", "interval_start",
+                    "interval_end")
 CLAIM_HEADER, CLAIM_FIELDS = len(CLAIM_REPLY_HEADER), len(CLAIM_RUN_FIELDS)
 
 
@@ -44,9 +45,9 @@ def _at(fields: tuple[str, ...], *names: str) -> tuple[int, ...]:
 _NEXT, _MISSED, _SKIPPED, _HELD_C, _HELD_R = _at(
     CLAIM_REPLY_HEADER, "next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
 (_RUN_ID, _FENCE, _ATTEMPT, _TASK, _PAYLOAD, _DUE, _TIMEOUT, _IDEMPOTENT, _KEY, _SCHEDULE,
- _READY, _LIMITED_BY) = _at(
+ _READY, _LIMITED_BY, _IV_START, _IV_END) = _at(
     CLAIM_RUN_FIELDS, "run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
-    "idempotent", "key", "schedule", "ready_ms", "limited_by")
+    "idempotent", "key", "schedule", "ready_ms", "limited_by", "interval_start", "interval_end")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class Claimed:
     ready_ms: int  # when it became claimable: its due time, or its retry time
     damaged: str = ""  # why the run record cannot be read (the worker dead-letters the run)
     limited_by: str = ""  # the limit it waited on before this claim, if any
+    interval_start: int = 0  # a schedule's run: its data interval (0: none)
+    interval_end: int = 0
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ def parse_claim(res: list[Any]) -> ClaimReply:
                 timeout_ms=int(f[_TIMEOUT] or 0), idempotent=f[_IDEMPOTENT] != b"0",
                 key=_s(f[_KEY]) or None, schedule=_s(f[_SCHEDULE]) or None,
                 ready_ms=ready_ms, limited_by=_s(f[_LIMITED_BY]),
+                interval_start=int(f[_IV_START] or 0), interval_end=int(f[_IV_END] or 0),
             ))
         except (ValueError, UnicodeDecodeError) as exc:
             runs.append(Claimed(
@@ -203,14 +207,21 @@ def wait(k: Keyspace, p: int, run_id: str) -> Call:
 # -- schedules and scheduler ownership --------------------------------------------------------
 def materialize(k: Keyspace, p: int, name: str, queue: str, runs: list[Any],
                 expected: tuple[bytes | str, bytes | str, int | str] | None = None,
-                skipped: int = 0) -> Call:
+                skipped: int = 0, intervals: list[int] | None = None, calendar: str = "",
+                excluded: list[Any] | None = None) -> Call:
     """runs: flat (run id, occurrence ms, due ms, coalesced count, first ms) values.
     expected: (version, cursor ms, new cursor ms or '') for the evaluator's compare-and-set;
-    None for backfill and trigger-now (runs only, no cursor move, no starting deadline)."""
+    None for backfill and trigger-now (runs only, no cursor move, no starting deadline).
+    intervals: each run's data interval start ms (0: its trigger had none before; None: runs
+    without an interval, trigger-now); calendar: 'NAME vN' applied, and
+    excluded: flat (run id, occurrence ms) of occurrences it excluded (skipped runs)."""
     version, cursor, new_cursor = expected if expected is not None else ("", "", "")
-    return ([k.sched_due(p), k.due(p, queue), k.deadlines(p), k.events(p)],
+    n = len(runs) // 5
+    starts: list[Any] = ([""] * n if intervals is None
+                         else [*intervals, *[""] * (n - len(intervals))])
+    return ([k.sched_due(p), k.due(p, queue), k.deadlines(p), k.events(p), k.done(p)],
             [k.prefix(p), name, version, cursor, new_cursor, skipped, k.wake_channel, p, queue,
-             k.sched_wake, *runs])
+             k.sched_wake, n, *runs, *starts[:n], calendar, *(excluded or [])])
 
 
 def schedule_upsert(k: Keyspace, p: int, name: str, def_hash: str, version: int | str,

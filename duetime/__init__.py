@@ -7,6 +7,7 @@ triggers, read models and every exception a public method raises) is importable 
 from importlib.metadata import PackageNotFoundError, version
 
 from duetime.app import App
+from duetime.client.calendars import CalendarInfo, CalendarNotFound
 from duetime.client.schedules import ScheduleInfo, ScheduleNotFound
 from duetime.common.context import RunContext, current_run, worker_context
 from duetime.common.errors import (
@@ -53,6 +54,7 @@ __all__ = [
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
+    "CalendarNotFound", "CalendarInfo",
     "EnqueueIncomplete", "NotReplicated", "PartitionMismatch", "RunFailed", "ResultNotStored",
     "WaitTimeout", "DamagedState",
     "WorkerStartFailed", "WorkerContext", "worker_context",

@@ -6,7 +6,8 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
 
 from duetime.client.limits import Limit, Limits, make_limit
@@ -25,6 +26,7 @@ from duetime.common.tasks import Duration, Hook, Instant, Registry, Task, TaskSp
 from duetime.common.time.spec import Trigger
 
 if TYPE_CHECKING:  # operator tools are imported where used: a worker process never loads them
+    from duetime.client.calendars import CalendarInfo, CalendarStore
     from duetime.ops.admin import RunAdmin
 
 P = ParamSpec("P")
@@ -64,6 +66,11 @@ class ScheduleOptions(TypedDict, total=False):
     miss_tolerance: Duration | None
     stagger: Duration | None
     tenant: str | None
+    # a business calendar (`app.calendar`) by name, and what an occurrence on an excluded day
+    # does: 'skip' (the default; recorded as a skipped run), or roll to the same local time on
+    # the 'next' or 'previous' business day (docs/time.md)
+    calendar: str | None
+    on_excluded: str
 CATALOGUE_TTL_S = 60.0  # how long a producer trusts the task options it read by name
 # a task a worker said it had the code of within this long can be enqueued by name (workers
 # may all be down for a while: runs queue up meanwhile)
@@ -513,6 +520,7 @@ class App:
             lateness_ms=lateness_ms, jitter_ms=jitter_ms, owner=owner or spec.owner or "",
             miss_tolerance_ms=tolerance_ms, stagger_ms=parse_stagger(o.get("stagger")),
             tenant=tenant or spec.tenant or "",
+            calendar=o.get("calendar") or "", on_excluded=o.get("on_excluded") or "skip",
             task_options={
                 "max_attempts": spec.max_attempts, "backoff_base": int(spec.backoff[0] * 1000),
                 "backoff_max": int(spec.backoff[1] * 1000), "timeout": int((spec.timeout or 0) * 1000),
@@ -534,6 +542,35 @@ class App:
 
     def delete_schedule(self, name: str) -> None:
         self.schedules.delete(name)
+
+    # -- business calendars (duetime/client/calendars.py) ---------------------------------
+    @property
+    def calendars(self) -> CalendarStore:
+        from duetime.client.calendars import CalendarStore
+
+        return CalendarStore(self.store.ready(), self.keys, self.redis_url)
+
+    def calendar(self, name: str, country: str | None = None, subdiv: str | None = None,
+                 dates: Iterable[date | str] = (), ics: str | bytes | Path | None = None,
+                 weekdays: Iterable[int | str] | str | None = None) -> str:
+        """Create or change business calendar `name`; → 'created', 'updated' or 'unchanged'.
+
+        Its excluded days: the public holidays of `country` (and `subdiv`) from the `holidays`
+        package, the explicit `dates`, and the all-day events of the iCalendar file `ics` (a
+        path or its text); its weekly business days `weekdays` (default Monday to Friday:
+        names, numbers 0 = Monday, or "mon-fri"). Resolved to dates over last year to five
+        years ahead when stored; a change bumps its version (`vN`), and the schedules using
+        it (`calendar=NAME`) apply it from their next occurrence without a run yet."""
+        return self.calendars.put(name, country, subdiv, dates, ics, weekdays)[0]
+
+    def get_calendar(self, name: str) -> CalendarInfo:
+        return self.calendars.get(name)
+
+    def list_calendars(self) -> list[CalendarInfo]:
+        return self.calendars.list()
+
+    def delete_calendar(self, name: str) -> None:
+        self.calendars.delete(name)
 
     def trigger(self, name: str) -> str:
         """Run a schedule now, outside its trigger; → the run id."""

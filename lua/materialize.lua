@@ -6,9 +6,11 @@
 -- cursor another scheduler already moved makes it a no-op. Without them (backfill,
 -- trigger-now) only the runs are created, without a starting deadline, and the cursor is
 -- left alone. `last_ms` keeps the newest occurrence that has a run.
--- Tested by: tests/integration/test_schedules.py, tests/integration/test_cluster.py
+-- Tested by: tests/integration/test_schedules.py, tests/integration/test_cluster.py,
+--   tests/integration/test_calendars.py
 -- KEYS[1] sched_due zset  T:sched_due      KEYS[2] due zset  T:due:<queue>
 -- KEYS[3] deadlines zset  T:deadlines      KEYS[4] events
+-- KEYS[5] done zset  T:done (the skipped runs of occurrences a calendar excluded)
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash and the runs' hashes are built
 --         from it; same hash tag)
 -- ARGV[2] schedule name    ARGV[3] expected version ('' = no compare-and-set)
@@ -17,7 +19,14 @@
 -- ARGV[7] wake channel     ARGV[8] partition index     ARGV[9] queue
 -- ARGV[10] scheduler wake channel (a starting deadline earlier than the deadlines' head is told
 --         to the reapers)
--- ARGV[11..] per run, 5 values: run id, occurrence ms, due ms, coalesced count, first ms
+-- ARGV[11] n, the number of runs; ARGV[12..11+5n] per run, 5 values: run id, occurrence ms,
+--         due ms, coalesced count, first ms
+-- then n values: each run's data interval start ms ('' = no interval; '0' = none before;
+--         its end is its occurrence)
+-- then the calendar applied ('' = none; 'NAME vN' is written to the schedule's cal_v), and
+-- pairs (run id, occurrence ms) of occurrences the calendar excluded: each is recorded once
+-- as a `skipped` run with the reason 'excluded by calendar NAME vN' (materialize/calendar.lua)
+-- @include materialize/calendar.lua
 -- Returns (status) {status, created}: status 'ok', 'conflict', 'paused' or 'missing'.
 local sched_due_key, due_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, name, expected = ARGV[1], ARGV[2], ARGV[3]
@@ -25,7 +34,7 @@ local sched_key = prefix .. K.sched .. name
 -- checked before the first write: a key of the wrong type refuses the call (the evaluator
 -- quarantines the schedule with this reason), never a run left in no index
 local bad = damaged_index({sched_due_key, 'zset', due_key, 'zset', deadlines_key, 'zset',
-  events_key, 'stream', sched_key, 'hash'})
+  events_key, 'stream', sched_key, 'hash', KEYS[5], 'zset'})
 if bad then return bad end
 
 local s = redis.call('HMGET', sched_key, 'version', 'next_ms', 'paused', 'task', 'queue',
@@ -42,7 +51,9 @@ local lateness = num(s[14]) or 0  -- 1e400 or nan (edited by hand) is no deadlin
 local created = 0
 local last = num(redis.call('HGET', sched_key, 'last_ms')) or 0
 local partition, queue = ARGV[8], ARGV[9]
-for i = 11, #ARGV, 5 do
+local n_runs = tonumber(ARGV[11]) or 0
+local extras = 12 + 5 * n_runs  -- the interval starts, then the calendar's part
+for i = 12, 11 + 5 * n_runs, 5 do
   local run_id, occ, due = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local run_key = prefix .. K.run .. run_id
   if redis.call('EXISTS', run_key) == 0 then
@@ -58,6 +69,7 @@ for i = 11, #ARGV, 5 do
       fields[#fields + 1] = 'coalesced'; fields[#fields + 1] = ARGV[i + 3]
       fields[#fields + 1] = 'coalesced_from'; fields[#fields + 1] = ARGV[i + 4]
     end
+    add_interval(fields, ARGV[extras + (i - 12) / 5], occ)
     if lateness > 0 and expected ~= '' then
       fields[#fields + 1] = 'deadline'; fields[#fields + 1] = due + lateness
       tell_schedulers(ARGV[10], 'd', partition, deadlines_key, due + lateness)
@@ -71,6 +83,11 @@ for i = 11, #ARGV, 5 do
   if occ > last then last = occ end
 end
 if last > 0 then redis.call('HSET', sched_key, 'last_ms', last) end
+local cal = ARGV[extras + n_runs]
+if cal and cal ~= '' then
+  record_excluded(prefix, name, sched_key, cal, extras + n_runs + 1, now, KEYS[5], events_key)
+  if expected ~= '' then redis.call('HSET', sched_key, 'cal_v', cal) end
+end
 
 if expected ~= '' then
   local skipped = tonumber(ARGV[6]) or 0

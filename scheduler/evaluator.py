@@ -28,6 +28,7 @@ from duetime.common.schedules import (
     CHECKED_FIELDS,
     MISS_TOLERANCE_MS,
     TRIGGER_FIELDS,
+    Plan,
     check_stored,
     effective_stagger_ms,
     plan,
@@ -38,6 +39,7 @@ from duetime.common.schedules import (
 )
 from duetime.common.scripts import Scripts
 from duetime.common.time.spec import Trigger
+from duetime.scheduler.calendars import CALENDAR_FIELDS, apply, extras, read_calendars
 from duetime.scheduler.notices import (
     DAMAGED_RETRY_MS,
     SAFETY_S,
@@ -55,9 +57,11 @@ SCHED_FIELDS = ("version", "next_ms", "queue", "catchup", "max_catchup", "jitter
                 "miss_tolerance_ms", "stagger_ms", *TRIGGER_FIELDS,
                 *[c for c in CHECKED_FIELDS if c not in ("queue", "catchup", "max_catchup",
                                                          "jitter_ms", "paused",
-                                                         "miss_tolerance_ms")])
+                                                         "miss_tolerance_ms")],
+                *CALENDAR_FIELDS)
 N_PLAIN = 9  # the fields before the trigger's
 N_TRIGGER = N_PLAIN + len(TRIGGER_FIELDS)  # the checked fields follow the trigger's
+N_CAL = len(SCHED_FIELDS) - len(CALENDAR_FIELDS)  # the calendar's fields come last
 POLICY_EVERY_S = 5.0  # how often the namespace's stagger policy is read again
 BATCH = 200
 
@@ -248,6 +252,9 @@ class Evaluator:
             pipe.hmget(k.sched(p, name), *SCHED_FIELDS)
         records = pipe.execute(raise_on_error=False)
         policy_ms = self._stagger_policy()
+        calendars = read_calendars(self.client, self.keys, {
+            f[N_CAL].decode(errors="replace") for f in records
+            if not isinstance(f, Exception) and f[N_CAL]})
         pipe = self.client.pipeline(transaction=False)
         calls: list[tuple[int, str, bytes]] = []
         for (p, name), f in zip(due, records, strict=True):
@@ -272,11 +279,16 @@ class Evaluator:
                 q = queue.decode()
                 if self.miss_tolerance_ms is not None:
                     tolerance = self.miss_tolerance_ms
-                pl = plan(trigger, int(next_ms), now, self.lead_ms,
-                          name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
-                          jitter_ms=int(jitter_ms or 0),
-                          tolerance_ms=MISS_TOLERANCE_MS if tolerance is None else int(tolerance),
-                          stagger_ms=effective_stagger_ms(stored_stagger(stagger), policy_ms))
+                applied = apply(trigger, dict(zip(CALENDAR_FIELDS, f[N_CAL:], strict=True)),
+                                int(next_ms), now, calendars)
+                trigger, cursor = applied.trigger, applied.cursor_ms
+                pl = Plan([], 0, None) if cursor is None else plan(
+                    trigger, cursor, now, self.lead_ms,
+                    name=name, catchup=catchup.decode(), max_catchup=int(max_catchup),
+                    jitter_ms=int(jitter_ms or 0),
+                    tolerance_ms=MISS_TOLERANCE_MS if tolerance is None else int(tolerance),
+                    stagger_ms=effective_stagger_ms(stored_stagger(stagger), policy_ms))
+                starts, excluded = extras(name, applied, pl.runs, pl.next_ms, now + self.lead_ms)
             except Exception as exc:  # noqa: BLE001 - one damaged record must not stop the rest
                 self._quarantine(p, name, version, f"{type(exc).__name__}: {exc}")
                 continue
@@ -290,7 +302,7 @@ class Evaluator:
                          skipped=pl.skipped, catchup=catchup.decode())
             keys, args = tr.materialize(
                 k, p, name, q, runs, expected=(version, next_ms, "" if pl.next_ms is None else pl.next_ms),
-                skipped=pl.skipped)
+                skipped=pl.skipped, intervals=starts, calendar=applied.label, excluded=excluded)
             self.scripts.materialize(keys=keys, args=args, client=pipe)
             calls.append((p, name, version))
             self._moved.add(p)

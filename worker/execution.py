@@ -100,6 +100,8 @@ class Executor:
             run_id=c.run_id, task=c.task, queue=queue, attempt=c.attempt, fence=c.fence,
             worker_id=self.worker_id, idempotency_key=c.key or c.run_id,
             scheduled_at=from_ms(c.due_ms), schedule=c.schedule,
+            interval_start=from_ms(c.interval_start) if c.interval_start else None,
+            interval_end=from_ms(c.interval_end) if c.interval_end else None,
         )
         ex = Execution(ctx, p, self._owner(c.task))
         self.inflight[(c.run_id, c.fence)] = ex

@@ -40,6 +40,7 @@ from duetime.common.schedules import (
     STAGGER,
     effective_stagger_ms,
     parse_stagger,
+    run_id_for,
     stagger_for,
 )
 from duetime.common.time.fmt import format_duration
@@ -201,7 +202,7 @@ def schedule_show(ctx: click.Context, name: str, as_json: bool) -> None:
     app = plain_app(ctx)
     info = app.get_schedule(name)
     now = server_now(app)
-    fires = next_fires(info, now)
+    fires = next_fires(info, now, trigger=app.schedules.effective_trigger(info))
     policy_ms = app.schedules.stagger_policy()
     if as_json:
         own = None if info.stagger_s is None else round(info.stagger_s * 1000)
@@ -242,19 +243,31 @@ def schedule_trigger(ctx: click.Context, name: str) -> None:
 @_on_one("backfill")
 @instant_option("--from", "start", required=True, help="First instant (inclusive).")
 @instant_option("--to", "end", required=True, help="Last instant (inclusive).")
-def schedule_backfill(ctx: click.Context, name: str, start: datetime, end: datetime) -> None:
-    """One run per occurrence in [--from, --to]; occurrences that have a run are left alone,
-    so an interrupted backfill can simply be run again."""
+@click.option("--dry-run", is_flag=True,
+              help="List the runs (occurrence and data interval) it would create; create none.")
+def schedule_backfill(ctx: click.Context, name: str, start: datetime, end: datetime,
+                      dry_run: bool = False) -> None:
+    """One run per occurrence in [--from, --to] (its calendar applied), in order, each with
+    its data interval (the previous occurrence to its own); occurrences that have a run are
+    left alone, so an interrupted backfill can simply be run again."""
     if end < start:
         raise click.BadParameter("is before --from", param_hint="--to")
     app = plain_app(ctx)
-    trigger = app.get_schedule(name).trigger
-    total = sum(1 for _ in trigger.occurrences(start - timedelta(microseconds=1), end))
+    intervals = app.schedules.backfill_intervals(name, start, end)
+    if dry_run:
+        for s, o in intervals:
+            click.echo(f"{run_id_for(name, o)}  interval {iso_ms(s) if s else '-'} .. {iso_ms(o)}")
+        click.echo(f"{len(intervals)} occurrence(s); dry run, nothing created")
+        return
     occurrences, created = counted(
-        total, "backfilling", "occurrences", f"duetime schedule backfill {name} ...",
+        len(intervals), "backfilling", "occurrences", f"duetime schedule backfill {name} ...",
         lambda step: app.schedules.backfill(name, start, end, progress=step))
     click.echo(f"{occurrences} occurrence(s), {created} run(s) created "
                f"({occurrences - created} existed already)")
+
+
+def iso_ms(ms: int) -> str:
+    return _iso(_from_ms(ms)) or "-"
 
 
 @_on_one("delete")

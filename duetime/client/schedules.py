@@ -101,6 +101,9 @@ class ScheduleInfo:
     tenant: str | None = None  # given to every run it creates
     problem: str | None = None  # what this process could not read in the stored record
     stagger_s: float | None = None  # its own stagger; None: the namespace policy
+    calendar: str | None = None  # its business calendar's name (common/time/calendar.py)
+    on_excluded: str = "skip"  # an occurrence on an excluded day: skip, next, previous
+    excluded_count: int = 0  # occurrences its calendar excluded (also in skipped_count)
 
     @classmethod
     def decode(cls, h: dict[bytes, bytes]) -> ScheduleInfo:
@@ -143,6 +146,8 @@ class ScheduleInfo:
             created=stored_ms(s("created") or None), updated=stored_ms(s("updated") or None),
             quarantined=s("quarantined") or None, tenant=s("tenant") or None,
             stagger_s=None if (st := stored_stagger(h.get(b"stagger_ms"))) is None else st / 1000,
+            calendar=s("calendar") or None, on_excluded=s("on_excluded") or "skip",
+            excluded_count=i("excluded_count"),
         )
         if s("next_ms") and info.next_fire is None:
             problems.append(f"next_ms {s('next_ms')!r} is not a time")
@@ -218,12 +223,15 @@ class ScheduleStore:
                     out[i] = ("unchanged", version)
                     continue
                 # the next occurrence after the newest one that already has a run (or now)
-                nxt = d.trigger.next_after(from_ms(max(now, _int(last))))
+                nxt = self.calendared(d.trigger, d.calendar, d.on_excluded).next_after(
+                    from_ms(max(now, _int(last))))
                 flat: list[Any] = []
                 for k, v in d.fields().items():
                     flat += [k, v]
                 if not d.tenant:  # a tenant removed from the definition is cleared
                     flat += ["tenant", ""]
+                if not d.calendar:  # likewise a calendar
+                    flat += ["calendar", "", "on_excluded", ""]
                 keys, args = tr.schedule_upsert(self.keys, p, d.name, def_hash, version,
                                                 None if nxt is None else to_ms(nxt, ceil=True), paused,
                                                 flat)
@@ -292,19 +300,40 @@ class ScheduleStore:
             raise ScheduleNotFound(f"no schedule {name!r}")
 
     # -- runs outside the evaluator ------------------------------------------------------
-    def _create(self, name: str, runs: builtins.list[tuple[str, int]]) -> int:  # builtins: a list()
-        """Create runs (id, occurrence ms), due at their occurrence, without compare-and-set."""
-        info = self.get(name)
+    def _create(self, name: str, runs: builtins.list[tuple[str, int]],
+                intervals: builtins.list[int] | None = None, queue: str | None = None) -> int:
+        """Create runs (id, occurrence ms), due at their occurrence, without compare-and-set;
+        `intervals`: each one's data interval start ms (0: none)."""
+        if queue is None:
+            queue = self.get(name, payload=False).queue
         p, _ = self._where(name)
         flat: list[Any] = []
         for run_id, occ in runs:
             flat += [run_id, occ, occ, 1, occ]
-        keys, args = tr.materialize(self.keys, p, name, info.queue, flat)
+        keys, args = tr.materialize(self.keys, p, name, queue, flat, intervals=intervals)
         status, created = tr.status_detail(
             self._call(self.scripts.materialize, keys=keys, args=args))
         if status == "missing":
             raise ScheduleNotFound(f"no schedule {name!r}")
         return int(created)
+
+    def calendared(self, trigger: Trigger, calendar: str | None, on_excluded: str) -> Trigger:
+        """`trigger` with its business calendar applied (itself without one). A calendar
+        that is not stored (yet) applies none here; the evaluator quarantines such a schedule."""
+        if not calendar:
+            return trigger
+        from duetime.common.time.calendar import Calendar, Calendared
+
+        raw = self._call(self.client.hgetall, self.keys.calendar(calendar))
+        if not raw:
+            return trigger
+        cal = Calendar.from_fields(calendar, {k.decode(): v.decode(errors="replace")
+                                              for k, v in raw.items()})
+        return Calendared(trigger, cal, on_excluded)
+
+    def effective_trigger(self, info: ScheduleInfo) -> Trigger:
+        """The instants a schedule fires at: its trigger with its calendar applied."""
+        return self.calendared(info.trigger, info.calendar, info.on_excluded)
 
     def trigger(self, name: str) -> str:
         """Run the schedule now, outside its trigger (the id marks it as manual: `@m`)."""
@@ -313,20 +342,37 @@ class ScheduleStore:
         self._create(name, [(run_id, now)])
         return run_id
 
-    def backfill(self, name: str, start: datetime | str, end: datetime | str,
-                 progress: Callable[[int], None] | None = None) -> tuple[int, int]:
-        """Runs for every occurrence in [start, end] (aware datetimes or ISO-8601 strings,
-        1970..9999); existing ones are not created again. → (occurrences, runs created)."""
+    def backfill_intervals(self, name: str, start: datetime | str, end: datetime | str
+                           ) -> builtins.list[tuple[int, int]]:
+        """The (interval start ms, occurrence ms) of every occurrence in [start, end], its
+        calendar applied, ascending: what `backfill` creates, and its dry run lists."""
+        from duetime.common.time.calendar import previous_before
+
         start = parse_instant(start, what="backfill start")
         end = parse_instant(end, what="backfill end")
         if end < start:
             raise InvalidInput("backfill: --to is before --from")
-        trigger = self.get(name).trigger
+        trigger = self.effective_trigger(self.get(name, payload=False))
         occs = [to_ms(o, ceil=True) for o in trigger.occurrences(start - timedelta(microseconds=1), end)]
+        if not occs:
+            return []
+        first = previous_before(trigger, from_ms(occs[0]))
+        starts = [0 if first is None else to_ms(first, ceil=True), *occs[:-1]]
+        return list(zip(starts, occs, strict=True))
+
+    def backfill(self, name: str, start: datetime | str, end: datetime | str,
+                 progress: Callable[[int], None] | None = None) -> tuple[int, int]:
+        """Runs for every occurrence in [start, end] (aware datetimes or ISO-8601 strings,
+        1970..9999), in order, each with its data interval (the previous occurrence to its
+        own, calendar applied); existing ones are not created again (their ids are derived
+        from the occurrence). → (occurrences, runs created)."""
+        intervals = self.backfill_intervals(name, start, end)
+        queue = self.get(name, payload=False).queue
         created = 0
-        for i in range(0, len(occs), BACKFILL_CHUNK):
-            chunk = occs[i : i + BACKFILL_CHUNK]
-            created += self._create(name, [(run_id_for(name, o), o) for o in chunk])
+        for i in range(0, len(intervals), BACKFILL_CHUNK):
+            chunk = intervals[i : i + BACKFILL_CHUNK]
+            created += self._create(name, [(run_id_for(name, o), o) for _, o in chunk],
+                                    [s for s, _ in chunk], queue)
             if progress:
                 progress(len(chunk))
-        return len(occs), created
+        return len(intervals), created

@@ -16,7 +16,7 @@ from duetime.common.retrycost import as_dicts as cost_dicts
 from duetime.common.schedules import stagger_for
 from duetime.common.time.fmt import iso as _iso
 from duetime.common.time.fmt import iso_local, relative
-from duetime.common.time.spec import Cron
+from duetime.common.time.spec import Cron, Trigger
 from duetime.ops.inspect import LeaseInfo, RunSummary
 
 _TIMES = ("due", "started", "finished", "retry_at", "cancel_requested", "heartbeat")
@@ -56,6 +56,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "heartbeat": _iso(run.heartbeat), "lease_expires": _iso(run.lease_expires),
         "tenant": run.tenant, "limited_by": run.limited_by, "result_error": run.result_error,
         "coalesced": run.coalesced, "coalesced_from": _iso(run.coalesced_from),
+        "interval_start": _iso(run.interval_start), "interval_end": _iso(run.interval_end),
         "result": run.result,
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
@@ -81,6 +82,8 @@ def run_to_text(run: Run, now: datetime | None = None) -> str:
             lines.append(f"  {k:<17} {text}")
     if run.coalesced > 1:  # a catch-up run: the occurrences it stands for
         lines.append(f"  {'coalesced':<17} {run.coalesced} occurrences, from {d['coalesced_from']}")
+    if run.interval_end is not None:  # a schedule's run: the data interval it covers
+        lines.append(f"  {'interval':<17} {d['interval_start'] or '-'} .. {d['interval_end']}")
     if run.result is not None:
         lines.append(f"  result            {result_text(run.result)}")
     if run.error:
@@ -133,18 +136,21 @@ def schedule_zone(info: ScheduleInfo) -> str:
     return info.trigger.tz if isinstance(info.trigger, Cron) else "UTC"
 
 
-def next_fires(info: ScheduleInfo, now: datetime, n: int = 5) -> list[dict[str, Any]]:
+def next_fires(info: ScheduleInfo, now: datetime, n: int = 5,
+               trigger: Trigger | None = None) -> list[dict[str, Any]]:
     """The next `n` fire instants, in UTC and on the schedule's zone's wall clock.
 
     The first is the schedule's own cursor (`next_fire`), so the list and `next_fire` agree
     even before any scheduler ran; if it has passed unevaluated (no scheduler, or paused) it
-    is marked `overdue` and the rest follow from now. No cursor: the trigger has ended."""
+    is marked `overdue` and the rest follow from now. No cursor: the trigger has ended.
+    `trigger`: the one it fires at, its calendar applied (ScheduleStore.effective_trigger)."""
+    trigger = trigger or info.trigger
     zone = ZoneInfo(schedule_zone(info))
     out: list[dict[str, Any]] = []
     nxt = info.next_fire
     while nxt is not None and len(out) < n:
         out.append({"utc": _iso(nxt), "local": iso_local(nxt, zone), "overdue": nxt < now})
-        nxt = info.trigger.next_after(max(nxt, now))
+        nxt = trigger.next_after(max(nxt, now))
     return out
 
 
@@ -160,6 +166,8 @@ def schedule_to_dict(info: ScheduleInfo) -> dict[str, Any]:
         "last_occurrence": _iso(info.last_occurrence), "skipped_count": info.skipped_count,
         "missed_count": info.missed_count, "materialized_count": info.materialized_count,
         "created": _iso(info.created), "updated": _iso(info.updated),
+        "calendar": info.calendar, "on_excluded": info.on_excluded if info.calendar else None,
+        "excluded_count": info.excluded_count,
     }
 
 
@@ -206,6 +214,9 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
         lines.append(f"  {'stagger offset':<19} every run is due {offset:g}s after its fire time")
     if info.next_fire is None:
         lines.append("  next_fire           - (the trigger has no further occurrence)")
+    if info.calendar:  # its business calendar, and what an occurrence on an excluded day does
+        lines.append(f"  {'calendar':<19} {info.calendar}, on_excluded={info.on_excluded} "
+                     f"({info.excluded_count} occurrence(s) excluded so far)")
     lines.append(f"  next {len(fires)} fire times ({d['zone']} / UTC):")
     rows = []
     for f in fires:

@@ -166,7 +166,8 @@ class Console:
         occurrences, older = timeline(self.schedules, info, until or now, now)
         return {"schedule": _hidden(schedule_to_dict(info), show_payload) | {
                     "quarantined": info.quarantined, "problem": info.problem},
-                "next_fires": next_fires(info, now, 10), "timeline": occurrences, "older": older,
+                "next_fires": next_fires(info, now, 10, self.schedules.effective_trigger(info)),
+                "timeline": occurrences, "older": older,
                 "until": until}
 
     # -- leases and processes ---------------------------------------------------------------

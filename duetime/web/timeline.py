@@ -29,7 +29,7 @@ class Occurrence:
     utc: datetime
     local: datetime
     run_id: str | None  # the run standing for it (its own, or the run it was coalesced into)
-    status: str  # ran late skipped missed coalesced running waiting retrying dead uncertain
+    status: str  # ran late skipped missed coalesced moved running waiting retrying dead uncertain
     #              cancelled pending no-record
     state: str | None
     lateness_s: float | None
@@ -104,6 +104,7 @@ def timeline(store: ScheduleStore, info: ScheduleInfo, until: datetime, now: dat
         previous_offset = local.utcoffset()
         r = runs.get(o)
         out.append(_classify(info, o, utc, local, r, covered.get(o), cursor, horizon, now_ms, changed))
+    out = _calendar_moves(store, info, out)
     out.reverse()
     older = None
     if occ and (floor is None or from_ms(occ[0]) > floor):  # type: ignore[operator]
@@ -111,6 +112,31 @@ def timeline(store: ScheduleStore, info: ScheduleInfo, until: datetime, now: dat
         if before is not None and _window(info, before, 1, floor):
             older = before
     return out, older
+
+
+def _calendar_moves(store: ScheduleStore, info: ScheduleInfo, out: list[Occurrence]) -> list[Occurrence]:
+    """An occurrence its calendar moved (on_excluded next/previous) has no run of its own:
+    say where it went instead of "no record"."""
+    if not info.calendar or info.on_excluded == "skip":
+        return out
+    from dataclasses import replace
+
+    from duetime.common.time.calendar import Calendared
+
+    eff = store.effective_trigger(info)
+    if not isinstance(eff, Calendared):
+        return out
+    moved = []
+    for o in out:
+        if o.run_id is None and o.status in ("no-record", "skipped"):
+            to = eff.effective(o.utc)
+            if to is not None and to != o.utc:
+                o = replace(o, status="moved", run_id=run_id_for(info.name, to_ms(to)),
+                            detail=f"excluded by calendar {eff.calendar.label}: moved to "
+                                   f"{to.astimezone(o.local.tzinfo).isoformat()} "
+                                   f"(on_excluded={info.on_excluded})")
+        moved.append(o)
+    return moved
 
 
 def _classify(info: ScheduleInfo, o: int, utc: datetime, local: datetime, r: dict[str, str] | None,

@@ -69,6 +69,19 @@ async def stamp() -> None:
     r().hset(stamps_key(), duetime.current_run().run_id, repr(t))
 
 
+def data_intervals_key() -> str:
+    return f"{app.keys.namespace}:test:data_intervals"
+
+
+@app.task(name="interval")
+def interval() -> None:
+    """Records the data interval its run covers, as `current_run()` gives it."""
+    run = duetime.current_run()
+    start, end = run.interval_start, run.interval_end
+    r().hset(data_intervals_key(), run.run_id,
+             f"{start.isoformat() if start else '-'} {end.isoformat() if end else '-'}")
+
+
 _running = 0
 
 

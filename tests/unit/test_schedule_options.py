@@ -12,7 +12,7 @@ from duetime.app import ScheduleOptions
 
 # the public keywords of app.schedule, besides name, trigger, task, args and kwargs
 PUBLIC = {"queue", "catchup", "max_catchup", "lateness", "overlap", "jitter", "owner", "paused",
-          "miss_tolerance", "stagger", "tenant"}
+          "miss_tolerance", "stagger", "tenant", "calendar", "on_excluded"}
 
 
 @pytest.fixture
