@@ -41,10 +41,11 @@ soak: venv
 # lane run in it (pip's cache keeps this to a few seconds after the first time).
 FLOORS_VENV := .venv-floors
 FLOORS_TESTS ?= tests/unit tests/integration/test_scripts.py tests/client/test_reload.py \
+	tests/property/test_calendars.py tests/integration/test_calendars.py \
 	tests/packaging/test_floors.py::test_floors_match_pyproject
 test-floors:
 	$(PY) -m venv --clear $(FLOORS_VENV)
-	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing,docs,dev]' 'pytest>=8' 'hypothesis>=6.100'
+	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing,calendars,docs,dev]' 'pytest>=8' 'hypothesis>=6.100'
 	$(FLOORS_VENV)/bin/python -m pip check
 	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
 	NO_MKDOCS_2_WARNING=1 $(FLOORS_VENV)/bin/mkdocs build --strict -q -d .cache/site-floors

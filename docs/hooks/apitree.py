@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TREE = ROOT / ".cache" / "apitree"
@@ -19,7 +18,9 @@ TREE = ROOT / ".cache" / "apitree"
 MAPPED = {"common": "common", "scheduler": "scheduler", "worker": "worker", "lua": "lua"}
 
 
-def on_config(config: Any) -> Any:
+def on_startup(command: str, dirty: bool) -> None:
+    """Before any plugin reads its configuration: mkdocstrings drops a `paths` entry that does
+    not exist yet, so the tree must be there before its on_config (a clean checkout has none)."""
     pkg = TREE / "duetime"
     if TREE.exists():
         shutil.rmtree(TREE)
@@ -27,4 +28,3 @@ def on_config(config: Any) -> Any:
     shutil.copytree(ROOT / "duetime", pkg, ignore=keep)
     for name, folder in MAPPED.items():
         shutil.copytree(ROOT / folder, pkg / name, ignore=keep)
-    return config
