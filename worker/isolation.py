@@ -92,21 +92,26 @@ def rss_bytes(pid: int) -> int | None:
 class HardTimeout(TimeoutError):
     """The attempt ran past its task's timeout; its child process was killed."""
 
+    remote_traceback = ""  # the record gets the message only: no worker frames
+
 
 class MemoryLimitExceeded(MemoryError):
     """The attempt's child process grew past --max-task-memory and was killed."""
+
+    remote_traceback = ""  # the record gets the message only: no worker frames
 
 
 class ChildCrashed(RuntimeError):
     """The child process running the attempt died (os._exit, a signal, a crash in C)."""
 
+    remote_traceback = ""  # the record gets the message only: no worker frames
+
 
 class ChildStartFailed(RuntimeError):
     """No child process could be started to run the attempt (the app failed to import)."""
 
+    remote_traceback = ""  # the record gets the message only: no worker frames
 
-for _cls in (HardTimeout, MemoryLimitExceeded, ChildCrashed, ChildStartFailed):
-    _cls.remote_traceback = ""  # type: ignore[attr-defined]  # no worker frames in the record
 
 _REMOTE: dict[tuple[str, str], type[Exception]] = {}
 
@@ -274,8 +279,9 @@ class ProcessPool:
     async def call(self, ctx: RunContext, task: str, args: list[Any], kwargs: dict[str, Any],
                    timeout: float | None, store: bool) -> tuple[bytes | None, str | None]:
         """Run one attempt in a child; → (the return value packed as the run stores it, or
-        None; why it could not be packed, or None), or raise what it raised (see `remote_error`), HardTimeout, MemoryLimitExceeded,
-        ChildCrashed or ChildStartFailed. Returns only once the child is idle again or gone."""
+        None; why it could not be packed, or None), or raise what it raised (`remote_error`),
+        HardTimeout, MemoryLimitExceeded, ChildCrashed or ChildStartFailed. Returns only once
+        the child is idle again or gone."""
         payload = pack_payload(args, kwargs, self.max_payload)
         child = await self._acquire()
         req = {"task": task, "payload": payload, "limit": self.max_payload, "store": store,

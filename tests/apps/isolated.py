@@ -94,3 +94,18 @@ def whoami(x: int) -> dict[str, object]:
 def athread(x: int) -> int:
     """Runs in the worker's thread pool, as every task without isolation does."""
     return x * 2
+
+
+@app.task(name="spin_long", isolation="process", timeout=2.0, retries=0)
+def spin_long() -> None:
+    """Stuck for longer than several leases of the test's worker (300 ms)."""
+    started()
+    while True:
+        pass
+
+
+@app.task(name="spin_forever", isolation="process", retries=0)
+def spin_forever() -> None:
+    started()
+    while True:
+        pass

@@ -19,7 +19,7 @@ from duetime.worker.runtime import Worker
 
 import duetime
 from tests.apps import isolated
-from tests.integration.inproc import serving, until
+from tests.integration.inproc import reaper_thread, serving, until
 
 REF = "tests.apps.isolated:app"
 
@@ -86,6 +86,31 @@ async def test_stuck_child_is_killed_at_the_timeout_and_retried_while_threads_se
     assert len(both) == 2 and both[0] != both[1]  # the killed child was replaced
     await until(lambda: not any(alive(p) for p in both), what="the stuck children gone")
     assert w.executor.processes is not None and w.executor.processes.ended >= 2
+
+
+@aio
+async def test_lease_is_kept_while_the_child_is_stuck(iso: Any) -> None:
+    """Stuck for 2 s under a 300 ms lease, with the reaper watching: the worker heartbeats
+    throughout (a lapsed lease would end the attempt as 'lease expired', not a timeout)."""
+    with reaper_thread(iso):
+        async with serving(iso, **settings(lease_ms=300)):
+            rid = iso.enqueue("spin_long")
+            run = await until(lambda: ended(iso, rid), timeout=60, what="the stuck run to end")
+    assert run.state == "dead"
+    assert [a.outcome for a in run.attempts] == ["failed"]
+    assert "timed out after 2s" in (run.attempts[0].error or "")
+
+
+@aio
+async def test_cancel_request_kills_the_child(iso: Any) -> None:
+    async with serving(iso, **settings(lease_ms=300)):
+        rid = iso.enqueue("spin_forever")
+        child = (await until(lambda: pids(rid), what="the child to start"))[0]
+        iso.cancel(rid)
+        await until(lambda: not alive(child), timeout=30, what="the child to be killed")
+        run = await until(lambda: iso.get_run(rid).state == "cancelled" and iso.get_run(rid),
+                          timeout=30, what="the run cancelled")
+    assert [a.outcome for a in run.attempts][-1:] != ["succeeded"]
 
 
 @aio
