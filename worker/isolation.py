@@ -45,6 +45,12 @@ import msgpack
 from duetime.common.codec import pack_payload
 from duetime.common.context import RunContext
 from duetime.common.errors import Fatal, InvalidInput, Retry
+from duetime.common.isolation import (
+    HardTimeout,
+    MemoryLimitExceeded,
+    TaskProcessCrashed,
+    TaskProcessStartFailed,
+)
 from duetime.common.logs import get as get_logger
 from duetime.common.tasks import Registry
 
@@ -87,30 +93,6 @@ def rss_bytes(pid: int) -> int | None:
             return int(f.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return None
-
-
-class HardTimeout(TimeoutError):
-    """The attempt ran past its task's timeout; its child process was killed."""
-
-    remote_traceback = ""  # the record gets the message only: no worker frames
-
-
-class MemoryLimitExceeded(MemoryError):
-    """The attempt's child process grew past --max-task-memory and was killed."""
-
-    remote_traceback = ""  # the record gets the message only: no worker frames
-
-
-class ChildCrashed(RuntimeError):
-    """The child process running the attempt died (os._exit, a signal, a crash in C)."""
-
-    remote_traceback = ""  # the record gets the message only: no worker frames
-
-
-class ChildStartFailed(RuntimeError):
-    """No child process could be started to run the attempt (the app failed to import)."""
-
-    remote_traceback = ""  # the record gets the message only: no worker frames
 
 
 _REMOTE: dict[tuple[str, str], type[Exception]] = {}
@@ -211,13 +193,13 @@ class ProcessPool:
             hello = await asyncio.wait_for(_read(reader), START_TIMEOUT_S)
         except (TimeoutError, asyncio.IncompleteReadError, OSError, ValueError) as exc:
             await self._kill(child)
-            raise ChildStartFailed(f"the child process did not start: {_why(exc, proc)}") from None
+            raise TaskProcessStartFailed(f"the child process did not start: {_why(exc, proc)}") from None
         except BaseException:
             await asyncio.shield(self._kill(child))
             raise
         if not hello.get("ready"):
             await self._kill(child)
-            raise ChildStartFailed(f"the child process could not load {self.app_ref!r}: "
+            raise TaskProcessStartFailed(f"the child process could not load {self.app_ref!r}: "
                                    f"{hello.get('error', '?')}")
         self.started += 1
         log.info("task process started", pid=proc.pid, app=self.app_ref)
@@ -280,7 +262,7 @@ class ProcessPool:
                    timeout: float | None, store: bool) -> tuple[bytes | None, str | None]:
         """Run one attempt in a child; → (the return value packed as the run stores it, or
         None; why it could not be packed, or None), or raise what it raised (`remote_error`),
-        HardTimeout, MemoryLimitExceeded, ChildCrashed or ChildStartFailed. Returns only once
+        HardTimeout, MemoryLimitExceeded, TaskProcessCrashed or TaskProcessStartFailed. Returns only once
         the child is idle again or gone."""
         payload = pack_payload(args, kwargs, self.max_payload)
         child = await self._acquire()
@@ -333,7 +315,7 @@ class ProcessPool:
             reply = reading.result()
         except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
             code = await self._end(child, "died")
-            raise ChildCrashed(f"the task process exited during the attempt ({_code(code)}; "
+            raise TaskProcessCrashed(f"the task process exited during the attempt ({_code(code)}; "
                                f"{type(exc).__name__})") from None
         except asyncio.CancelledError:
             # lease lost, cancel requested, shutdown: the body must stop, so the child goes
