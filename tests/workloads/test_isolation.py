@@ -192,3 +192,23 @@ def test_remote_errors_map_back_to_their_kind() -> None:
     assert isinstance(remote_error({"kind": "fatal", "type": "X"}), duetime.Fatal)
     plain = remote_error({"kind": "error", "type": "not an identifier!"})
     assert type(plain).__name__ == "Exception" and not isinstance(plain, duetime.Retry | duetime.Fatal)
+
+
+def test_cli_worker_runs_isolated_tasks_with_its_options(iso: Any, procs: Any) -> None:
+    """`duetime worker --app ... --max-task-memory ... --kill-grace ...`: the task processes
+    import the worker's --app, the cap kills a leak, a plain task still runs."""
+    ok, leak = isolated.whoami.enqueue(5), iso.enqueue("leak")
+    p = procs.worker("--burst", "--max-task-memory", "96MiB", "--kill-grace", "1s",
+                     app=REF)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode()[-2000:]
+    result = iso.get_run(ok).result
+    assert result["x"] == 5 and result["pid"] not in (os.getpid(), p.pid)
+    run = iso.get_run(leak)
+    assert run.state == "dead" and "exceeded memory limit of 96MiB" in (run.error or "")
+
+
+def test_cli_refuses_a_bad_memory_cap(procs: Any) -> None:
+    p = procs.worker("--max-task-memory", "lots", app=REF)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and b"--max-task-memory must be a size" in err
