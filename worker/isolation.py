@@ -332,6 +332,8 @@ class ProcessPool:
         grace period ran out) are killed."""
         for child in self._idle:
             child.writer.close()
+            child.ended = True
+        self._count -= len(self._idle)
         self._idle.clear()
         for child in list(self.busy.values()):
             with contextlib.suppress(ProcessLookupError):
