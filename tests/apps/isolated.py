@@ -64,7 +64,7 @@ def crash_once() -> int:
     return os.getpid()
 
 
-@app.task(name="retry_once", isolation="process", retries=2, backoff=(30, 60))
+@app.task(name="retry_once", isolation="process", retries=2, backoff=(600, 900))
 def retry_once() -> dict[str, int]:
     run = started()
     if run.attempt == 1:
@@ -109,3 +109,9 @@ def spin_forever() -> None:
     started()
     while True:
         pass
+
+
+@app.task(name="c_sleep_forever", isolation="process", retries=0)
+def c_sleep_forever() -> None:
+    started()
+    ctypes.CDLL(None).sleep(100000)
