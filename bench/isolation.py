@@ -22,13 +22,14 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import duetime
 from duetime.common import logs
 from duetime.common.context import RunContext
-from duetime.embedded import EmbeddedServer
 from duetime.worker.config import WorkerConfig
 from duetime.worker.isolation import ProcessPool
 from duetime.worker.runtime import Worker
+
+import duetime
+from duetime.embedded import EmbeddedServer
 
 app = duetime.App()
 REF = "bench.isolation:app"
