@@ -322,8 +322,11 @@ class ProcessPool:
             await asyncio.shield(self._end(child, "stopped"))
             raise
         finally:
-            if reading is not None and not reading.done():
-                reading.cancel()
+            if reading is not None:
+                if not reading.done():
+                    reading.cancel()
+                elif not reading.cancelled():
+                    reading.exception()  # retrieved: the child's end was handled above
         await self._release(child)
         return reply
 

@@ -115,3 +115,10 @@ def spin_forever() -> None:
 def c_sleep_forever() -> None:
     started()
     ctypes.CDLL(None).sleep(100000)
+
+
+@app.task(name="awhoami", isolation="process")
+async def awhoami(x: int) -> dict[str, object]:
+    """An async task in a child process: the child runs it to completion on its own loop."""
+    run = started()
+    return {"pid": os.getpid(), "x": x, "attempt": run.attempt}

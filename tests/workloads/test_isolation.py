@@ -12,9 +12,10 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
+from duetime.common.context import RunContext
 from duetime.common.errors import InvalidInput
 from duetime.worker.config import WorkerConfig
-from duetime.worker.isolation import parse_size, remote_error, rss_bytes
+from duetime.worker.isolation import ProcessPool, parse_size, remote_error, rss_bytes
 from duetime.worker.runtime import Worker
 
 import duetime
@@ -124,6 +125,40 @@ async def test_children_are_reused_across_attempts(iso: Any) -> None:
         assert results[0]["pid"] != os.getpid()
         assert results[2]["run_id"] == ids[2] and results[2]["attempt"] == 1  # current_run()
         assert w.executor.processes is not None and w.executor.processes.started == 1
+
+
+@aio
+async def test_async_task_runs_in_a_child(iso: Any) -> None:
+    async with serving(iso, **settings()):
+        rid = isolated.awhoami.enqueue(3)
+        run = await until(lambda: ended(iso, rid), timeout=60, what="the async run")
+    assert run.state == "succeeded" and run.result["x"] == 3
+    assert run.result["pid"] == pids(rid)[0] != os.getpid()
+
+
+@aio
+async def test_shutdown_kills_a_stuck_child_once_the_grace_ends(iso: Any) -> None:
+    async with serving(iso, **settings(grace_s=0.2)) as w:
+        rid = iso.enqueue("spin_forever")
+        child = (await until(lambda: pids(rid), what="the stuck child to start"))[0]
+        w.stop()  # the block's end then waits for the worker to have stopped
+    assert not alive(child)
+    run = iso.get_run(rid)
+    assert run.state == "scheduled"  # released: back to its queue
+    assert [a.outcome for a in run.attempts] == ["released"]
+
+
+@aio
+async def test_a_child_that_cannot_load_the_app_fails_the_attempt(iso: Any) -> None:
+    pool = ProcessPool("tests.apps.isolated:not_there", iso.redis_url, iso.keys.namespace, 1,
+                       kill_grace_s=0.5)
+    ctx = RunContext(run_id="r1", task="whoami", queue="default", attempt=1, fence=1,
+                     worker_id="w", idempotency_key="r1", scheduled_at=None)
+    with pytest.raises(duetime.TaskProcessStartFailed, match="is not a duetime App"):
+        await pool.call(ctx, "whoami", [1], {}, None, True)
+    with pytest.raises(duetime.TaskProcessStartFailed):  # the slot was given back: tried again
+        await pool.call(ctx, "whoami", [1], {}, None, True)
+    assert pool.started == 0
 
 
 @aio
