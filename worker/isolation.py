@@ -183,7 +183,7 @@ class ProcessPool:
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
         try:
             proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), env=env,
-                                    stdin=subprocess.DEVNULL, start_new_session=False)
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             theirs.close()
         ours.setblocking(False)
@@ -207,10 +207,20 @@ class ProcessPool:
 
     async def _acquire(self) -> Child:
         async with self._freed:
-            while not self._idle and self._count >= self.size:
-                await self._freed.wait()
-            if self._idle:
-                return self._idle.pop()
+            while True:
+                while not self._idle and self._count >= self.size:
+                    await self._freed.wait()
+                if not self._idle:
+                    break
+                child = self._idle.pop()
+                if child.proc.poll() is None:
+                    return child
+                # it died while idle (the OOM killer, an operator's kill): replaced
+                log.warning("idle task process found dead; replacing it", pid=child.pid,
+                            exit_code=child.proc.returncode)
+                child.ended = True
+                child.writer.close()
+                self._count -= 1
             self._count += 1
         try:
             return await self._spawn()
@@ -229,19 +239,18 @@ class ProcessPool:
             self._freed.notify()
 
     async def _kill(self, child: Child) -> int | None:
-        """SIGTERM, SIGKILL after the grace; → its exit code once it is gone."""
+        """SIGTERM, SIGKILL after the grace (at once with a grace of 0), to the child's process
+        group (it leads its own session: processes the task started go too); → its exit code
+        once it is gone."""
         proc = child.proc
-        with contextlib.suppress(ProcessLookupError):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        if self.kill_grace_s > 0 and proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + self.kill_grace_s
         while proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            while proc.poll() is None:
-                await asyncio.sleep(0.01)
+        _signal_group(proc, signal.SIGKILL)  # the leader, if still there, and any stragglers
+        while proc.poll() is None:
+            await asyncio.sleep(0.01)
         child.writer.close()
         return proc.returncode
 
@@ -339,8 +348,18 @@ class ProcessPool:
         self._count -= len(self._idle)
         self._idle.clear()
         for child in list(self.busy.values()):
-            with contextlib.suppress(ProcessLookupError):
-                child.proc.kill()
+            _signal_group(child.proc, signal.SIGKILL)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """`sig` to the child's process group (its pid: it leads its own session); to the child
+    alone if the group is gone."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            if proc.poll() is None:
+                proc.send_signal(sig)
 
 
 async def _read(reader: asyncio.StreamReader) -> dict[str, Any]:

@@ -122,3 +122,15 @@ async def awhoami(x: int) -> dict[str, object]:
     """An async task in a child process: the child runs it to completion on its own loop."""
     run = started()
     return {"pid": os.getpid(), "x": x, "attempt": run.attempt}
+
+
+@app.task(name="spawner", isolation="process", timeout=0.5, retries=0)
+def spawner() -> None:
+    """Starts a process of its own, then hangs: the kill at the timeout ends both."""
+    import subprocess
+
+    sub = subprocess.Popen(["sleep", "1000"])
+    run = started()
+    r().rpush(pids_key(run.run_id), sub.pid)
+    while True:
+        pass

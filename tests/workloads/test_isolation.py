@@ -128,6 +128,27 @@ async def test_children_are_reused_across_attempts(iso: Any) -> None:
 
 
 @aio
+async def test_processes_the_task_started_are_killed_with_its_child(iso: Any) -> None:
+    async with serving(iso, **settings()):
+        rid = iso.enqueue("spawner")
+        run = await until(lambda: ended(iso, rid), timeout=60, what="the spawner to time out")
+    child, grandchild = pids(rid)
+    assert "timed out after 0.5s" in (run.error or "")
+    assert not alive(child)
+    # not our child: it may linger as a zombie until init reaps it, so read its state
+    await until(lambda: not alive(grandchild) or _zombie(grandchild), timeout=30,
+                what="the task's own process killed")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@aio
 async def test_async_task_runs_in_a_child(iso: Any) -> None:
     async with serving(iso, **settings()):
         rid = isolated.awhoami.enqueue(3)
