@@ -25,6 +25,7 @@ TIMEOUT = Span(timedelta(milliseconds=1), timedelta(days=7))
 # retries a task may declare: far beyond any sane retry policy (at a 1 s back-off base doubling
 # up to its cap, 1000 attempts take days), small enough that a typo such as 10**9 is refused
 MAX_RETRIES = 1000
+ISOLATIONS = ("thread", "process")  # where an attempt executes (TaskSpec.isolation)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class TaskSpec:
     owner: str | None = None
     store_result: bool = True
     tenant: str | None = None  # runs' default tenant (limits and fair share, docs/fairness.md)
+    # "thread": in the worker (sync tasks in its thread pool, async ones on its loop);
+    # "process": each attempt in a child process the worker can kill (worker/isolation.py)
+    isolation: str = "thread"
 
     def __post_init__(self) -> None:
         check_name("task name", self.name)
@@ -54,6 +58,9 @@ class TaskSpec:
         count(self.retries, f"{what} retries", 0, MAX_RETRIES)
         flag(self.idempotent, f"{what} idempotent")
         flag(self.store_result, f"{what} store_result")
+        if self.isolation not in ISOLATIONS:
+            raise InvalidInput(f"{what} isolation must be one of {', '.join(ISOLATIONS)}, got "
+                               f"{self.isolation!r}")
         try:
             check_owner(self.owner)
         except InvalidInput as exc:

@@ -32,6 +32,12 @@ from duetime.common.errors import (
     WaitTimeout,
     WorkerStartFailed,
 )
+from duetime.common.isolation import (
+    HardTimeout,
+    MemoryLimitExceeded,
+    TaskProcessCrashed,
+    TaskProcessStartFailed,
+)
 from duetime.common.models import Attempt, Run
 from duetime.common.schedules import ScheduleDef
 from duetime.common.tasks import Task, TaskOptions, TaskSpec, WorkerContext
@@ -59,5 +65,7 @@ __all__ = [
     "WaitTimeout", "DamagedState",
     "WorkerStartFailed", "WorkerContext", "worker_context",
     "ServerBinaryNotFound",
+    # an attempt's task process ended by the worker (isolation="process")
+    "HardTimeout", "MemoryLimitExceeded", "TaskProcessCrashed", "TaskProcessStartFailed",
     "__version__",
 ]

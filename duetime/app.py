@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
 
 from duetime.client.limits import Limit, Limits, make_limit
 from duetime.client.runs import ASYNC_SLICE, EnqueueRequest, RunStore
@@ -173,6 +173,7 @@ class App:
         owner: str | None = None,
         store_result: bool = True,
         tenant: str | None = None,
+        isolation: Literal["thread", "process"] = "thread",
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -189,6 +190,7 @@ class App:
         owner: str | None = None,
         store_result: bool = True,
         tenant: str | None = None,
+        isolation: Literal["thread", "process"] = "thread",
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task: `@app.task` or `@app.task(name=..., retries=...)`.
 
@@ -199,7 +201,9 @@ class App:
         `module.qualname`; name it explicitly if the code may move (runs store the name).
         The return value is stored on the run (msgpack, capped like payloads, kept for the
         retention period) for `app.wait`; `store_result=False` skips that. `tenant` is the
-        default tenant of its runs (limits and fair share, docs/fairness.md)."""
+        default tenant of its runs (limits and fair share, docs/fairness.md).
+        `isolation="process"` runs each attempt in a child process the worker kills past
+        `timeout` or `--max-task-memory` (docs/operations.md, "Hard timeouts")."""
 
         def register(f: Callable[P, R]) -> Task[P, R]:
             spec = TaskSpec(
@@ -207,7 +211,7 @@ class App:
                 # TaskSpec.__post_init__ turns any accepted duration into seconds
                 retries=retries, backoff=cast("tuple[float, float]", backoff),
                 timeout=cast("float | None", timeout), idempotent=idempotent,
-                owner=owner, store_result=store_result, tenant=tenant,
+                owner=owner, store_result=store_result, tenant=tenant, isolation=isolation,
             )
             self.registry.add(spec)
             # the raw function stays resolvable too (`app.task(fn)` without keeping the result)

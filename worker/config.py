@@ -53,6 +53,12 @@ class WorkerConfig:
     # a run of a task this worker does not know goes back to its queue for a worker that
     # knows it; dead-lettered once no live worker has published the task for this long
     unknown_task_grace_ms: int = DEFAULT_UNKNOWN_TASK_GRACE_MS
+    # process isolation (worker/isolation.py): the App's 'module:attribute' the child
+    # processes import (`--app`); SIGTERM → SIGKILL grace of a child past its timeout; the
+    # resident size a child may reach (bytes; None: no cap)
+    app_ref: str | None = None
+    kill_grace_s: float = 5.0
+    max_task_memory: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -74,6 +80,12 @@ class WorkerConfig:
         check_name("worker id", self.worker_id)
         _int_in("max_result", self.max_result, 1, 512 * 1024 * 1024)
         _int_in("unknown_task_grace_ms", self.unknown_task_grace_ms, 1, MAX_UNKNOWN_TASK_GRACE_MS)
+        _number_in("kill_grace_s", self.kill_grace_s, 0.0, 3600.0)
+        if self.max_task_memory is not None:
+            _int_in("max_task_memory", self.max_task_memory, 16 * 1024 * 1024, 1 << 50)
+        if self.app_ref is not None and (not isinstance(self.app_ref, str)
+                                         or not all(self.app_ref.partition(":")[::2])):
+            raise InvalidInput(f"worker app_ref must be 'module:attribute', got {self.app_ref!r}")
         if self.queue_weights is not None:
             if set(self.queue_weights) != set(self.queues):
                 raise InvalidInput("queue_weights must give a weight to every queue served")

@@ -19,8 +19,11 @@ MAX_LOG_TEXT = 200
 
 def record_text(exc: BaseException) -> str:
     """'Type: message' and the traceback's tail, for the run record."""
-    text = "".join(traceback.format_exception(exc))
     head = f"{type(exc).__name__}: {exc}"
+    remote = getattr(exc, "remote_traceback", None)  # raised in a task process (isolation.py)
+    if isinstance(remote, str):
+        return (head + "\n" + remote[-MAX_RECORD_TEXT:]) if remote else head
+    text = "".join(traceback.format_exception(exc))
     return (head + "\n" + text[-MAX_RECORD_TEXT:]) if text else head
 
 
@@ -34,6 +37,9 @@ def frames_text(exc: BaseException) -> str:
     """Where it failed: the traceback's frames (files, lines, source lines) from the task's
     own code on -- not duetime's or the event loop's frames before it, nor the message, which
     may quote arguments; the last MAX_LOG_FRAMES characters."""
+    remote = getattr(exc, "remote_frames", None)  # raised in a task process (isolation.py)
+    if isinstance(remote, str):
+        return remote[-MAX_LOG_FRAMES:]
     frames = traceback.extract_tb(exc.__traceback__)
     while frames and any(part in frames[0].filename for part in _OWN):
         frames.pop(0)

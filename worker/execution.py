@@ -35,6 +35,7 @@ from duetime.common.transitions import Claimed
 from duetime.worker.clock import ServerClock
 from duetime.worker.config import WorkerConfig
 from duetime.worker.errors import frames_text, log_message, record_text
+from duetime.worker.isolation import ProcessPool
 from duetime.worker.reporter import Reporter
 from duetime.worker.unknown import UnknownTasks
 
@@ -93,6 +94,8 @@ class Executor:
         # runs of tasks not registered here: handed back while some worker knows them (the
         # Worker sets it; None: dead-lettered at once, as a bare Executor always did)
         self.unknown: UnknownTasks | None = None
+        # child processes of tasks declared isolation="process" (the Worker sets it)
+        self.processes: ProcessPool | None = None
 
     # -- starting -------------------------------------------------------------------------
     def start(self, p: int, queue: str, c: Claimed, now_ms: float) -> None:
@@ -358,6 +361,8 @@ class Executor:
         run_id = ex.ctx.run_id
         self._bodies[run_id] = ex
         ex.in_body = True
+        if spec.isolation == "process":
+            return await self._isolated(ex, spec, args, kwargs, timeout)
         if spec.is_async:
             ok = False
             try:
@@ -390,6 +395,29 @@ class Executor:
             raise
         self._body_ended(ex, True)
         return value
+
+    async def _isolated(self, ex: Execution, spec: TaskSpec, args: list[Any],
+                        kwargs: dict[str, Any], timeout: float | None) -> None:
+        """Process isolation (worker/isolation.py): the body runs in a child process, killed
+        past the timeout, the memory cap, or when the attempt is stopped; it has ended (the
+        child is idle or gone) when this returns or raises. The result, packed in the child,
+        is stored as it came (→ None: nothing left for _attempt to pack)."""
+        ok = False
+        try:
+            if self.processes is None:
+                raise Fatal(f"task {spec.name!r} runs in a child process, but this worker has "
+                            "no process pool (it was built without Worker)")
+            result, why = await self.processes.call(ex.ctx, spec.name, args, kwargs, timeout,
+                                                    spec.store_result)
+            if why is not None:
+                log.warning("result not stored", run_id=ex.ctx.run_id, task=ex.ctx.task,
+                            attempt=ex.ctx.attempt, worker_id=self.worker_id, why=why[:200])
+                ex.result = pack_not_stored(why)
+            elif result is not None and spec.store_result:
+                ex.result = result
+            ok = True
+        finally:
+            self._body_ended(ex, ok)
 
     def _thread_ended(self, ex: Execution, fut: Any) -> None:
         """A sync body that outlived its attempt (timeout, cancellation) returned at last: a
@@ -436,8 +464,9 @@ class Executor:
             ex.task.cancel()
 
     def _is_async(self, ex: Execution) -> bool:
+        """An async body, or one in a child process (killed when cancelled): stoppable."""
         spec = self.registry.find(ex.ctx.task)
-        return spec is not None and spec.is_async
+        return spec is not None and (spec.is_async or spec.isolation == "process")
 
     # -- shutdown -------------------------------------------------------------------------
     async def drain(self, grace_s: float) -> None:
@@ -458,6 +487,8 @@ class Executor:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.processes is not None:
+            self.processes.close()
 
 
 def _retry_delay_ms(exc: Retry) -> tuple[int, str]:

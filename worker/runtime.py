@@ -37,6 +37,7 @@ from duetime.worker.config import WorkerConfig, default_worker_id
 from duetime.worker.due import DueTimes
 from duetime.worker.errors import REDIS_ERRORS
 from duetime.worker.execution import Execution, Executor
+from duetime.worker.isolation import ProcessPool
 from duetime.worker.leases import LeaseKeeper
 from duetime.worker.reporter import Reporter
 from duetime.worker.unknown import UnknownTasks
@@ -70,6 +71,8 @@ class Worker:
         self.unknown = UnknownTasks(self.client, keys, registry, self.clock,
                                     config.unknown_task_grace_ms, self.id)
         self.executor.unknown = self.unknown
+        # child processes for tasks declared isolation="process" (None: no such task)
+        self.executor.processes = ProcessPool.for_worker(registry, config, url, keys.namespace)
         self.reporter.processed = lambda: self.executor.processed  # published as runs finish
         self.reporter.record_ttl_ms = config.lease_ms * 3  # as the heartbeat's record
         self.listener = WakeListener(self.client, keys.wake_channel, self.due, self.id)

@@ -169,6 +169,7 @@ LEASE = Span(timedelta(milliseconds=500), timedelta(days=1))  # worker --lease (
 GRACE = Span(ZERO, timedelta(days=1))                         # worker --grace
 CLAIM_AHEAD = Span(ZERO, _S)                                  # worker --claim-ahead
 UNKNOWN_GRACE = Span(_S, timedelta(days=30))                  # worker --unknown-task-grace
+KILL_GRACE = Span(ZERO, timedelta(hours=1))                   # worker --kill-grace
 TICK = Span(timedelta(milliseconds=10), timedelta(minutes=10))  # scheduler/reaper ticks
 GAUGES_EVERY = Span(timedelta(milliseconds=100), timedelta(hours=1))
 LEAD = Span(ZERO, timedelta(hours=1))                         # scheduler --lead

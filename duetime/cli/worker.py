@@ -22,7 +22,14 @@ from duetime.cli.common import (
 from duetime.common import logs, metrics
 from duetime.common.errors import RedisRefused
 from duetime.common.startup import answers, wait_for_server, warn_unverified_tls
-from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, duration_ms
+from duetime.common.time.parse import (
+    CLAIM_AHEAD,
+    GRACE,
+    KILL_GRACE,
+    LEASE,
+    UNKNOWN_GRACE,
+    duration_ms,
+)
 
 
 @click.command()
@@ -45,6 +52,13 @@ from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, 
                  help="A run of a task this worker does not know goes back to its queue for a "
                  "worker that knows it; it is dead-lettered once no live worker has published "
                  "the task for this long.")
+@click.option("--max-task-memory", default=None, metavar="SIZE",
+              help="Resident memory a task process may reach (tasks declared "
+              "isolation=\"process\"), e.g. 512MiB, 2GiB, 800MB; past it the process is "
+              "killed and the attempt fails. Default: no cap.")
+@duration_option("--kill-grace", span=KILL_GRACE, default="5s", show_default=True,
+                 help="A task process past its timeout (or memory cap) gets SIGTERM, then "
+                 "SIGKILL after this long.")
 @metrics_options("Process i of --processes: port + i.")
 @click.option("--burst", is_flag=True, help="Stop, exit 0, once idle: nothing of its own "
               "running, every outcome recorded, no run of its queues due now (runs due later "
@@ -58,8 +72,9 @@ from duetime.common.time.parse import CLAIM_AHEAD, GRACE, LEASE, UNKNOWN_GRACE, 
 @fail_cleanly
 def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: int,
            processes: int, lease: timedelta, grace: timedelta, claim_ahead: timedelta,
-           unknown_task_grace: timedelta, metrics_port: int | None, metrics_host: str,
-           burst: bool, reload: bool, reload_dirs: tuple[Path, ...]) -> None:
+           unknown_task_grace: timedelta, max_task_memory: str | None, kill_grace: timedelta,
+           metrics_port: int | None, metrics_host: str, burst: bool, reload: bool,
+           reload_dirs: tuple[Path, ...]) -> None:
     """Execute runs: claim, run, heartbeat, report."""
     if reload_dirs and not reload:
         raise click.UsageError("--reload-dir needs --reload")
@@ -78,13 +93,17 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
 
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
     from duetime.worker.config import parse_queues
+    from duetime.worker.isolation import parse_size
 
     # everything is checked before the first write to Redis: a refused option writes nothing
     qs, weights = parse_queues(queues or ",".join(app.registry.queues() or ["default"]))
     cfg = WorkerConfig(queues=qs, concurrency=concurrency, lease_ms=duration_ms(lease),
                        grace_s=grace.total_seconds(), claim_ahead_ms=duration_ms(claim_ahead),
                        max_result=app.max_payload, queue_weights=weights,
-                       unknown_task_grace_ms=duration_ms(unknown_task_grace))
+                       unknown_task_grace_ms=duration_ms(unknown_task_grace),
+                       app_ref=app_ref, kill_grace_s=kill_grace.total_seconds(),
+                       max_task_memory=None if max_task_memory is None
+                       else parse_size(max_task_memory))
     metrics.preset(app.registry.names(), qs,
                    {n: app.registry.get(n).owner or "" for n in app.registry.names()})
     metrics.serve(metrics_port, metrics_host, role="worker")
