@@ -265,6 +265,13 @@ def status_detail(res: Any) -> tuple[str, str]:
         value.decode() if isinstance(value, bytes) else str(value))
 
 
+def enqueue_landed(res: Any) -> list[str]:
+    """enqueue.lua's reply to a call with debounced or throttled runs ({created, id, ...}): the
+    id of the run each of them landed on, in call order (a plain call's reply is its count)."""
+    return [] if isinstance(res, int) else [x.decode() if isinstance(x, bytes) else str(x)
+                                            for x in res[1:]]
+
+
 def counts(res: Any) -> list[int]:
     """A counts reply: its integers, in the order the script's header names them."""
     return [int(res)] if isinstance(res, int) else [int(x) for x in res]
