@@ -23,6 +23,7 @@ from duetime.common.errors import (
     RedisRefused,
     RedisUnavailable,
     ResultNotStored,
+    RateLimited,
     Retry,
     RunFailed,
     RunNotFound,
@@ -49,7 +50,7 @@ __all__ = [
     # read models
     "Run", "Attempt",
     # raised by tasks
-    "Retry", "Fatal",
+    "Retry", "RateLimited", "Fatal",
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
