@@ -144,7 +144,7 @@ class RateLimited(Exception):  # noqa: N818 - raised by tasks, read as a state
     """Raised by a task that met back-pressure (an HTTP 429, a quota): the run goes back to
     its queue without spending an attempt, due after `retry_after`, and its `scope` is held
     until then: no other run of the same task ("task", the default), queue ("queue") or tenant
-    ("tenant") is claimed meanwhile, on any partition (lua/rate_limited.lua; docs/workloads.md).
+    ("tenant") is claimed meanwhile, on any partition (lua/rate_limited.lua; docs/debounce.md).
 
     `retry_after` takes what `enqueue(delay=...)` takes (a timedelta, seconds, "30s"; at least
     1 ms); a bad one, or an unknown scope, is an InvalidInput right where it is made."""

@@ -282,7 +282,7 @@ class Task(Generic[P, R]):
         """Enqueue options for the next `.enqueue(...)`: `at` (an aware datetime or ISO-8601
         string) or `delay` (a timedelta, seconds or a string like "30s"), an idempotency `key`
         (a repeated key returns the first run's id), a `queue` other than the task's; with a
-        key, `debounce` (and `max_wait`) or `throttle` (docs/workloads.md)."""
+        key, `debounce` (and `max_wait`) or `throttle` (docs/debounce.md)."""
         return TaskOptions(self, at, delay, key, queue, debounce, max_wait, throttle)
 
     @property

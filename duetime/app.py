@@ -255,7 +255,7 @@ class App:
         With `key`: `debounce` (a duration) coalesces the enqueues of the key while its run
         still waits (the last arguments win, due `debounce` after the last enqueue, never
         later than `max_wait` after the first); `throttle` creates one run per window of that
-        length. The id returned is the run the call landed on (docs/workloads.md)."""
+        length. The id returned is the run the call landed on (docs/debounce.md)."""
         req = EnqueueRequest(self._resolve(task, allow_unknown=allow_unknown), args,
                              kwargs or {}, at, delay, key, queue, tenant=tenant, priority=priority,
                              debounce=debounce, max_wait=max_wait, throttle=throttle)

@@ -1,5 +1,5 @@
 -- enqueue/coalesce.lua: debounce and throttle by key, enqueue.lua's step for the runs enqueued
--- with key= and debounce= or throttle= (docs/workloads.md).
+-- with key= and debounce= or throttle= (docs/debounce.md).
 -- Tested by: tests/workloads/test_debounce.py, tests/workloads/test_throttle.py
 -- Such a run's own fields start with its mode (the client puts them first, so a plain run
 -- costs one comparison): 'debounce', ms, 'max_wait', ms (0: none) or 'throttle', ms; they
@@ -10,7 +10,7 @@
 --   its first enqueue (`created`) + max_wait; once it started, the next enqueue creates a run.
 -- - throttle: the first enqueue of a window creates the run; until created + throttle, later
 --   enqueues land on it, whatever its state.
--- A joined run counts the enqueues that landed on it (field `coalesced`).
+-- A joined run counts the later enqueues that landed on it (field `joined`).
 
 -- The mode of the run at ARGV[i] with nf own fields: 'debounce', 'throttle' or nil (plain).
 local function coalesce_mode(i, nf)
@@ -63,7 +63,7 @@ local function coalesce(co, mode, i, nf, now)
     if f[1] ~= 'scheduled' or (f[2] and f[2] ~= '0') or f[6] ~= co.queue then return nil end
     debounce_join(co, cur, f, i, nf, now)
   end
-  redis.call('HINCRBY', co.prefix .. K.run .. cur, 'coalesced', 1)
+  redis.call('HINCRBY', co.prefix .. K.run .. cur, 'joined', 1)
   return cur
 end
 

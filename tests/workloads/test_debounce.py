@@ -87,7 +87,7 @@ def test_the_due_time_moves_with_each_enqueue_and_never_earlier(app, r):
     assert app.enqueue(basic.noop, [1], key="k", debounce="600s") == rid
     assert due_score(app, rid) >= first  # moved to now + 600 s again
     assert int(r.hget(run_key, "due")) == due_score(app, rid)
-    assert r.hget(run_key, "coalesced") == b"1"  # one enqueue joined it
+    assert r.hget(run_key, "joined") == b"1"  # one enqueue joined it
 
 
 def test_once_started_the_next_enqueue_makes_a_new_run(app):
