@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from duetime.client.coalesce import coalesce
 from duetime.common import transitions as tr
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import (
@@ -30,7 +31,6 @@ from duetime.common.connection import (
     translated,
     unavailable,
 )
-from duetime.client.coalesce import coalesce
 from duetime.common.durability import Durability
 from duetime.common.errors import (
     EnqueueIncomplete,

@@ -12,7 +12,6 @@ import threading
 
 import pytest
 from duetime.common import transitions as tr
-from duetime.common.connection import sync_client
 from duetime.common.errors import InvalidInput
 from duetime.common.metrics import RATE_LIMITED
 from duetime.common.scripts import Scripts
