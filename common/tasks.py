@@ -196,8 +196,9 @@ class Task(Generic[P, R]):
       `key`, `at`, `delay` or `queue`.
 
     For compatibility `task.enqueue(*args, key=..., at=..., delay=..., queue=..., **kwargs)`
-    still works: given any of those four keywords, `enqueue` takes it as the option (never as
-    the function's argument of that name). A type checker then checks the options' types but
+    still works: given any of those four keywords (or `debounce`, `max_wait`, `throttle`, which
+    go with `key`), `enqueue` takes it as the option (never as the function's argument of that
+    name). A type checker then checks the options' types but
     not the function's arguments (the overload that accepts it takes them as `Any`); the run
     time check still refuses arguments that do not fit.
     """

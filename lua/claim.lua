@@ -9,7 +9,7 @@
 --   tests/limits/test_concurrency.py, tests/limits/test_rate.py, tests/limits/test_fairness.py,
 --   tests/limits/test_priority.py, tests/property/test_damaged_records.py,
 --   tests/integration/test_cluster.py, tests/integration/test_reshard.py,
---   tests/integration/test_queue_pause.py
+--   tests/integration/test_queue_pause.py, tests/workloads/test_rate_limited.py
 -- KEYS[1] due zset     T:due:<queue>       KEYS[2] retry zset   T:retry:<queue>
 -- KEYS[3] leases zset  T:leases            KEYS[4] done zset    T:done
 -- KEYS[5] deadlines    T:deadlines         KEYS[6] events       T:events

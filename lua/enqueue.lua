@@ -5,7 +5,8 @@
 -- nothing the second time.
 -- Tested by: tests/integration/test_scripts.py, tests/integration/test_enqueue_retry.py,
 --   tests/integration/test_bad_input.py, tests/limits/test_tenants.py,
---   tests/integration/test_payload_cap.py
+--   tests/integration/test_payload_cap.py, tests/workloads/test_debounce.py,
+--   tests/workloads/test_throttle.py
 -- KEYS[1] due zset  T:due:<queue>    KEYS[2] priority index  T:prio:<queue>
 -- KEYS[3] laned zset  T:laned:<queue>  KEYS[4] lanes zset  T:lanes:<queue>
 -- ARGV[1] partition prefix 'ns:{tag}:' -- each run's hash T:run:<id> is built from it (same
