@@ -16,6 +16,7 @@ what comes due. Then the worker drains what is left. Reported per round:
     .venv/bin/python -m bench.debounce [--rate 10000] [--keys 1000] [--seconds 10]
         [--debounce-ms 500] [--max-wait-ms 2000] [--producers 2] [--rounds 3]
         [--server redis|valkey]
+    .venv/bin/python -m bench.debounce --cost 20000 [--keys 1000] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -122,6 +123,29 @@ def one_round(url: str, rate: int, keys: int, seconds: float, debounce_ms: int,
             "ran_once": once, "bound_runs_per_key": seconds * 1000 / max_wait_ms}
 
 
+def cost_round(url: str, mode: str, events: int, keys: int) -> float:
+    """Redis CPU (EVALSHA usec) per event of enqueue.lua alone, no worker: `events` enqueues in
+    calls of 100, plain (new ids), key= (idempotency), debounce= or throttle= over `keys`."""
+    ns = f"bdc{uuid.uuid4().hex[:6]}"
+    app.configure(redis_url=url, namespace=ns)
+    app.store.ready()
+    r = redis.Redis.from_url(url)
+    opts: dict[str, Any] = {"plain": {}, "key": {}, "debounce": {"debounce": 3600},
+                            "throttle": {"throttle": 3600}}[mode]
+    rng = random.Random(1)
+    u0 = _evalsha_us(r)
+    for start in range(0, events, 100):
+        app.enqueue_many([{"task": counted, "args": [start + j],
+                           **({} if mode == "plain" else {"key": f"key-{rng.randrange(keys)}"}),
+                           **opts} for j in range(100)])
+    u1 = _evalsha_us(r)
+    for k in r.scan_iter(f"{ns}:*", count=5000):
+        r.unlink(k)
+    r.close()
+    app.close()
+    return (u1 - u0) / events
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--produce"]:
         url, ns, rate, keys, seconds, deb, mw, seed = sys.argv[2:10]
@@ -132,7 +156,21 @@ def main() -> None:
     ap = parser(rate=10000, keys=1000, seconds=10.0, rounds=3, producers=2)
     ap.add_argument("--debounce-ms", type=int, default=500)
     ap.add_argument("--max-wait-ms", type=int, default=2000)
+    ap.add_argument("--cost", type=int, default=0, help="instead: enqueue.lua's Redis CPU per "
+                    "event over this many events per mode, interleaved rounds")
     args = ap.parse_args()
+    if args.cost:
+        modes = ("plain", "key", "debounce", "throttle")
+        res: dict[str, list[float]] = {m: [] for m in modes}
+        with EmbeddedServer(args.server) as server:
+            for _ in range(args.rounds):
+                for m in modes:
+                    res[m].append(cost_round(server.url, m, args.cost, args.keys))
+        for m in modes:
+            print(f"{m}: {statistics.median(res[m]):.2f} us/event "
+                  f"({min(res[m]):.2f}-{max(res[m]):.2f}); ratio to plain, paired median "
+                  f"{statistics.median(a / b for a, b in zip(res[m], res['plain'], strict=True)):.2f}")
+        return
     rows = []
     with EmbeddedServer(args.server) as server:
         for n in range(args.rounds):
