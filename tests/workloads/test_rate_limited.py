@@ -12,6 +12,7 @@ import threading
 
 import pytest
 from duetime.common import transitions as tr
+from duetime.common.connection import sync_client
 from duetime.common.errors import InvalidInput
 from duetime.common.metrics import RATE_LIMITED
 from duetime.common.scripts import Scripts
@@ -195,3 +196,53 @@ def test_a_hundred_runs_against_an_api_answering_429_spend_no_attempt_and_all_su
     assert refused == API.refused  # every 429 was a hand-back, counted on its run
     assert RATE_LIMITED.labels("wl-partner-call", "task")._value.get() - before == API.refused
     assert sorted(API.served) == list(range(100))  # each served once
+
+
+@basic.app.task(name="wl-always-limited")
+def always_limited(i: int) -> None:
+    raise duetime.RateLimited(retry_after="60s", scope="task")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from duetime.embedded import EmbeddedCluster
+
+    with EmbeddedCluster("redis") as c:
+        yield c
+
+
+@pytest.mark.slow
+def test_on_a_cluster_a_debounce_lands_once_and_a_hold_reaches_every_shard(cluster):
+    """Three primaries: the debounced key's runs share its partition's slot, and a worker's
+    RateLimited raises the hold in every partition, on every shard (its fan-out pipeline)."""
+    import uuid
+
+    app = basic.app
+    app.configure(redis_url=cluster.url, namespace=f"c{uuid.uuid4().hex[:8]}")
+    r = sync_client(cluster.url)
+    try:
+        ids = [app.enqueue(basic.noop, [i], key="c", debounce="600s") for i in range(100)]
+        assert set(ids) == {ids[0]} and app.get_run(ids[0]).args == [99]
+        assert app.enqueue(basic.noop, [0], key="t", throttle="1h") == \
+            app.enqueue(basic.noop, [1], key="t", throttle="1h")
+
+        rid = app.enqueue(always_limited, [0])
+        k = app.keys
+
+        async def scenario() -> None:
+            async with serving(app, concurrency=4):
+                await until(lambda: all(r.hget(k.holds(p), "task:wl-always-limited")
+                                        for p in range(k.partitions)), timeout=30,
+                            what="the hold in every partition")
+
+        asyncio.run(scenario())
+        run = app.get_run(rid)
+        assert run.state == "scheduled" and run.attempt == 0
+        later = [app.enqueue(always_limited, [i]) for i in range(1, 30)]
+        for p in range(k.partitions):
+            keys, args = tr.claim(k, p, "default", "probe", 100, 60_000)
+            got = tr.parse_claim(Scripts(r).claim(keys=keys, args=args)).runs
+            assert not {c.run_id for c in got} & set(later)
+    finally:
+        r.close()
+        app.close()
