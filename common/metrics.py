@@ -9,7 +9,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from duetime.common.errors import DuetimeError, InvalidInput
+from duetime.common.errors import RATE_SCOPES, DuetimeError, InvalidInput
 from duetime.common.health import Health, Verdict
 from duetime.common.outcomes import Outcome
 from duetime.common.retrycost import ATTEMPT_ENDINGS
@@ -157,6 +157,8 @@ def preset(tasks: Iterable[str] = (), queues: Iterable[str] = (),
     for t in tasks:
         for metric in (EXECUTION, RETRIES):
             child(metric, t)
+        for scope in RATE_SCOPES:
+            child(RATE_LIMITED, t, scope)
         for outcome in Outcome:
             child(RUNS_FINISHED, t, outcome.value)
         owner = (owners or {}).get(t, "")
