@@ -137,6 +137,34 @@ class Retry(Exception):  # noqa: N818 - raised by tasks, read as a verb
         super().__init__(reason or shown)
 
 
+RATE_SCOPES = ("task", "queue", "tenant")
+
+
+class RateLimited(Exception):  # noqa: N818 - raised by tasks, read as a state
+    """Raised by a task that met back-pressure (an HTTP 429, a quota): the run goes back to
+    its queue without spending an attempt, due after `retry_after`, and its `scope` is held
+    until then: no other run of the same task ("task", the default), queue ("queue") or tenant
+    ("tenant") is claimed meanwhile, on any partition (lua/rate_limited.lua; docs/debounce.md).
+
+    `retry_after` takes what `enqueue(delay=...)` takes (a timedelta, seconds, "30s"; at least
+    1 ms); a bad one, or an unknown scope, is an InvalidInput right where it is made."""
+
+    def __init__(self, retry_after: Any = 1.0, scope: str = "task", reason: str = "") -> None:
+        from duetime.common.time.fmt import format_duration
+        from duetime.common.time.parse import DELAY, duration_ms
+
+        if scope not in RATE_SCOPES:
+            raise InvalidInput(f"RateLimited(scope=...) must be one of {', '.join(RATE_SCOPES)}, "
+                               f"got {scope!r}")
+        if not isinstance(reason, str):
+            raise InvalidInput(f"RateLimited(reason=...) must be a string, got {reason!r}")
+        parsed = DELAY.parse(retry_after, "RateLimited(retry_after=...)")
+        self.retry_after_ms: int = max(duration_ms(parsed), 1)
+        self.retry_after: float = self.retry_after_ms / 1000
+        self.scope = scope
+        super().__init__(reason or f"rate limited: {scope} held for {format_duration(parsed)}")
+
+
 class Fatal(Exception):  # noqa: N818 - raised by tasks, read as a verb
     """Raised by a task: do not retry; the run goes to dead-letter."""
 

@@ -95,6 +95,12 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "paused": KeyKind("paused", "hash", "the namespace's paused queues, copied into every "
                       "partition so claim.lua sees a pause in its slot: queue -> JSON {note, "
                       "at} (absent: nothing paused; set with duetime queue pause)"),
+    "coalesce": KeyKind("coalesce", "hash", "debounce and throttle by key: '<task>\\n<key>' -> "
+                        "the key's current run id (enqueue.lua, lua/enqueue/coalesce.lua; an "
+                        "entry whose run is gone or started is replaced by the next enqueue)"),
+    "holds": KeyKind("holds", "hash", "rate-limit holds raised by runs (RateLimited): '<kind>:"
+                     "<name>' (task, queue or tenant) -> until ms; claim.lua admits no run of a "
+                     "held scope until then (an expired entry is ignored, then dropped)"),
     "limrun": KeyKind("limrun:", "zset", "runs holding a concurrency slot of a limit -> lease "
                       "expiry hint (ms); an entry whose lease is gone frees its slot",
                       "scope"),
@@ -272,6 +278,14 @@ class Keyspace:
     def paused(self, p: int) -> str:
         """HASH queue -> pause record: the queues claim.lua takes nothing from."""
         return self.prefix(p) + SUFFIX["paused"]
+
+    def coalesce(self, p: int) -> str:
+        """HASH of debounce/throttle keys -> their current run (lua/enqueue/coalesce.lua)."""
+        return self.prefix(p) + SUFFIX["coalesce"]
+
+    def holds(self, p: int) -> str:
+        """HASH of rate-limit holds: scope -> until ms (RateLimited; claim.lua admission)."""
+        return self.prefix(p) + SUFFIX["holds"]
 
     def limrun(self, p: int, scope: str) -> str:
         """Runs holding a concurrency slot of `scope` ('tenant:acme', 'queue:default')."""

@@ -9,7 +9,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from duetime.common.errors import DuetimeError, InvalidInput
+from duetime.common.errors import RATE_SCOPES, DuetimeError, InvalidInput
 from duetime.common.health import Health, Verdict
 from duetime.common.outcomes import Outcome
 from duetime.common.retrycost import ATTEMPT_ENDINGS
@@ -73,6 +73,11 @@ LIMITED_DELAY = Histogram(
     "of duetime_queue_delay_seconds and duetime_start_lateness_seconds)",
     ["queue"], buckets=LATENCY_BUCKETS,
 )
+RATE_LIMITED = Counter(
+    "duetime_rate_limited_total",
+    "Runs a worker gave back because the task raised RateLimited (no attempt spent), by task "
+    "and the scope held (task, queue or tenant)", ["task", "scope"],
+)
 RETRIES = Counter("duetime_retries_total", "Failed attempts a worker reported that will be retried",
                   ["task"])
 DEAD_LETTERS = Counter("duetime_dead_letters_total",
@@ -117,7 +122,7 @@ REFUSING_WRITES = Gauge(
 WORKER_METRICS = (RUNS_FINISHED, START_LATENESS, QUEUE_DELAY, EXECUTION, CLAIMED, LEASES_LOST,
                   LATE_REJECTED, INFLIGHT, RETRIES, DEAD_LETTERS, MISSED, SKIPPED, ATTEMPTS,
                   FAILED_ATTEMPT_SECONDS, RUNS_LIMITED,
-                  LIMITED_DELAY)
+                  LIMITED_DELAY, RATE_LIMITED)
 REAPER_METRICS = (REAPED, MISSED, REFUSING_WRITES)
 SCHEDULER_METRICS = (*REAPER_METRICS, SKIPPED, MATERIALIZED, QUARANTINED, PARTITIONS_OWNED,
                      QUEUE_BACKLOG, QUEUE_OLDEST_DUE, QUEUE_SCHEDULED, QUEUE_RETRYING,
@@ -152,6 +157,8 @@ def preset(tasks: Iterable[str] = (), queues: Iterable[str] = (),
     for t in tasks:
         for metric in (EXECUTION, RETRIES):
             child(metric, t)
+        for scope in RATE_SCOPES:
+            child(RATE_LIMITED, t, scope)
         for outcome in Outcome:
             child(RUNS_FINISHED, t, outcome.value)
         owner = (owners or {}).get(t, "")

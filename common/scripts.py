@@ -59,6 +59,7 @@ SCRIPT_NAMES = (
     "schedule_quarantine",
     "wait",
     "handback",
+    "rate_limited",
 )
 LIB = "_lib.lua"
 _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
@@ -426,6 +427,7 @@ class Scripts:
     schedule_quarantine: Bound
     wait: Bound
     handback: Bound
+    rate_limited: Bound
 
     def __init__(self, client: Any) -> None:
         self.client = client

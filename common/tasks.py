@@ -175,12 +175,16 @@ class Enqueuer(Protocol):
 
     def enqueue(self, task: TaskSpec, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
                 at: Instant | None = None, delay: Duration | None = None,
-                key: str | None = None, queue: str | None = None) -> str: ...
+                key: str | None = None, queue: str | None = None, *,
+                debounce: Duration | None = None, max_wait: Duration | None = None,
+                throttle: Duration | None = None) -> str: ...
 
     def aenqueue(self, task: TaskSpec, args: Sequence[Any] = (),
                  kwargs: dict[str, Any] | None = None, at: Instant | None = None,
                  delay: Duration | None = None, key: str | None = None,
-                 queue: str | None = None) -> Awaitable[str]: ...
+                 queue: str | None = None, *, debounce: Duration | None = None,
+                 max_wait: Duration | None = None,
+                 throttle: Duration | None = None) -> Awaitable[str]: ...
 
 
 class Task(Generic[P, R]):
@@ -199,8 +203,9 @@ class Task(Generic[P, R]):
       `key`, `at`, `delay` or `queue`.
 
     For compatibility `task.enqueue(*args, key=..., at=..., delay=..., queue=..., **kwargs)`
-    still works: given any of those four keywords, `enqueue` takes it as the option (never as
-    the function's argument of that name). A type checker then checks the options' types but
+    still works: given any of those four keywords (or `debounce`, `max_wait`, `throttle`, which
+    go with `key`), `enqueue` takes it as the option (never as the function's argument of that
+    name). A type checker then checks the options' types but
     not the function's arguments (the overload that accepts it takes them as `Any`); the run
     time check still refuses arguments that do not fit.
     """
@@ -220,7 +225,9 @@ class Task(Generic[P, R]):
     # checked against the function (`enqueue(44, dely="30s")` matches no overload).
     @overload
     def enqueue(self, *args: Any, key: str | None, at: Instant | None = None,
-                delay: Duration | None = None, queue: str | None = None, **kwargs: Any) -> str: ...
+                delay: Duration | None = None, queue: str | None = None,
+                debounce: Duration | None = None, max_wait: Duration | None = None,
+                throttle: Duration | None = None, **kwargs: Any) -> str: ...
 
     @overload
     def enqueue(self, *args: Any, at: Instant | None, delay: Duration | None = None,
@@ -247,7 +254,8 @@ class Task(Generic[P, R]):
     @overload
     async def aenqueue(self, *args: Any, key: str | None, at: Instant | None = None,
                        delay: Duration | None = None, queue: str | None = None,
-                       **kwargs: Any) -> str: ...
+                       debounce: Duration | None = None, max_wait: Duration | None = None,
+                       throttle: Duration | None = None, **kwargs: Any) -> str: ...
 
     @overload
     async def aenqueue(self, *args: Any, at: Instant | None, delay: Duration | None = None,
@@ -271,14 +279,19 @@ class Task(Generic[P, R]):
         """The enqueue options among `enqueue`'s keywords, taken out of `kwargs` (an option's
         keyword is always the option, whatever the function's parameters are named)."""
         return TaskOptions(self, kwargs.pop("at", None), kwargs.pop("delay", None),
-                           kwargs.pop("key", None), kwargs.pop("queue", None))
+                           kwargs.pop("key", None), kwargs.pop("queue", None),
+                           kwargs.pop("debounce", None), kwargs.pop("max_wait", None),
+                           kwargs.pop("throttle", None))
 
     def options(self, *, at: Instant | None = None, delay: Duration | None = None,
-                key: str | None = None, queue: str | None = None) -> TaskOptions[P, R]:
+                key: str | None = None, queue: str | None = None,
+                debounce: Duration | None = None, max_wait: Duration | None = None,
+                throttle: Duration | None = None) -> TaskOptions[P, R]:
         """Enqueue options for the next `.enqueue(...)`: `at` (an aware datetime or ISO-8601
         string) or `delay` (a timedelta, seconds or a string like "30s"), an idempotency `key`
-        (a repeated key returns the first run's id), a `queue` other than the task's."""
-        return TaskOptions(self, at, delay, key, queue)
+        (a repeated key returns the first run's id), a `queue` other than the task's; with a
+        key, `debounce` (and `max_wait`) or `throttle` (docs/debounce.md)."""
+        return TaskOptions(self, at, delay, key, queue, debounce, max_wait, throttle)
 
     @property
     def duetime_task(self) -> TaskSpec:
@@ -321,25 +334,37 @@ class TaskOptions(Generic[P, R]):
     """A task with enqueue options bound (`task.options(...)`); `enqueue` takes exactly the
     function's arguments. Cheap to build: make one per call or keep one."""
 
-    __slots__ = ("task", "at", "delay", "key", "queue")
+    __slots__ = ("task", "at", "delay", "key", "queue", "debounce", "max_wait", "throttle")
 
     def __init__(self, task: Task[P, R], at: Instant | None = None,
                  delay: Duration | None = None, key: str | None = None,
-                 queue: str | None = None) -> None:
+                 queue: str | None = None, debounce: Duration | None = None,
+                 max_wait: Duration | None = None, throttle: Duration | None = None) -> None:
         self.task, self.at, self.delay, self.key, self.queue = task, at, delay, key, queue
+        self.debounce, self.max_wait, self.throttle = debounce, max_wait, throttle
+
+    def _coalesce(self) -> dict[str, Duration]:
+        """The debounce/throttle options that are set (passed only then: an Enqueuer written
+        before them still works for the other options)."""
+        return {k: v for k in ("debounce", "max_wait", "throttle")
+                if (v := getattr(self, k)) is not None}
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """Create one run with these arguments and the bound options; → its id."""
+        """Create one run with these arguments and the bound options; → its id (with
+        debounce/throttle: the id of the run the call landed on)."""
         return self.task._enqueuer.enqueue(self.task.spec, args, dict(kwargs), at=self.at,
-                                           delay=self.delay, key=self.key, queue=self.queue)
+                                           delay=self.delay, key=self.key, queue=self.queue,
+                                           **self._coalesce())
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
         return await self.task._enqueuer.aenqueue(self.task.spec, args, dict(kwargs), at=self.at,
-                                                  delay=self.delay, key=self.key, queue=self.queue)
+                                                  delay=self.delay, key=self.key, queue=self.queue,
+                                                  **self._coalesce())
 
     def __repr__(self) -> str:
-        opts = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("at", "delay", "key", "queue")
+        opts = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("at", "delay", "key", "queue",
+                                                                "debounce", "max_wait", "throttle")
                          if getattr(self, k) is not None)
         return f"<duetime.TaskOptions {self.task.spec.name!r} {opts}>"
 

@@ -89,7 +89,7 @@ def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms:
           ahead_ms: int = 0) -> Call:
     return ([k.due(p, queue), k.retry(p, queue), k.leases(p), k.done(p), k.deadlines(p),
              k.events(p), k.dead(p), k.limits(p), k.prio(p, queue), k.lanes(p, queue),
-             k.laned(p, queue), k.paused(p)],
+             k.laned(p, queue), k.paused(p), k.holds(p)],
             [k.prefix(p), worker_id, limit, lease_ms, ahead_ms, k.sched_wake, p, queue])
 
 
@@ -141,6 +141,15 @@ def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
     for run_id, due, delay_ms, fields in runs:
         args += [run_id, due, delay_ms, len(fields), *fields]
     return [k.due(p, queue), k.prio(p, queue), k.laned(p, queue), k.lanes(p, queue)], args
+
+
+def rate_limited(k: Keyspace, p: int, queue: str, run_id: str, fence: int, retry_after_ms: int,
+                 kind: str, name: str, worker_id: str) -> Call:
+    """A run given back by RateLimited, its scope held (rate_limited.lua); run id '' only
+    raises the hold `kind`:`name` in partition p (the fan-out to the other partitions)."""
+    return ([k.leases(p), k.due(p, queue), k.events(p), k.holds(p)],
+            [k.prefix(p), run_id, fence, k.wake_channel, p, queue, retry_after_ms, kind, name,
+             worker_id])
 
 
 def fail(k: Keyspace, p: int, queue: str, run_id: str, fence: int, error: str, mode: str,
@@ -255,6 +264,7 @@ REPLY = {
     "schedule_upsert": "status", "schedule_pause": "status", "schedule_delete": "counts",
     "partition_owners": "counts", "cancel": "status", "replay": "status", "resolve": "status",
     "purge": "counts", "schedule_quarantine": "status", "wait": "status", "handback": "status",
+    "rate_limited": "status",
 }
 
 
@@ -274,6 +284,13 @@ def status_detail(res: Any) -> tuple[str, str]:
     word, value = res
     return _s(word) if isinstance(word, bytes) else str(word), (
         value.decode() if isinstance(value, bytes) else str(value))
+
+
+def enqueue_landed(res: Any) -> list[str]:
+    """enqueue.lua's reply to a call with debounced or throttled runs ({created, id, ...}): the
+    id of the run each of them landed on, in call order (a plain call's reply is its count)."""
+    return [] if isinstance(res, int) else [x.decode() if isinstance(x, bytes) else str(x)
+                                            for x in res[1:]]
 
 
 def counts(res: Any) -> list[int]:

@@ -21,6 +21,7 @@ from duetime.common.errors import (
     NotReplicated,
     PartitionMismatch,
     PayloadTooLarge,
+    RateLimited,
     RedisRefused,
     RedisUnavailable,
     ResultNotStored,
@@ -56,7 +57,7 @@ __all__ = [
     # read models
     "Run", "Attempt",
     # raised by tasks
-    "Retry", "Fatal",
+    "Retry", "RateLimited", "Fatal",
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",

@@ -33,7 +33,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 # what an enqueue_many dict item may hold: enqueue's own arguments, nothing internal
 ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue", "tenant",
-                            "priority"})
+                            "priority", "debounce", "max_wait", "throttle"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
 
 
@@ -246,6 +246,9 @@ class App:
         tenant: str | None = None,
         priority: int = 0,
         allow_unknown: bool = False,
+        debounce: Duration | None = None,
+        max_wait: Duration | None = None,
+        throttle: Duration | None = None,
     ) -> str:
         """Create one run; returns its id. A repeated `key` returns the first run's id.
 
@@ -259,9 +262,14 @@ class App:
         or a string like "1h30m" (at most 100 years). Out of range: InvalidInput.
         `tenant` (default: the task's) names who the run is for: tenant limits and fair share
         apply to it, and it lives in its tenant's partition (docs/fairness.md). `priority`
-        (1..100) puts it ahead of the queue's other due runs, higher first (its first attempt)."""
+        (1..100) puts it ahead of the queue's other due runs, higher first (its first attempt).
+        With `key`: `debounce` (a duration) coalesces the enqueues of the key while its run
+        still waits (the last arguments win, due `debounce` after the last enqueue, never
+        later than `max_wait` after the first); `throttle` creates one run per window of that
+        length. The id returned is the run the call landed on (docs/debounce.md)."""
         req = EnqueueRequest(self._resolve(task, allow_unknown=allow_unknown), args,
-                             kwargs or {}, at, delay, key, queue, tenant=tenant, priority=priority)
+                             kwargs or {}, at, delay, key, queue, tenant=tenant, priority=priority,
+                             debounce=debounce, max_wait=max_wait, throttle=throttle)
         run_id = self.store.enqueue(req)
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
@@ -278,11 +286,15 @@ class App:
         tenant: str | None = None,
         priority: int = 0,
         allow_unknown: bool = False,
+        debounce: Duration | None = None,
+        max_wait: Duration | None = None,
+        throttle: Duration | None = None,
     ) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
         spec = await self._aresolve(task, allow_unknown)
         req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue, tenant=tenant,
-                             priority=priority)
+                             priority=priority, debounce=debounce, max_wait=max_wait,
+                             throttle=throttle)
         [run_id] = await (await self._astore()).aenqueue_many([req])
         await self._aremember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id

@@ -9,7 +9,7 @@
 --   tests/limits/test_concurrency.py, tests/limits/test_rate.py, tests/limits/test_fairness.py,
 --   tests/limits/test_priority.py, tests/property/test_damaged_records.py,
 --   tests/integration/test_cluster.py, tests/integration/test_reshard.py,
---   tests/integration/test_queue_pause.py
+--   tests/integration/test_queue_pause.py, tests/workloads/test_rate_limited.py
 -- KEYS[1] due zset     T:due:<queue>       KEYS[2] retry zset   T:retry:<queue>
 -- KEYS[3] leases zset  T:leases            KEYS[4] done zset    T:done
 -- KEYS[5] deadlines    T:deadlines         KEYS[6] events       T:events
@@ -20,6 +20,9 @@
 -- KEYS[12] paused hash T:paused (queue -> pause record; duetime/client/pause.py): a paused
 --          queue claims nothing; the reply is the header alone, next_due_ms = now + 1 s, so a
 --          worker looks again a second later (a resume also wakes the workers at once)
+-- KEYS[13] holds hash T:holds ('<kind>:<name>' -> until ms; lua/rate_limited.lua): a run of a
+--          held task, queue or tenant is not admitted until then (claim/limits.lua); a held
+--          queue claims nothing, the reply the header alone with next_due_ms = the hold's end
 -- Tenant lanes (docs/fairness.md): when the queue has lanes here, runs are taken round-robin
 -- from the lanes T:lane:<queue>|<tenant>, least recently served tenant first, an equal share
 -- of the batch each; the due-order path then skips laned runs (retries, releases, replays and
@@ -70,7 +73,7 @@ local now = now_ms()
 local lease = tonumber(ARGV[4])
 local c = {
   keys = {limits = KEYS[8], prio = KEYS[9], lanes = KEYS[10], laned = KEYS[11],
-          paused = KEYS[12]},
+          paused = KEYS[12], holds = KEYS[13]},
   due_key = KEYS[1], retry_key = KEYS[2], leases_key = KEYS[3], done_key = KEYS[4],
   deadlines_key = KEYS[5], events_key = KEYS[6], dead_key = KEYS[7],
   prefix = ARGV[1], worker = ARGV[2], queue = ARGV[8] or '',
@@ -80,6 +83,7 @@ local c = {
   now_s = int_s(now), until_s = int_s(now + lease),
   -- what the partition has besides plain runs (read_options)
   lims = nil, prio = false, lanes = false, paused = false, scan = tonumber(ARGV[3]),
+  holds = nil, queue_held = nil,  -- rate-limit holds in force (claim/limits.lua read_holds)
   -- the candidates (claim/candidates.lua, lanes.lua: picked, past_read)
   ids = {}, froms = {}, scores = {}, seen = {}, lane_of = {}, picked = nil, past_read = false,
   -- limit state (claim/limits.lua)
@@ -94,13 +98,14 @@ local c = {
 -- or retry score edited to +inf (never claimable) is put back from the run record
 local bad = damaged_index({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset',
   KEYS[5], 'zset', KEYS[6], 'stream', KEYS[7], 'zset', KEYS[8], 'hash', KEYS[9], 'zset',
-  KEYS[10], 'zset', KEYS[11], 'zset', KEYS[12], 'hash'})
+  KEYS[10], 'zset', KEYS[11], 'zset', KEYS[12], 'hash', KEYS[13], 'hash'})
 if bad then return bad end
 repair_unending(c)
 
 -- 1. candidates: priority runs, then tenant lanes, then the due and retry sets in due order
 read_options(c)
 if c.paused then return {now + PAUSED_RECHECK_MS, 0, 0, 0, 0} end  -- the header alone
+if c.queue_held then return {c.queue_held, 0, 0, 0, 0} end  -- a held queue: until its end
 local d, r = due_windows(c)
 if c.prio then priority_candidates(c) end
 local skip = c.seen

@@ -5,7 +5,8 @@
 -- nothing the second time.
 -- Tested by: tests/integration/test_scripts.py, tests/integration/test_enqueue_retry.py,
 --   tests/integration/test_bad_input.py, tests/limits/test_tenants.py,
---   tests/integration/test_payload_cap.py
+--   tests/integration/test_payload_cap.py, tests/workloads/test_debounce.py,
+--   tests/workloads/test_throttle.py
 -- KEYS[1] due zset  T:due:<queue>    KEYS[2] priority index  T:prio:<queue>
 -- KEYS[3] laned zset  T:laned:<queue>  KEYS[4] lanes zset  T:lanes:<queue>
 -- ARGV[1] partition prefix 'ns:{tag}:' -- each run's hash T:run:<id> is built from it (same
@@ -29,10 +30,16 @@
 -- slot). A run whose `payload` field is longer refuses the whole call before anything is
 -- written, with a PAYLOAD_TOO_LARGE error naming the run, its size and the cap: a client that
 -- ignores or raised its own max_payload cannot fill the server.
--- Returns (counts) how many runs were created (the others existed already).
+-- Debounce and throttle by key: a run whose own fields start with 'debounce' or 'throttle'
+-- may land on the key's current run instead of being created (the step enqueue/coalesce.lua,
+-- T:coalesce '<task>\n<key>' -> run id; an id that exists already is still left alone).
+-- Returns (counts) how many runs were created (the others existed already); a call with such
+-- runs returns {created, then for each of them in call order the id of the run it landed on}.
+-- @include enqueue/coalesce.lua
 local due_key, prefix = KEYS[1], ARGV[1]
 -- an index of the wrong type refuses the call before it writes a run it could not index
-local bad = damaged_index({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset'})
+local bad = damaged_index({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset',
+  prefix .. K.coalesce, 'hash'})
 if bad then return bad end
 local queue = ARGV[4]
 local lanes = redis.call('EXISTS', KEYS[4]) == 1
@@ -47,6 +54,11 @@ local last_delay, last_due, last_due_s
 local fields = {'state', 'scheduled', 'created', int_s(now), 'due', 0}
 for j = 6, 5 + shared_n do fields[#fields + 1] = ARGV[j] end
 local base_n = #fields
+-- debounce / throttle (enqueue/coalesce.lua): the call's state, the ids the runs landed on
+local co = {prefix = prefix, hash = prefix .. K.coalesce, queue = queue, due_key = due_key,
+            prio_key = KEYS[2], laned_key = KEYS[3], added = added, at = {}, landed = nil,
+            task = ''}
+for j = 6, 5 + shared_n, 2 do if ARGV[j] == 'task' then co.task = ARGV[j + 1] end end
 local cap = tonumber(redis.call('HGET', prefix .. K.caps, 'max_payload'))
 if cap then
   local j = i
@@ -77,7 +89,15 @@ while i <= #ARGV do
     due, due_s = last_due, last_due_s
   end
   local nf = tonumber(ARGV[i + 3])
-  if redis.call('EXISTS', run_key) == 0 then
+  local mode = coalesce_mode(i, nf)
+  local fresh = redis.call('EXISTS', run_key) == 0
+  if mode then
+    local joined = fresh and coalesce(co, mode, i, nf, now) or nil
+    co.landed = co.landed or {}
+    co.landed[#co.landed + 1] = joined or run_id
+    if joined then fresh = false end
+  end
+  if fresh then
     fields[6] = due_s
     local n = base_n
     for j = i + 4, i + 3 + nf do n = n + 1; fields[n] = ARGV[j] end
@@ -99,6 +119,7 @@ while i <= #ARGV do
     end
     added[#added + 1] = due_s
     added[#added + 1] = run_id
+    if mode then coalesce_created(co, run_id, #added - 1) end
     if earliest == nil or due < earliest then earliest = due end
     created = created + 1
   end
@@ -111,4 +132,5 @@ if earliest ~= nil then
     wake_workers(ARGV[2], ARGV[3], queue, earliest)
   end
 end
+if co.landed then return {created, unpack(co.landed)} end
 return created

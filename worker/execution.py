@@ -23,7 +23,7 @@ from typing import Any
 from duetime.common import metrics
 from duetime.common.codec import pack_not_stored, pack_result, unpack_payload
 from duetime.common.context import RunContext, set_current
-from duetime.common.errors import Fatal, InvalidInput, Retry, UnknownTask
+from duetime.common.errors import Fatal, InvalidInput, RateLimited, Retry, UnknownTask
 from duetime.common.logs import bind_run
 from duetime.common.logs import get as get_logger
 from duetime.common.models import from_ms
@@ -178,6 +178,7 @@ class Executor:
         report: str | None = "complete"
         mode: FailMode = "error"
         err, exc_type, delay_ms, frames = "", "", 0, ""
+        limited: RateLimited | None = None
         ran = False
         started = time.perf_counter()
         try:
@@ -219,6 +220,8 @@ class Executor:
                     report = "handback"
                 else:
                     err = f"{reason}; worker {self.worker_id} cannot run it"
+        except RateLimited as exc:  # back-pressure: back to its queue, its scope held
+            report, limited = "rate_limited", exc
         except Retry as exc:
             report, mode, err, exc_type = "fail", "retry", str(exc), type(exc).__name__
             delay_ms, bad = _retry_delay_ms(exc)
@@ -286,6 +289,8 @@ class Executor:
             self.reporter.complete(ex)
         elif report == "release":
             self.reporter.release(ex)
+        elif report == "rate_limited":
+            self._rate_limited(ex, limited)
         else:
             # the exception's type, and its message bounded (or withheld: it may quote arguments)
             text = log_message(err, self.cfg.log_error_text)
@@ -296,6 +301,16 @@ class Executor:
                         worker_id=self.worker_id, schedule=ctx.schedule, mode=mode,
                         error_type=exc_type, **extra)
             self.reporter.fail(ex, err, mode, delay_ms)
+
+    def _rate_limited(self, ex: Execution, exc: RateLimited | None) -> None:
+        """RateLimited: the run given back and its scope held (rate_limited.lua)."""
+        assert exc is not None
+        ctx = ex.ctx
+        metrics.child(metrics.RATE_LIMITED, ctx.task, exc.scope).inc()
+        log.info("run rate limited: given back, its scope held", run_id=ctx.run_id,
+                 task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id, scope=exc.scope,
+                 retry_after_ms=exc.retry_after_ms)
+        self.reporter.rate_limited(ex, exc.retry_after_ms, exc.scope)
 
     def _owner(self, task: str) -> str:
         owner = self._owners.get(task)

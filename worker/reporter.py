@@ -91,6 +91,11 @@ class Reporter:
         self.unsent[ex.key] = ex
         self._queue.put_nowait(("handback", ex, _NO_ARGS))
 
+    def rate_limited(self, ex: Execution, retry_after_ms: int, scope: str) -> None:
+        """A run whose task raised RateLimited: given back, `scope` held (rate_limited.lua)."""
+        self.unsent[ex.key] = ex
+        self._queue.put_nowait(("rate_limited", ex, (retry_after_ms, scope)))
+
     def close(self) -> None:
         """No more reports: `run` ends once the waiting ones are sent (or given up)."""
         self._queue.put_nowait(None)
@@ -293,9 +298,38 @@ class Reporter:
             keys, args = tr.handback(k, p, ctx.queue, ctx.run_id, ctx.fence, self.worker_id,
                                      HANDBACK_FIRST_MS, HANDBACK_LONGEST_MS)
             await self.scripts.handback(keys=keys, args=args, client=pipe)
+        elif kind == "rate_limited":
+            retry_after_ms, scope = extra
+            name = ctx.task if scope == "task" else ctx.queue if scope == "queue" else ""
+            keys, args = tr.rate_limited(k, p, ctx.queue, ctx.run_id, ctx.fence, retry_after_ms,
+                                         scope, name, self.worker_id)
+            await self.scripts.rate_limited(keys=keys, args=args, client=pipe)
+            if name:  # a task or queue has runs in every partition: each holds it too
+                await self._hold_elsewhere(p, ctx.queue, retry_after_ms, scope, name)
         else:
             keys, args = tr.release(k, p, ctx.queue, ctx.run_id, ctx.fence)
             await self.scripts.release(keys=keys, args=args, client=pipe)
+
+    async def _hold_elsewhere(self, p: int, queue: str, retry_after_ms: int, scope: str,
+                              name: str) -> None:
+        """Raise a RateLimited hold in every partition but p (its own pipeline, so the report
+        pipeline keeps one reply per report). A hold is advisory: one that does not reach a
+        partition is logged, and that partition's runs are only not held back."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        for other in range(k.partitions):
+            if other != p:
+                keys, args = tr.rate_limited(k, other, queue, "", 0, retry_after_ms, scope, name,
+                                             self.worker_id)
+                await self.scripts.rate_limited(keys=keys, args=args, client=pipe)
+        try:
+            results = await pipe.execute(raise_on_error=False)
+        except REDIS_ERRORS as exc:
+            results = [exc]
+        bad = [r for r in results if isinstance(r, Exception)]
+        if bad:
+            log.warning("rate-limit hold not raised in every partition", scope=f"{scope}:{name}",
+                        partitions=len(bad), error=str(bad[0])[:300], worker_id=self.worker_id)
 
     def _judged(self, kind: Report, ex: Execution, reply: bytes) -> None:
         """Count and, when it is news, log what the script decided."""

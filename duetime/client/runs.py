@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from duetime.client.coalesce import coalesce
 from duetime.common import transitions as tr
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import (
@@ -116,6 +117,10 @@ class EnqueueRequest:
     extra: dict[str, str | int] = field(default_factory=dict)
     tenant: str | None = None  # None: the task's default
     priority: int = 0  # 1..100: claimed before the queue's other due runs (higher first)
+    # debounce / throttle by key (duetime/client/coalesce.py): durations, None = not used
+    debounce: timedelta | float | str | None = None
+    max_wait: timedelta | float | str | None = None
+    throttle: timedelta | float | str | None = None
 
 
 def _check_arguments(spec: TaskSpec, req: EnqueueRequest) -> None:
@@ -157,6 +162,7 @@ class Prepared(NamedTuple):
     due: str  # absolute ms, or '' for server time + delay_ms
     delay_ms: int
     fields: list[Any]
+    coalesced: bool = False  # debounced or throttled: may land on the key's current run
 
 
 class _Stopped(Exception):
@@ -182,6 +188,9 @@ class _Attempts:
         self.failures = 0
         self.shorts: list[Any] = []  # replicated durability: nodes whose replicas fell short
         self.unreplicated: set[str] = set()
+        # debounced/throttled runs: the run each landed on, when not itself (enqueue.lua says)
+        self.coalesced = {pr.run_id for pr in prepared if pr.coalesced}
+        self.landed: dict[str, str] = {}
 
     def replicated(self, pipe: Any, chunks: list[list[str]]) -> None:
         """Note the chunks of a durable pipeline whose WAIT came back short."""
@@ -201,6 +210,8 @@ class _Attempts:
                 "them). Check the replicas (INFO replication on the primary) or raise "
                 "wait_timeout_ms; enqueueing the same ids or keys again creates nothing twice",
                 self.ids, [i for i in self.ids if i in self.unreplicated])
+        if self.landed:
+            return [self.landed.get(i, i) for i in self.ids]
         return self.ids
 
     def todo(self) -> list[Prepared]:
@@ -298,12 +309,16 @@ class RunStore:
                 queues_ok.add(check_name("queue", queue))
             if req.key is not None:
                 check_name("idempotency key", req.key)
+            co = coalesce(req.key, req.debounce, req.max_wait, req.throttle, req.at, req.delay)
             spec.check_args(req.args, req.kwargs)
             payload = pack_payload(req.args, req.kwargs, limit)
             if req.run_id:
                 run_id = req.run_id
-            elif req.key:
+            elif req.key and co is None:
                 run_id = keyed_run_id(spec.name, req.key)
+            elif req.key:  # a new id each time, in the key's partition (it may be created)
+                run_id = self.keys.pin_run_id(entropy[20 * i : 20 * i + 20], partition_of_run(
+                    keyed_run_id(spec.name, req.key)))
             else:
                 run_id = entropy[20 * i : 20 * i + 20]
             tenant = req.tenant if req.tenant is not None else spec.tenant
@@ -322,6 +337,10 @@ class RunStore:
                 # to INT64_MIN in Lua, ran at once and broke the claim batch it landed in)
                 delay_ms = duration_ms(DELAY.parse(req.delay, "delay"))
             fields: list[Any] = ["payload", payload]
+            if co is not None:  # its mode first: enqueue.lua reads it there
+                fields = co.fields + fields
+                if co.delay_ms is not None:
+                    delay_ms = co.delay_ms
             if req.key:
                 fields += ["key", req.key]
             if tenant is not None:
@@ -335,7 +354,7 @@ class RunStore:
             for k, v in req.extra.items():
                 fields += [k, v]
             out.append(Prepared(run_id, partition_of_run(run_id), queue, spec, due, delay_ms,
-                                fields))
+                                fields, co is not None))
         return out
 
     def enqueue(self, req: EnqueueRequest) -> str:
@@ -395,6 +414,9 @@ class RunStore:
         for c, r in zip(chunks, results, strict=True):
             if not isinstance(r, Exception):
                 state.created.update(c)
+                if isinstance(r, list):  # debounced/throttled runs: where each landed
+                    co = [i for i in c if i in state.coalesced]
+                    state.landed.update(zip(co, tr.enqueue_landed(r), strict=True))
         if bad:
             cause = bad[0]
             # a call whose connection broke may have run: its runs are unknown, not absent

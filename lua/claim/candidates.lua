@@ -7,11 +7,13 @@
 --   tests/limits/test_priority.py, tests/integration/test_queue_pause.py
 
 -- What this partition and queue have besides plain runs: limits, priority runs, tenant lanes,
--- a pause.
+-- a pause, rate-limit holds.
 -- One EXISTS when there are none (the hot path).
 local function read_options(c)
   local keys = c.keys
-  if redis.call('EXISTS', keys.limits, keys.prio, keys.lanes, keys.paused) == 0 then return end
+  if redis.call('EXISTS', keys.limits, keys.prio, keys.lanes, keys.paused, keys.holds) == 0 then
+    return
+  end
   -- a paused queue (T:paused, duetime queue pause): nothing else is read, nothing claimed
   if redis.call('HGET', keys.paused, c.queue) then c.paused = true; return end
   c.prio = redis.call('EXISTS', keys.prio) == 1
@@ -20,6 +22,7 @@ local function read_options(c)
     c.lims = read_limits(keys.limits)
     c.scan = c.limit + HELD_SCAN  -- look past runs a limit holds back, to others that may start
   end
+  if read_holds(c) and not c.lims then c.lims = {}; c.scan = c.limit + HELD_SCAN end
 end
 
 -- The heads of the due and retry sets: flat {id, score, ...} lists of up to c.scan runs due by

@@ -58,6 +58,25 @@ local function bucket_of(c, scope)
   return b
 end
 
+-- The rate-limit holds in force (T:holds, lua/rate_limited.lua): c.holds[scope] = until ms;
+-- an entry past its time is dropped. A hold of this queue sets c.queue_held (nothing claimed
+-- until then). Returns true when some hold is in force.
+local function read_holds(c)
+  local flat, any = redis.call('HGETALL', c.keys.holds), false
+  for x = 1, #flat, 2 do
+    local t = tonumber(flat[x + 1])
+    if t and t > c.now then
+      c.holds = c.holds or {}
+      c.holds[flat[x]] = t
+      any = true
+    else
+      redis.call('HDEL', c.keys.holds, flat[x])
+    end
+  end
+  if any and c.holds['queue:' .. c.queue] then c.queue_held = c.holds['queue:' .. c.queue] end
+  return any
+end
+
 -- The scopes a run is limited by: this queue, its task, its tenant.
 local function scopes_of(c, tenant, task)
   local s = {'queue:' .. c.queue, 'task:' .. (task or '')}
@@ -69,6 +88,11 @@ end
 -- ('tenant:acme:concurrency') and its kind ('c' or 'r').
 local function blocked_by(c, scopes)
   for _, scope in ipairs(scopes) do
+    local h = c.holds and c.holds[scope]
+    if h then  -- a rate-limit hold (RateLimited): until its end
+      hold_until(c, h)
+      return scope .. ':held', 'h'
+    end
     local s = conc_of(c, scope)
     if s and s[2] >= s[1] then
       if not s[4] then  -- once per scope: its earliest slot expiry
@@ -102,7 +126,8 @@ local function held_by_limit(c, run_key)
   if why then
     if g[4] ~= why then
       redis.call('HSET', run_key, 'limited_by', why)
-      if kind == 'c' then c.held_c = c.held_c + 1 else c.held_r = c.held_r + 1 end
+      if kind == 'c' then c.held_c = c.held_c + 1
+      elseif kind == 'r' then c.held_r = c.held_r + 1 end
     end
   end
   return why, scopes

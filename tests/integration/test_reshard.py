@@ -339,6 +339,8 @@ def test_no_script_runs_on_a_partly_moved_partition(cluster, capp):
             s.xadd(key, {"run": "-", "event": "test", "detail": ""})
         elif key in (k.limits(p), k.paused(p)):  # the hashes among them
             s.hset(key, "placeholder", "0")
+        elif key == k.holds(p):  # a hold of no scope any run has, in force throughout
+            s.hset(key, "task:placeholder", far)
         elif key != k.due(p, "default"):
             s.zadd(key, {"placeholder": far})
     slot = key_slot(k.prefix(p).encode())

@@ -83,6 +83,20 @@ def options_take_what_the_runtime_takes() -> None:
     app.enqueue("send-invoice", [44], delay=timedelta(seconds=30), queue="billing")
 
 
+def debounce_and_throttle_take_durations_with_a_key() -> None:
+    assert_type(send_invoice.enqueue(44, key="inv", debounce="500ms"), str)
+    assert_type(send_invoice.enqueue(44, key="inv", debounce=2, max_wait=timedelta(minutes=1)),
+                str)
+    assert_type(send_invoice.enqueue(44, key="inv", throttle=1.5), str)
+    assert_type(send_invoice.options(key="inv", debounce="1s", max_wait="5s").enqueue(44), str)
+    assert_type(send_invoice.options(key="inv", throttle="1h").enqueue(44), str)
+    assert_type(app.enqueue("send-invoice", [44], key="inv", debounce="500ms", max_wait="1s"), str)
+    assert_type(app.enqueue(send_invoice, [44], key="inv", throttle=timedelta(hours=1)), str)
+    send_invoice.enqueue(44, key="inv", debounce=[1])  # type: ignore[call-overload]
+    send_invoice.options(key="inv", throttle=b"1s")  # type: ignore[arg-type]
+    app.enqueue(send_invoice, [44], key="inv", max_wait=object())  # type: ignore[arg-type]
+
+
 def options_of_the_wrong_type_are_refused() -> None:
     send_invoice.enqueue(44, delay=[30])  # type: ignore[call-overload]
     send_invoice.enqueue(44, key=7)  # type: ignore[call-overload]
@@ -117,3 +131,5 @@ async def from_asyncio_code() -> None:
     await send_invoice.aenqueue("not-an-int")  # type: ignore[call-overload]
     await send_invoice.aenqueue(45, dely="30s")  # type: ignore[call-overload]
     await send_invoice.options().aenqueue(45, dely="30s")  # type: ignore[call-arg]
+    assert_type(await send_invoice.aenqueue(45, key="k", debounce="500ms"), str)
+    assert_type(await app.aenqueue(send_invoice, [45], key="k", throttle="1s"), str)
