@@ -59,6 +59,8 @@ SCRIPT_NAMES = (
     "schedule_quarantine",
     "wait",
     "handback",
+    "checkpoint",
+    "continue_run",
 )
 LIB = "_lib.lua"
 _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
@@ -426,6 +428,8 @@ class Scripts:
     schedule_quarantine: Bound
     wait: Bound
     handback: Bound
+    checkpoint: Bound
+    continue_run: Bound
 
     def __init__(self, client: Any) -> None:
         self.client = client

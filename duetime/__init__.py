@@ -10,6 +10,9 @@ from duetime.app import App
 from duetime.client.schedules import ScheduleInfo, ScheduleNotFound
 from duetime.common.context import RunContext, current_run, worker_context
 from duetime.common.errors import (
+    CheckpointRefused,
+    CheckpointTooLarge,
+    Continue,
     DamagedState,
     DuetimeError,
     EnqueueIncomplete,
@@ -49,12 +52,12 @@ __all__ = [
     # read models
     "Run", "Attempt",
     # raised by tasks
-    "Retry", "Fatal",
+    "Retry", "Fatal", "Continue",
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
     "EnqueueIncomplete", "NotReplicated", "PartitionMismatch", "RunFailed", "ResultNotStored",
-    "WaitTimeout", "DamagedState",
+    "WaitTimeout", "DamagedState", "CheckpointRefused", "CheckpointTooLarge",
     "WorkerStartFailed", "WorkerContext", "worker_context",
     "ServerBinaryNotFound",
     "__version__",
