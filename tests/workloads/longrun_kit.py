@@ -42,7 +42,9 @@ class Scripted:
     def expire_and_reap(self, run_id: str) -> None:
         """The lease of `run_id` expires now (not slept through) and the reaper recovers it."""
         p = self.k.partition_of_run(run_id)
-        assert self.r.zadd(self.k.leases(p), {run_id: 0}, xx=True, ch=True) == 1
+        changed = self.r.zadd(self.k.leases(p), {run_id: 0}, xx=True, ch=True)
+        assert changed == 1, (run_id, self.r.hgetall(self.k.run(p, run_id)).get(b"state"),
+                              self.r.zscore(self.k.leases(p), run_id))
         keys, args = tr.reap(self.k, p, 100, 0.3, 0)
         self.scripts.reap(keys=keys, args=args)
 
