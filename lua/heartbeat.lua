@@ -6,12 +6,13 @@
 -- holder is still the owner until the reaper decides otherwise.
 -- Flag allow-oom: at maxmemory (noeviction) Redis refuses scripts that may grow memory, the
 -- reaper's included; a heartbeat only rewrites a score and a field, and must never be refused
--- while the reaper could expire the lease it extends. The progress it may carry
--- (`current_run().progress`) is bounded by the worker (a note of 200 characters at most) and
--- overwrites the previous one in place.
--- Progress rides on the heartbeat: a run's progress, when it changed since the last beat, is
--- written to its record (`progress` JSON, `progress_at` server ms) under the same holder
--- check as the lease, so a stale attempt's progress is never written.
+-- while the reaper could expire the lease it extends. The progress it may carry stays small
+-- (the worker cuts a note to 200 characters; a progress longer than PROGRESS_MAX bytes, from
+-- any client, is not written) and overwrites the previous one in place.
+-- Progress rides on the heartbeat: a run's progress (`current_run().progress`), when it
+-- changed since the last beat, is written to its record (`progress` JSON, `progress_at`
+-- server ms) under the same holder check as the lease, so a stale attempt's progress is never
+-- written.
 -- Tested by: tests/integration/test_scripts.py, tests/integration/test_worker_stalls.py,
 --   tests/workloads/test_progress.py
 -- KEYS[1] leases zset  T:leases
@@ -21,6 +22,7 @@
 --           '{"done":..,"total":..,"note":..}', or '' when unchanged since the last beat)
 -- Returns (each) one integer per run: 1 = lease held, 0 = lost (the worker must stop that run),
 -- 2 = held, but cancellation was requested (the worker stops the run and reports 'cancel').
+local PROGRESS_MAX = 2048
 local leases_key, prefix = KEYS[1], ARGV[1]
 local bad = damaged_index({leases_key, 'zset'})
 if bad then return bad end
@@ -36,7 +38,7 @@ for i = 3, #ARGV, 3 do
   local ok = 0
   if f[1] == 'running' and f[2] and f[3] and f[2] .. ':' .. f[3] == token then
     redis.call('ZADD', leases_key, until_s, run_id)
-    if progress and progress ~= '' then
+    if progress and progress ~= '' and #progress <= PROGRESS_MAX then
       redis.call('HSET', run_key, 'heartbeat', now_s, 'progress', progress, 'progress_at', now_s)
     else
       redis.call('HSET', run_key, 'heartbeat', now_s)

@@ -139,3 +139,13 @@ def test_progress_checks_its_arguments_and_cuts_a_long_note():
         ctx.progress(1, -2)
     with pytest.raises(duetime.InvalidInput, match="note"):
         ctx.progress(1, 2, 3)  # type: ignore[arg-type]
+
+
+@pytest.mark.scripts
+def test_the_heartbeat_never_writes_an_oversized_progress(lapp):
+    """The heartbeat carries allow-oom: whatever a client sends, it writes no large value."""
+    s = Scripted(lapp)
+    run_id = longruns.report.enqueue(1, 2, None)
+    s.claim("wA")
+    assert s.heartbeat(run_id, "wA:1", json.dumps({"done": 1, "note": "x" * 5000})) == [1]
+    assert s.field(run_id, "progress") is None and s.field(run_id, "heartbeat") is not None
