@@ -109,6 +109,19 @@ def test_the_next_attempt_reads_the_checkpoint_and_a_first_attempt_none(lapp):
 
 
 @pytest.mark.scripts
+def test_a_checkpoint_damaged_by_hand_dead_letters_the_run_instead_of_starting_over(lapp):
+    s = Scripted(lapp)
+    run_id = longruns.slices.enqueue(3)
+    s.claim("wA")
+    s.r.hset(lapp.keys.run(lapp.keys.partition_of_run(run_id), run_id), "checkpoint", b"\xc1")
+    s.expire_and_reap(run_id)
+    burst(lapp)
+    run = lapp.get_run(run_id)
+    assert run.state == "dead" and "checkpoint unreadable" in (run.error or ""), run.error
+    assert run_id not in longruns.seen  # the body never ran from nothing
+
+
+@pytest.mark.scripts
 def test_checkpoint_errors_are_clear(lapp):
     big = longruns.too_large.enqueue(CHECKPOINT_MAX_BYTES)
     small = longruns.too_large.enqueue(1000)
