@@ -154,4 +154,4 @@ def unpack_checkpoint(data: bytes, limit: int = CHECKPOINT_MAX_BYTES) -> Any:
     try:
         return unpack_result(data, limit)
     except Exception as exc:  # noqa: BLE001 - msgpack raises ValueError, TypeError, its own
-        raise InvalidInput(f"checkpoint is not msgpack: {exc}") from None
+        raise InvalidInput(f"checkpoint is not msgpack: {exc!r}") from None
