@@ -123,3 +123,35 @@ def unpack_result(data: bytes, limit: int = DEFAULT_MAX_PAYLOAD) -> Any:
     if len(data) > limit:
         raise PayloadTooLarge(f"stored result is {len(data)} bytes, over the {limit}-byte cap")
     return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_decode)
+
+
+# Checkpoints (`current_run().checkpoint(state)`, `Continue(state=...)`): the msgpack of the
+# results, extension types included, capped small: a checkpoint is written many times per
+# run and travels with the run record, so it is a position, not a data set.
+CHECKPOINT_MAX_BYTES = 64 * 1024
+
+
+def pack_checkpoint(state: Any, limit: int = CHECKPOINT_MAX_BYTES) -> bytes:
+    """A checkpoint state as stored on its run: CheckpointTooLarge over the cap, InvalidInput
+    when msgpack cannot carry it; checked in the task, before anything is sent."""
+    from duetime.common.errors import CheckpointTooLarge
+
+    try:
+        data = pack_result(state, limit=1 << 62)
+    except InvalidInput as exc:
+        raise InvalidInput(str(exc).replace("result", "checkpoint state", 1)) from None
+    if len(data) > limit:
+        raise CheckpointTooLarge(f"checkpoint state is {len(data):,} bytes of msgpack, over the "
+                                 f"{limit:,}-byte cap ({limit // 1024} KiB): store a position "
+                                 "(an offset, a cursor, a few ids), not the data itself")
+    return data
+
+
+def unpack_checkpoint(data: bytes, limit: int = CHECKPOINT_MAX_BYTES) -> Any:
+    """A stored checkpoint state; InvalidInput when it is not readable (written by hand)."""
+    if len(data) > limit:
+        raise PayloadTooLarge(f"stored checkpoint is {len(data)} bytes, over the {limit}-byte cap")
+    try:
+        return unpack_result(data, limit)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises ValueError, TypeError, its own
+        raise InvalidInput(f"checkpoint is not msgpack: {exc!r}") from None

@@ -163,6 +163,42 @@ class RateLimited(Exception):  # noqa: N818 - raised by tasks, read as a state
         self.retry_after: float = self.retry_after_ms / 1000
         self.scope = scope
         super().__init__(reason or f"rate limited: {scope} held for {format_duration(parsed)}")
+class Continue(Exception):  # noqa: N818 - raised by tasks, read as a verb
+    """Raised by a task: this slice of the work is done, run the same run again (same run id)
+    after `delay`, reading `state` as its checkpoint, without spending an attempt (for
+    iterate-until-done jobs). The run goes back to `scheduled`; its `continuations` count grows
+    by one; the attempt counter and the retry policy are untouched.
+
+    `delay` takes what `Retry(delay=...)` takes, parsed by the same parser (None: due at once).
+    `state` is stored as the run's checkpoint, as `current_run().checkpoint(state)` stores it
+    (msgpack, at most CHECKPOINT_MAX_BYTES = 64 KiB); None keeps the checkpoint the run has.
+    A bad delay or a state that cannot be stored raises right where the Continue is made, in
+    the task. `.delay_ms` is the delay in whole milliseconds, `.state_bytes` the packed state
+    (None: keep the current checkpoint)."""
+
+    def __init__(self, delay: Any = None, state: Any = None) -> None:
+        from duetime.common.codec import pack_checkpoint
+        from duetime.common.time.fmt import format_duration
+        from duetime.common.time.parse import DELAY, duration_ms
+
+        parsed = None if delay is None else DELAY.parse(delay, "Continue(delay=...)")
+        self.delay_ms: int = 0 if parsed is None else duration_ms(parsed)
+        self.delay: float | None = None if parsed is None else parsed.total_seconds()
+        self.state = state
+        self.state_bytes: bytes | None = None if state is None else pack_checkpoint(state)
+        shown = f" (delay {format_duration(parsed)})" if parsed else ""
+        super().__init__(f"continue requested{shown}")
+
+
+class CheckpointRefused(DuetimeError):
+    """A checkpoint (`current_run().checkpoint(state)`) the run's current fence did not write:
+    this attempt no longer holds the run (its lease expired and another attempt claimed it, or
+    the run was reaped, cancelled or deleted). Nothing was stored: the newer attempt's
+    checkpoint is intact. The attempt should stop; `current_run().lease_lost` is now True."""
+
+
+class CheckpointTooLarge(PayloadTooLarge):
+    """A checkpoint state over the cap (64 KiB of msgpack): refused before anything is sent."""
 
 
 class Fatal(Exception):  # noqa: N818 - raised by tasks, read as a verb

@@ -13,7 +13,7 @@ from duetime.common.errors import InvalidTime
 from duetime.common.time.parse import from_ms as exact_from_ms
 from duetime.common.time.parse import to_ms
 
-__all__ = ["STATES", "TERMINAL", "Attempt", "Run", "from_ms", "to_ms"]
+__all__ = ["STATES", "TERMINAL", "Attempt", "Progress", "Run", "from_ms", "to_ms"]
 
 STATES = (
     "scheduled", "running", "retrying", "succeeded", "dead", "uncertain",
@@ -64,6 +64,35 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """What `current_run().progress(done, total, note)` last reported, and when the heartbeat
+    wrote it (server time)."""
+
+    done: float
+    total: float | None
+    note: str | None
+    updated_at: datetime | None
+
+    @classmethod
+    def decode(cls, raw: str | None, at: str | None) -> Progress | None:
+        """None when absent or unreadable (a record damaged by hand is still shown)."""
+        if not raw:
+            return None
+        try:
+            p = json.loads(raw)
+            done, total, note = p["done"], p.get("total"), p.get("note")
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not _number(done) or not (total is None or _number(total)):
+            return None
+        return cls(done, total, note if isinstance(note, str) else None, from_ms(at))
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
 class Run:
     id: str
     task: str
@@ -109,6 +138,14 @@ class Run:
     # trigger, calendar applied, to its own occurrence); None for other runs
     interval_start: datetime | None = None
     interval_end: datetime | None = None
+    # a long run (docs/states.md "Long runs"): its progress as of the last heartbeat that
+    # carried one (None: never reported), its checkpoint (size in bytes, when and by which
+    # fence written; the state itself stays in Redis) and how often it continued (Continue)
+    progress: Progress | None = None
+    checkpoint_size: int | None = None
+    checkpoint_at: datetime | None = None
+    checkpoint_fence: int | None = None
+    continuations: int = 0
 
     @property
     def idempotency_key(self) -> str:
@@ -185,4 +222,9 @@ class Run:
             coalesced_from=from_ms(s("coalesced_from")),
             interval_start=from_ms(s("interval_start")),
             interval_end=from_ms(s("interval_end")),
+            progress=Progress.decode(s("progress"), s("progress_at")),
+            checkpoint_size=n("checkpoint_size", 0) if s("checkpoint_size") else None,
+            checkpoint_at=from_ms(s("checkpoint_at")),
+            checkpoint_fence=n("checkpoint_fence", 0) if s("checkpoint_fence") else None,
+            continuations=max(n("continuations", 0), 0),
         )

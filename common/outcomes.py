@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-Report = Literal["complete", "fail", "release", "handback", "rate_limited"]
+Report = Literal["complete", "fail", "release", "handback", "rate_limited", "continue"]
 # what a failed attempt asks of fail.lua: back off ('error'), retry after the task's own delay
 # ('retry'), never retry ('fatal'), or cancel the run (stopped on a cancel request)
 FailMode = Literal["error", "retry", "fatal", "cancel"]
@@ -30,6 +30,8 @@ class Outcome(StrEnum):
     # unstarted for a worker that knows it, the attempt not counted
     RATE_LIMITED = "rate_limited"  # rate_limited.lua: RateLimited, given back, scope held,
     # the attempt not counted
+    CONTINUED = "continued"  # continue_run.lua: the task raised Continue; the same run goes
+    # back to its queue with its checkpoint, the attempt not counted
     STALE = "stale"  # refused: the attempt's fence is no longer the run's (a late result)
     MISSING = "missing"  # refused: the run record is gone
     # endings no script judged
@@ -42,6 +44,7 @@ _REPLIES = {
     b"retrying": Outcome.RETRYING,
     b"dead": Outcome.DEAD, b"cancelled": Outcome.CANCELLED, b"released": Outcome.RELEASED,
     b"handed_back": Outcome.HANDED_BACK, b"rate_limited": Outcome.RATE_LIMITED,
+    b"continued": Outcome.CONTINUED,
     b"uncertain": Outcome.UNCERTAIN, b"stale": Outcome.STALE, b"missing": Outcome.MISSING,
 }
 

@@ -60,6 +60,8 @@ SCRIPT_NAMES = (
     "wait",
     "handback",
     "rate_limited",
+    "checkpoint",
+    "continue_run",
 )
 LIB = "_lib.lua"
 _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
@@ -428,6 +430,8 @@ class Scripts:
     wait: Bound
     handback: Bound
     rate_limited: Bound
+    checkpoint: Bound
+    continue_run: Bound
 
     def __init__(self, client: Any) -> None:
         self.client = client

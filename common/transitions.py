@@ -173,11 +173,28 @@ def handback(k: Keyspace, p: int, queue: str, run_id: str, fence: int, worker_id
              worker_id])
 
 
-def heartbeat(k: Keyspace, p: int, lease_ms: int, held: list[tuple[str, str]]) -> Call:
-    """held: (run id, owner token 'worker:fence') pairs of one partition."""
+def checkpoint(k: Keyspace, p: int, run_id: str, worker_id: str, fence: int, state: bytes,
+               cap: int) -> Call:
+    """A running attempt's checkpoint (checkpoint.lua), written only by the fence holder."""
+    return ([k.leases(p), k.events(p)],
+            [k.prefix(p), run_id, f"{worker_id}:{fence}", fence, state, cap])
+
+
+def continue_run(k: Keyspace, p: int, queue: str, run_id: str, fence: int, delay_ms: int,
+                 state: bytes | None, cap: int) -> Call:
+    """A task raised Continue (continue_run.lua): state None keeps the run's checkpoint."""
+    return ([k.leases(p), k.due(p, queue)],
+            [k.prefix(p), run_id, fence, delay_ms, "0" if state is None else "1",
+             b"" if state is None else state, cap, k.wake_channel, p, queue])
+
+
+def heartbeat(k: Keyspace, p: int, lease_ms: int,
+              held: list[tuple[str, str]] | list[tuple[str, str, str]]) -> Call:
+    """held: (run id, owner token 'worker:fence') pairs of one partition, or (run id, token,
+    progress JSON or '' for unchanged) triples."""
     args: list[Any] = [k.prefix(p), lease_ms]
-    for run_id, token in held:
-        args += [run_id, token]
+    for item in held:
+        args += [item[0], item[1], item[2] if len(item) > 2 else ""]
     return [k.leases(p)], args
 
 
@@ -265,6 +282,7 @@ REPLY = {
     "partition_owners": "counts", "cancel": "status", "replay": "status", "resolve": "status",
     "purge": "counts", "schedule_quarantine": "status", "wait": "status", "handback": "status",
     "rate_limited": "status",
+    "checkpoint": "status", "continue_run": "status",
 }
 
 

@@ -11,6 +11,9 @@ from duetime.client.calendars import CalendarInfo, CalendarNotFound
 from duetime.client.schedules import ScheduleInfo, ScheduleNotFound
 from duetime.common.context import RunContext, current_run, worker_context
 from duetime.common.errors import (
+    CheckpointRefused,
+    CheckpointTooLarge,
+    Continue,
     DamagedState,
     DuetimeError,
     EnqueueIncomplete,
@@ -57,13 +60,13 @@ __all__ = [
     # read models
     "Run", "Attempt",
     # raised by tasks
-    "Retry", "RateLimited", "Fatal",
+    "Retry", "RateLimited", "Fatal", "Continue",
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
     "CalendarNotFound", "CalendarInfo",
     "EnqueueIncomplete", "NotReplicated", "PartitionMismatch", "RunFailed", "ResultNotStored",
-    "WaitTimeout", "DamagedState",
+    "WaitTimeout", "DamagedState", "CheckpointRefused", "CheckpointTooLarge",
     "WorkerStartFailed", "WorkerContext", "worker_context",
     "ServerBinaryNotFound",
     # an attempt's task process ended by the worker (isolation="process")

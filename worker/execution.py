@@ -23,7 +23,7 @@ from typing import Any
 from duetime.common import metrics
 from duetime.common.codec import pack_not_stored, pack_result, unpack_payload
 from duetime.common.context import RunContext, set_current
-from duetime.common.errors import Fatal, InvalidInput, RateLimited, Retry, UnknownTask
+from duetime.common.errors import Continue, Fatal, InvalidInput, RateLimited, Retry, UnknownTask
 from duetime.common.logs import bind_run
 from duetime.common.logs import get as get_logger
 from duetime.common.models import from_ms
@@ -32,6 +32,7 @@ from duetime.common.retrycost import ATTEMPT_ENDINGS
 from duetime.common.tasks import Registry, TaskSpec
 from duetime.common.time.parse import DELAY, duration_ms
 from duetime.common.transitions import Claimed
+from duetime.worker.checkpoints import Checkpoints
 from duetime.worker.clock import ServerClock
 from duetime.worker.config import WorkerConfig
 from duetime.worker.errors import frames_text, log_message, record_text
@@ -96,6 +97,9 @@ class Executor:
         self.unknown: UnknownTasks | None = None
         # child processes of tasks declared isolation="process" (the Worker sets it)
         self.processes: ProcessPool | None = None
+        # checkpoints and continuations (worker/checkpoints.py; the Worker sets it; None: a
+        # bare Executor, whose tasks cannot checkpoint)
+        self.checkpoints: Checkpoints | None = None
 
     # -- starting -------------------------------------------------------------------------
     def start(self, p: int, queue: str, c: Claimed, now_ms: float) -> None:
@@ -179,6 +183,7 @@ class Executor:
         mode: FailMode = "error"
         err, exc_type, delay_ms, frames = "", "", 0, ""
         limited: RateLimited | None = None
+        continued: Continue | None = None
         ran = False
         started = time.perf_counter()
         try:
@@ -204,6 +209,8 @@ class Executor:
             except Exception as exc:  # noqa: BLE001 - it will never decode: no retry
                 raise Fatal(f"payload unreadable (not duetime's msgpack [args, kwargs]): "
                             f"{exc!r}") from None
+            if self.checkpoints is not None:  # current_run().checkpoint, checkpoint_state
+                await self.checkpoints.prepare(ex)
             ran = True
             value = await self._call(ex, spec, args, kwargs, c.timeout_ms / 1000 or None)
             if value is not None and spec.store_result:
@@ -222,6 +229,8 @@ class Executor:
                     err = f"{reason}; worker {self.worker_id} cannot run it"
         except RateLimited as exc:  # back-pressure: back to its queue, its scope held
             report, limited = "rate_limited", exc
+        except Continue as exc:  # the same run again, from its checkpoint (checkpoints.py)
+            report, continued = "continue", exc
         except Retry as exc:
             report, mode, err, exc_type = "fail", "retry", str(exc), type(exc).__name__
             delay_ms, bad = _retry_delay_ms(exc)
@@ -291,6 +300,9 @@ class Executor:
             self.reporter.release(ex)
         elif report == "rate_limited":
             self._rate_limited(ex, limited)
+        elif report == "continue" and continued is not None:
+            self.reporter.continue_run(ex, getattr(continued, "state_bytes", None),
+                                       _continue_delay_ms(continued))
         else:
             # the exception's type, and its message bounded (or withheld: it may quote arguments)
             text = log_message(err, self.cfg.log_error_text)
@@ -324,7 +336,7 @@ class Executor:
         reporter): succeeded (the body returned), failed, or interrupted (lease lost,
         cancelled, released); time spent on the ones that did not succeed."""
         task, owner = ex.ctx.task, ex.owner
-        if report == "complete":
+        if report in ("complete", "continue"):  # a continuation's slice of work was done
             ending = SUCCEEDED
         elif report == "fail" and mode != "cancel":
             ending = FAILED
@@ -519,6 +531,12 @@ def _retry_delay_ms(exc: Retry) -> tuple[int, str]:
         return duration_ms(DELAY.parse(delay, "Retry(delay=...)")), ""
     except InvalidInput as bad:
         return 0, str(bad)
+
+
+def _continue_delay_ms(exc: Continue) -> int:
+    """The delay a Continue asks for, in ms (0 for a subclass that skipped its __init__)."""
+    ms = getattr(exc, "delay_ms", 0)
+    return ms if isinstance(ms, int) and not isinstance(ms, bool) and ms >= 0 else 0
 
 
 async def _within(timeout: float, aw: Any) -> Any:

@@ -25,6 +25,7 @@ from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import Outage, bounded
 from duetime.common.scripts import Scripts
+from duetime.worker.checkpoints import progress_arg
 from duetime.worker.config import WorkerConfig
 from duetime.worker.errors import ANY_REDIS_ERROR, REDIS_ERRORS
 from duetime.worker.execution import Execution, Executor
@@ -101,10 +102,14 @@ class LeaseKeeper:
         k, cfg = self.keys, self.cfg
         pipe = self.client.pipeline(transaction=False)
         groups = []
+        sent: list[list[int]] = []  # per group, the progress sequence each run's beat carries
         for p, exs in by_partition.items():
-            keys, args = tr.heartbeat(k, p, cfg.lease_ms, [(ex.ctx.run_id, ex.token) for ex in exs])
+            progress = [progress_arg(ex) for ex in exs]  # rides on the beat (checkpoints.py)
+            keys, args = tr.heartbeat(k, p, cfg.lease_ms, [
+                (ex.ctx.run_id, ex.token, body) for ex, (body, _) in zip(exs, progress, strict=True)])
             await self.scripts.heartbeat(keys=keys, args=args, client=pipe)
             groups.append(exs)
+            sent.append([seq for _, seq in progress])
         now_ms = int(time.time() * 1000)
         pipe.zadd(k.workers, {cfg.worker_id: now_ms})
         pipe.hset(k.worker(cfg.worker_id), mapping={
@@ -116,14 +121,16 @@ class LeaseKeeper:
         sent_at = time.monotonic()  # a renewed lease runs from no earlier than this
         results = await pipe.execute(raise_on_error=False)
         metrics.INFLIGHT.set(len(ex_.inflight))
-        for exs, res in zip(groups, results, strict=False):
+        for exs, seqs, res in zip(groups, sent, results, strict=False):
             if isinstance(res, Exception):  # not extended, not lost either: tried next beat
                 log.warning("heartbeat refused", error=bounded(res), partition=exs[0].partition,
                             runs=len(exs), worker_id=cfg.worker_id)
                 continue
-            for ex, status in zip(exs, res, strict=True):
+            for ex, seq, status in zip(exs, seqs, res, strict=True):
                 if status != LOST:
                     ex.renewed_at = sent_at
+                if seq:
+                    ex.ctx.progress_delivered(seq)
                 if ex.lost or ex_.inflight.get(ex.key) is not ex:
                     continue  # ended (its report may be waiting), or found lost, meanwhile
                 if status == LOST:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio as aredis
 from duetime.common import metrics
 from duetime.common import transitions as tr
+from duetime.common.codec import CHECKPOINT_MAX_BYTES
 from duetime.common.connection import arefresh_topology, topology_error
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
@@ -95,6 +96,11 @@ class Reporter:
         """A run whose task raised RateLimited: given back, `scope` held (rate_limited.lua)."""
         self.unsent[ex.key] = ex
         self._queue.put_nowait(("rate_limited", ex, (retry_after_ms, scope)))
+    def continue_run(self, ex: Execution, state: bytes | None, delay_ms: int) -> None:
+        """The task raised Continue: the same run again after delay_ms, from `state` (None:
+        the checkpoint it has), the attempt not counted (continue_run.lua)."""
+        self.unsent[ex.key] = ex
+        self._queue.put_nowait(("continue", ex, (state, delay_ms)))
 
     def close(self) -> None:
         """No more reports: `run` ends once the waiting ones are sent (or given up)."""
@@ -294,6 +300,11 @@ class Reporter:
             keys, args = tr.fail(k, p, ctx.queue, ctx.run_id, ctx.fence, err, mode, delay_ms,
                                  random.random())
             await self.scripts.fail(keys=keys, args=args, client=pipe)
+        elif kind == "continue":
+            state, delay_ms = extra
+            keys, args = tr.continue_run(k, p, ctx.queue, ctx.run_id, ctx.fence, delay_ms, state,
+                                         CHECKPOINT_MAX_BYTES)
+            await self.scripts.continue_run(keys=keys, args=args, client=pipe)
         elif kind == "handback":
             keys, args = tr.handback(k, p, ctx.queue, ctx.run_id, ctx.fence, self.worker_id,
                                      HANDBACK_FIRST_MS, HANDBACK_LONGEST_MS)

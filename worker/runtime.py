@@ -31,6 +31,7 @@ from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.scripts import Scripts
 from duetime.common.tasks import Registry, WorkerContext
+from duetime.worker.checkpoints import Checkpoints
 from duetime.worker.claims import Claimer
 from duetime.worker.clock import ServerClock
 from duetime.worker.config import WorkerConfig, default_worker_id
@@ -73,6 +74,8 @@ class Worker:
         self.executor.unknown = self.unknown
         # child processes for tasks declared isolation="process" (None: no such task)
         self.executor.processes = ProcessPool.for_worker(registry, config, url, keys.namespace)
+        self.executor.checkpoints = Checkpoints(self.client, self.scripts, keys, self.id,
+                                                config.lease_ms)
         self.reporter.processed = lambda: self.executor.processed  # published as runs finish
         self.reporter.record_ttl_ms = config.lease_ms * 3  # as the heartbeat's record
         self.listener = WakeListener(self.client, keys.wake_channel, self.due, self.id)

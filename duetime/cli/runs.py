@@ -110,7 +110,7 @@ def _show_run(ctx: click.Context, run_id: str, as_json: bool, state: str | None 
         raise InvalidState(f"run {run_id} is not {state} (state {run.state}); "
                            "see `duetime runs show`")
     if as_json:
-        echo_json(run_to_dict(run))
+        echo_json(run_to_dict(run, server_now(app)))  # now: a long run's ages
     else:
         click.echo(run_to_text(run, server_now(app)))
     return run

@@ -11,7 +11,9 @@ from typing import Any
 
 import redis
 
-LARGE = frozenset({b"payload", b"result"})  # run records; schedules have a payload only
+# run records (a checkpoint's size is its own field, `checkpoint_size`); schedules have a
+# payload only
+LARGE = frozenset({b"payload", b"result", b"checkpoint"})
 
 
 def hashes_without(client: redis.Redis, keys: Sequence[str], skip: frozenset[bytes],

@@ -40,7 +40,44 @@ def _secs(a: datetime | None, b: datetime | None) -> float | None:
     return (a - b).total_seconds() if a and b else None
 
 
-def run_to_dict(run: Run) -> dict[str, Any]:
+def long_run_to_dict(run: Run, now: datetime | None = None) -> dict[str, Any]:
+    """A long run's progress, checkpoint and continuations (`--json` keys `progress`,
+    `checkpoint`, `continuations`); ages in seconds from `now` (server time) when given."""
+    p, at = run.progress, run.checkpoint_at
+    return {
+        "progress": None if p is None else {
+            "done": p.done, "total": p.total, "note": p.note, "updated_at": _iso(p.updated_at),
+            "fraction": (min(p.done / p.total, 1.0) if p.total else None),
+            "age_s": _secs(now, p.updated_at)},
+        "checkpoint": None if run.checkpoint_size is None else {
+            "size_bytes": run.checkpoint_size, "at": _iso(at), "fence": run.checkpoint_fence,
+            "age_s": _secs(now, at)},
+        "continuations": run.continuations,
+    }
+
+
+def long_run_lines(run: Run, now: datetime | None = None) -> list[str]:
+    """`runs show`'s lines for the same, when the run has any of it."""
+    lines = []
+    if run.progress is not None:
+        p = run.progress
+        of = f" of {p.total:g}" if p.total is not None else ""
+        pct = f" ({min(p.done / p.total, 1.0):.0%})" if p.total else ""
+        note = f"  {p.note}" if p.note else ""
+        ago = f"  (updated {relative(p.updated_at, now)})" if now is not None else ""
+        lines.append(f"  {'progress':<17} {p.done:g}{of}{pct}{note}{ago}")
+    if run.checkpoint_size is not None:
+        ago = f", {relative(run.checkpoint_at, now)}" if now is not None else ""
+        lines.append(f"  {'checkpoint':<17} {run.checkpoint_size:,} bytes, written "
+                     f"{_iso(run.checkpoint_at)} by fence {run.checkpoint_fence}{ago}")
+    if run.continuations:
+        lines.append(f"  {'continuations':<17} {run.continuations}")
+    return lines
+
+
+def run_to_dict(run: Run, now: datetime | None = None) -> dict[str, Any]:
+    """`runs show --json`; `now` (server time) adds the ages of a long run's progress and
+    checkpoint."""
     # lateness is the first attempt's: a retry starts late on purpose
     first = run.attempts[0].started if run.attempts else run.started
     return {
@@ -58,6 +95,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "coalesced": run.coalesced, "coalesced_from": _iso(run.coalesced_from),
         "interval_start": _iso(run.interval_start), "interval_end": _iso(run.interval_end),
         "result": run.result,
+        **long_run_to_dict(run, now),
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
              "started": _iso(a.started), "ended": _iso(a.ended), "outcome": a.outcome,
@@ -84,6 +122,7 @@ def run_to_text(run: Run, now: datetime | None = None) -> str:
         lines.append(f"  {'coalesced':<17} {run.coalesced} occurrences, from {d['coalesced_from']}")
     if run.interval_end is not None:  # a schedule's run: the data interval it covers
         lines.append(f"  {'interval':<17} {d['interval_start'] or '-'} .. {d['interval_end']}")
+    lines += long_run_lines(run, now)
     if run.result is not None:
         lines.append(f"  result            {result_text(run.result)}")
     if run.error:

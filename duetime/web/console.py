@@ -115,7 +115,7 @@ class Console:
         """`duetime runs show --json`, without args/kwargs unless asked for; each attempt
         with its place on a common time axis (percent left, width) for the timeline."""
         run = self.insp.get_run(run_id, large=show_payload)  # hidden: not even read
-        d = _hidden(run_to_dict(run), show_payload)
+        d = _hidden(run_to_dict(run, self.now()), show_payload)
         if show_payload and run.result is not None:  # read with the payload, shown bounded
             d["result_text"] = result_text(run.result)
         starts = [a.started for a in run.attempts if a.started]

@@ -58,12 +58,12 @@ def test_every_exception_class_of_the_package_is_exported():
 
 
 def test_errors_raised_by_duetime_share_one_base_except_the_documented_ones():
-    """`except duetime.DuetimeError` catches duetime's own errors; Retry, RateLimited and Fatal
-    are raised by tasks (InvalidSchedule is a DuetimeError and a ValueError)."""
+    """`except duetime.DuetimeError` catches duetime's own errors; Retry, RateLimited, Fatal and
+    Continue are raised by tasks (InvalidSchedule is a DuetimeError and a ValueError)."""
     exceptions = {n: getattr(duetime, n) for n in duetime.__all__
                   if inspect.isclass(getattr(duetime, n)) and issubclass(getattr(duetime, n), BaseException)}
     outside = {n for n, cls in exceptions.items() if not issubclass(cls, duetime.DuetimeError)}
-    assert outside == {"Retry", "RateLimited", "Fatal"}
+    assert outside == {"Retry", "RateLimited", "Fatal", "Continue"}
     assert issubclass(duetime.InvalidSchedule, ValueError)
 
 
