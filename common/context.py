@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+
+_BATCH_ID = re.compile(r"^(b[0-9a-f]{20})\.")  # the pattern of client/workloads.py BATCH_ID
 
 
 @dataclass
@@ -36,6 +40,13 @@ class RunContext:
         """The task read `lease_lost` as True: it may have stopped short of its work, so its
         return is no proof the work was done (the worker then runs the next attempt)."""
         return self._lost_seen
+
+    @property
+    def batch_id(self) -> str | None:
+        """The batch this run is a member or a callback of (docs/workloads.md), else None:
+        every run of a batch has an id starting with the batch's."""
+        m = _BATCH_ID.match(self.run_id)
+        return m.group(1) if m else None
 
     def mark_lost(self) -> None:
         self._lost = True

@@ -16,7 +16,7 @@ from duetime.common.time.parse import to_ms
 __all__ = ["STATES", "TERMINAL", "Attempt", "Run", "from_ms", "to_ms"]
 
 STATES = (
-    "scheduled", "running", "retrying", "succeeded", "dead", "uncertain",
+    "scheduled", "waiting", "running", "retrying", "succeeded", "dead", "uncertain",
     "cancelled", "skipped", "missed",
 )
 TERMINAL = frozenset({"succeeded", "dead", "cancelled", "skipped", "missed"})
@@ -105,6 +105,11 @@ class Run:
     # how many (1 for every other run) and the first of them (None when it stands for itself)
     coalesced: int = 1
     coalesced_from: datetime | None = None
+    # dependencies and batches (docs/workloads.md): the runs it waits for (state waiting),
+    # the batch it is a member or callback of, and its role there
+    depends_on: list[str] = field(default_factory=list)
+    batch_id: str | None = None
+    batch_role: str | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -179,4 +184,7 @@ class Run:
             limited_by=s("limited_by"),
             coalesced=max(n("coalesced", 1), 1),
             coalesced_from=from_ms(s("coalesced_from")),
+            depends_on=[e.split("|", 1)[-1] for e in (s("depends_on") or "").split()],
+            batch_id=s("batch"),
+            batch_role=s("batch_role") or ("member" if s("batch") else None),
         )

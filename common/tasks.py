@@ -168,12 +168,14 @@ class Enqueuer(Protocol):
 
     def enqueue(self, task: TaskSpec, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
                 at: Instant | None = None, delay: Duration | None = None,
-                key: str | None = None, queue: str | None = None) -> str: ...
+                key: str | None = None, queue: str | None = None,
+                depends_on: Sequence[str] = (), allow_failed_dependencies: bool = False) -> str: ...
 
     def aenqueue(self, task: TaskSpec, args: Sequence[Any] = (),
                  kwargs: dict[str, Any] | None = None, at: Instant | None = None,
                  delay: Duration | None = None, key: str | None = None,
-                 queue: str | None = None) -> Awaitable[str]: ...
+                 queue: str | None = None, depends_on: Sequence[str] = (),
+                 allow_failed_dependencies: bool = False) -> Awaitable[str]: ...
 
 
 class Task(Generic[P, R]):
@@ -227,6 +229,10 @@ class Task(Generic[P, R]):
     def enqueue(self, *args: Any, queue: str | None, **kwargs: Any) -> str: ...
 
     @overload
+    def enqueue(self, *args: Any, depends_on: Sequence[str],
+                allow_failed_dependencies: bool = False, **kwargs: Any) -> str: ...
+
+    @overload
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> str: ...
 
     def enqueue(self, *args: Any, **kwargs: Any) -> str:
@@ -254,6 +260,10 @@ class Task(Generic[P, R]):
     async def aenqueue(self, *args: Any, queue: str | None, **kwargs: Any) -> str: ...
 
     @overload
+    async def aenqueue(self, *args: Any, depends_on: Sequence[str],
+                       allow_failed_dependencies: bool = False, **kwargs: Any) -> str: ...
+
+    @overload
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> str: ...
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> str:
@@ -264,14 +274,19 @@ class Task(Generic[P, R]):
         """The enqueue options among `enqueue`'s keywords, taken out of `kwargs` (an option's
         keyword is always the option, whatever the function's parameters are named)."""
         return TaskOptions(self, kwargs.pop("at", None), kwargs.pop("delay", None),
-                           kwargs.pop("key", None), kwargs.pop("queue", None))
+                           kwargs.pop("key", None), kwargs.pop("queue", None),
+                           kwargs.pop("depends_on", ()),
+                           kwargs.pop("allow_failed_dependencies", False))
 
     def options(self, *, at: Instant | None = None, delay: Duration | None = None,
-                key: str | None = None, queue: str | None = None) -> TaskOptions[P, R]:
+                key: str | None = None, queue: str | None = None,
+                depends_on: Sequence[str] = (),
+                allow_failed_dependencies: bool = False) -> TaskOptions[P, R]:
         """Enqueue options for the next `.enqueue(...)`: `at` (an aware datetime or ISO-8601
         string) or `delay` (a timedelta, seconds or a string like "30s"), an idempotency `key`
-        (a repeated key returns the first run's id), a `queue` other than the task's."""
-        return TaskOptions(self, at, delay, key, queue)
+        (a repeated key returns the first run's id), a `queue` other than the task's,
+        `depends_on` run ids it waits for (docs/workloads.md)."""
+        return TaskOptions(self, at, delay, key, queue, depends_on, allow_failed_dependencies)
 
     @property
     def duetime_task(self) -> TaskSpec:
@@ -314,22 +329,28 @@ class TaskOptions(Generic[P, R]):
     """A task with enqueue options bound (`task.options(...)`); `enqueue` takes exactly the
     function's arguments. Cheap to build: make one per call or keep one."""
 
-    __slots__ = ("task", "at", "delay", "key", "queue")
+    __slots__ = ("task", "at", "delay", "key", "queue", "depends_on", "allow_failed_dependencies")
 
     def __init__(self, task: Task[P, R], at: Instant | None = None,
                  delay: Duration | None = None, key: str | None = None,
-                 queue: str | None = None) -> None:
+                 queue: str | None = None, depends_on: Sequence[str] = (),
+                 allow_failed_dependencies: bool = False) -> None:
         self.task, self.at, self.delay, self.key, self.queue = task, at, delay, key, queue
+        self.depends_on, self.allow_failed_dependencies = depends_on, allow_failed_dependencies
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """Create one run with these arguments and the bound options; → its id."""
-        return self.task._enqueuer.enqueue(self.task.spec, args, dict(kwargs), at=self.at,
-                                           delay=self.delay, key=self.key, queue=self.queue)
+        return self.task._enqueuer.enqueue(
+            self.task.spec, args, dict(kwargs), at=self.at, delay=self.delay, key=self.key,
+            queue=self.queue, depends_on=self.depends_on,
+            allow_failed_dependencies=self.allow_failed_dependencies)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
-        return await self.task._enqueuer.aenqueue(self.task.spec, args, dict(kwargs), at=self.at,
-                                                  delay=self.delay, key=self.key, queue=self.queue)
+        return await self.task._enqueuer.aenqueue(
+            self.task.spec, args, dict(kwargs), at=self.at, delay=self.delay, key=self.key,
+            queue=self.queue, depends_on=self.depends_on,
+            allow_failed_dependencies=self.allow_failed_dependencies)
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("at", "delay", "key", "queue")

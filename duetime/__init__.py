@@ -9,7 +9,9 @@ from importlib.metadata import PackageNotFoundError, version
 from duetime.app import App
 from duetime.client.schedules import ScheduleInfo, ScheduleNotFound
 from duetime.common.context import RunContext, current_run, worker_context
+from duetime.client.workloads import Batch
 from duetime.common.errors import (
+    BatchWaitTimeout,
     DamagedState,
     DuetimeError,
     EnqueueIncomplete,
@@ -27,6 +29,7 @@ from duetime.common.errors import (
     RunFailed,
     RunNotFound,
     ServerBinaryNotFound,
+    UnknownDependency,
     UnknownTask,
     WaitTimeout,
     WorkerStartFailed,
@@ -47,14 +50,14 @@ __all__ = [
     # schedules
     "Trigger", "Cron", "Every", "At", "ScheduleDef", "ScheduleInfo",
     # read models
-    "Run", "Attempt",
+    "Run", "Attempt", "Batch",
     # raised by tasks
     "Retry", "Fatal",
     # raised by duetime
     "DuetimeError", "InvalidInput", "PayloadTooLarge", "InvalidSchedule", "InvalidTime", "UnknownTask",
     "RunNotFound", "ScheduleNotFound", "InvalidState", "RedisUnavailable", "RedisRefused",
     "EnqueueIncomplete", "NotReplicated", "PartitionMismatch", "RunFailed", "ResultNotStored",
-    "WaitTimeout", "DamagedState",
+    "WaitTimeout", "DamagedState", "UnknownDependency", "BatchWaitTimeout",
     "WorkerStartFailed", "WorkerContext", "worker_context",
     "ServerBinaryNotFound",
     "__version__",

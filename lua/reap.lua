@@ -139,7 +139,8 @@ local retention = tonumber(ARGV[6]) or 0
 if retention > 0 then
   local old = redis.call('ZRANGE', done_key, '-inf', now - retention, 'BYSCORE', 'LIMIT', 0, limit)
   for _, id in ipairs(old) do
-    redis.call('DEL', prefix .. K.run .. id, prefix .. K.attempts .. id)
+    redis.call('DEL', prefix .. K.run .. id, prefix .. K.attempts .. id, prefix .. K.deps .. id,
+      prefix .. K.dependents .. id)
   end
   if #old > 0 then redis.call('ZREM', done_key, unpack(old)) end
   deleted = #old
