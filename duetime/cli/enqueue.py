@@ -23,16 +23,23 @@ from duetime.common.time.parse import DELAY
 @click.option("--queue", default=None, help="Default: the task's queue.")
 @click.option("--allow-unknown", is_flag=True, help="Enqueue a task no live or recent worker "
               "has published (refused otherwise: a misspelt name), with the default options.")
+@click.option("--depends-on", "depends_on", multiple=True, metavar="RUN_ID",
+              help="Wait (state waiting) until this run succeeded; repeatable. A dependency that "
+              "fails cancels this run, unless --allow-failed-dependencies.")
+@click.option("--allow-failed-dependencies", is_flag=True,
+              help="Run once every dependency finished, whatever the outcome.")
 @click.pass_context
 @fail_cleanly
 def enqueue(ctx: click.Context, task: str, app_ref: str | None, args_json: str, kwargs_json: str,
             at: datetime | None, delay: timedelta | None, key: str | None,
-            queue: str | None, allow_unknown: bool) -> None:
+            queue: str | None, allow_unknown: bool, depends_on: tuple[str, ...] = (),
+            allow_failed_dependencies: bool = False) -> None:
     """Create one run of TASK and print its id."""
     args, kwargs = parse_payload(args_json, kwargs_json)
     if at and delay is not None:
         raise click.UsageError("give either --at or --delay, not both")
     app = _app_or_plain(ctx, app_ref)
     run_id = app.enqueue(task, args=args, kwargs=kwargs, at=at, delay=delay, key=key, queue=queue,
-                         allow_unknown=allow_unknown)
+                         allow_unknown=allow_unknown, depends_on=depends_on,
+                         allow_failed_dependencies=allow_failed_dependencies)
     click.echo(run_id)
