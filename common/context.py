@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-
 _BATCH_ID = re.compile(r"^(b[0-9a-f]{20})\.")  # the pattern of client/workloads.py BATCH_ID
 
 

@@ -168,13 +168,13 @@ class Enqueuer(Protocol):
 
     def enqueue(self, task: TaskSpec, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
                 at: Instant | None = None, delay: Duration | None = None,
-                key: str | None = None, queue: str | None = None,
+                key: str | None = None, queue: str | None = None, *,
                 depends_on: Sequence[str] = (), allow_failed_dependencies: bool = False) -> str: ...
 
     def aenqueue(self, task: TaskSpec, args: Sequence[Any] = (),
                  kwargs: dict[str, Any] | None = None, at: Instant | None = None,
                  delay: Duration | None = None, key: str | None = None,
-                 queue: str | None = None, depends_on: Sequence[str] = (),
+                 queue: str | None = None, *, depends_on: Sequence[str] = (),
                  allow_failed_dependencies: bool = False) -> Awaitable[str]: ...
 
 

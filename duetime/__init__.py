@@ -8,8 +8,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from duetime.app import App
 from duetime.client.schedules import ScheduleInfo, ScheduleNotFound
-from duetime.common.context import RunContext, current_run, worker_context
 from duetime.client.workloads import Batch
+from duetime.common.context import RunContext, current_run, worker_context
 from duetime.common.errors import (
     BatchWaitTimeout,
     DamagedState,

@@ -12,7 +12,6 @@ import threading
 import time
 
 import redis
-from duetime.client.workloads import relay_once
 from duetime.common import metrics
 from duetime.common import transitions as tr
 from duetime.common.connection import (
@@ -33,6 +32,8 @@ from duetime.scheduler.notices import (
     head_ms,
     report_health,
 )
+
+from duetime.client.workloads import relay_once
 
 log = get_logger("duetime.reaper")
 

@@ -84,7 +84,7 @@ def test_the_last_two_members_finishing_at_once_create_each_callback_once(wapp, 
             assert len(claimed) == 2
             go = threading.Barrier(2)
 
-            def report(c: tr.Claimed, conn, outcome: str) -> None:
+            def report(c: tr.Claimed, conn, outcome: str, go=go, p=p) -> None:
                 s = Scripts(conn)
                 go.wait()
                 if outcome == "ok":

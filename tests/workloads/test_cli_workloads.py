@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from duetime.cli import main as cli
 
+from duetime.cli import main as cli
 from tests.apps import workloads as w
 
 

@@ -8,8 +8,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from duetime.client.runs import EnqueueRequest
 
+from duetime.client.runs import EnqueueRequest
 from duetime.embedded import EmbeddedCluster
 from tests.apps import workloads as w
 from tests.conftest import wait_for

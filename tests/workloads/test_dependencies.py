@@ -5,10 +5,10 @@ allow_failed_dependencies; across partitions too (the relay), on the 3+3 cluster
 from __future__ import annotations
 
 import pytest
-from duetime.client.workloads import relay_once
 from duetime.common.errors import UnknownDependency
 from duetime.common.scripts import Scripts
 
+from duetime.client.workloads import relay_once
 from tests.apps import workloads as w
 from tests.integration.inproc import burst
 
