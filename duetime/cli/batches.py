@@ -71,7 +71,8 @@ def show(ctx: click.Context, batch_id: str, n_members: int, as_json: bool) -> No
 
 @batches.command("cancel")
 @click.argument("batch_id")
-@click.option("--reason", default="batch cancelled by an operator", show_default=True)
+@click.option("--reason", default="batch cancelled by an operator", show_default=True,
+              help="Recorded on every run it cancels.")
 @click.pass_context
 @fail_cleanly
 def cancel(ctx: click.Context, batch_id: str, reason: str) -> None:
