@@ -98,6 +98,8 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "limrun": KeyKind("limrun:", "zset", "runs holding a concurrency slot of a limit -> lease "
                       "expiry hint (ms); an entry whose lease is gone frees its slot",
                       "scope"),
+    "waiting": KeyKind("waiting", "zset", "run id -> created (ms): the partition's waiting runs "
+                       "(dependencies, batch callbacks), for listings"),
     "deps": KeyKind("deps:", "set", "a waiting run's dependencies not counted yet (run ids); "
                     "it is released when the set is empty (docs/workloads.md)", "run"),
     "dependents": KeyKind("dependents:", "set", "runs waiting on this run: '<partition>|<run "
@@ -292,6 +294,9 @@ class Keyspace:
 
     def bucket(self, p: int, scope: str) -> str:
         return self.prefix(p) + SUFFIX["bucket"] + scope
+
+    def waiting(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["waiting"]
 
     def deps(self, p: int, run_id: str) -> str:
         return self.prefix(p) + SUFFIX["deps"] + run_id

@@ -223,7 +223,7 @@ def hold(k: Keyspace, p: int, runs: list[Held], batch_id: str = "", step: str = 
     for r in runs:
         args += [r.run_id, r.role, r.mode, r.due, r.delay_ms, len(r.deps), *r.deps,
                  len(r.fields), *r.fields]
-    return [k.events(p), k.batches(p)], args
+    return [k.events(p), k.batches(p), k.waiting(p)], args
 
 
 def deps_link(k: Keyspace, p: int, dependency: str, dependent_p: int, dependent: str) -> Call:

@@ -43,6 +43,7 @@ for _, id in ipairs(redis.call('SMEMBERS', pending_key)) do
       redis.call('ZREM', prefix .. K.retry .. queue, id)
       redis.call('HDEL', run_key, 'retry_at')
       redis.call('DEL', prefix .. K.deps .. id)
+      redis.call('ZREM', prefix .. K.waiting, id)
       finish_unstarted(prefix, id, 'cancelled', reason, now, KEYS[2], KEYS[3], KEYS[1])
       cancelled = cancelled + 1
     end

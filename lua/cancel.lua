@@ -47,6 +47,9 @@ if f[4] and f[4] ~= '' then
   end
 end
 redis.call('HDEL', run_key, 'retry_at')
-if state == 'waiting' then redis.call('DEL', prefix .. K.deps .. run_id) end
+if state == 'waiting' then
+  redis.call('DEL', prefix .. K.deps .. run_id)
+  redis.call('ZREM', prefix .. K.waiting, run_id)
+end
 finish_unstarted(prefix, run_id, 'cancelled', reason, now, done_key, deadlines_key, events_key)
 return {'cancelled', state}

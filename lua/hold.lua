@@ -8,6 +8,7 @@
 -- nothing twice, and a batch's callbacks, whose ids derive from the batch id, exist once.
 -- Tested by: tests/workloads/test_dependencies.py, tests/workloads/test_batches.py
 -- KEYS[1] events stream T:events   KEYS[2] batch index T:batches
+-- KEYS[3] waiting runs zset T:waiting (for listings; left when the run is released)
 -- ARGV[1] partition prefix 'ns:{tag}:' (run, deps, dependents, batch keys are built from it)
 -- ARGV[2] batch id ('' = none)
 -- ARGV[3] batch step: '' (none) | 'open' (create the batch, held open by the member '~open'
@@ -50,7 +51,7 @@ end
 
 -- Step 1: everything checked before the first write.
 local function refusal(runs)
-  local pairs_ = {events_key, 'stream', KEYS[2], 'zset'}
+  local pairs_ = {events_key, 'stream', KEYS[2], 'zset', KEYS[3], 'zset'}
   if batch_id ~= '' then
     for _, x in ipairs({bkey, 'hash', pending_key, 'set', members_key, 'zset'}) do
       pairs_[#pairs_ + 1] = x
@@ -112,6 +113,7 @@ local function create(r, now, todo)
   local run_key = prefix .. K.run .. r.id
   if redis.call('EXISTS', run_key) == 1 then return 0 end
   local due = tonumber(r.due) or (now + (tonumber(r.delay) or 0))
+  if r.mode ~= '' then redis.call('ZADD', KEYS[3], now, r.id) end  -- listed while it waits
   redis.call('HSET', run_key, 'state', 'waiting', 'created', int_s(now), 'due', int_s(due),
     unpack(r.fields))
   if batch_id ~= '' then

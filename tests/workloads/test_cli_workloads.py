@@ -37,3 +37,13 @@ def test_batches_list_show_and_cancel(wapp):
     assert shown_json["callback_states"] == {"on_complete": "waiting"}
     assert "3 member(s) cancelled" in run(wapp, "batches", "cancel", bid)
     assert json.loads(run(wapp, "batches", "show", bid, "--json"))["state"] == "failed"
+
+
+def test_runs_list_shows_waiting_runs(wapp):
+    a = wapp.enqueue(w.step, [1], delay="1h")
+    b = wapp.enqueue(w.step, [2], depends_on=[a])
+    listed = json.loads(run(wapp, "runs", "list", "--state", "waiting", "--json"))
+    assert [x["id"] for x in listed] == [b]
+    assert b in run(wapp, "runs", "list")
+    wapp.cancel(b)
+    assert json.loads(run(wapp, "runs", "list", "--state", "waiting", "--json")) == []
