@@ -175,7 +175,9 @@ end
 -- A waiting run's gate opened: it becomes due (at its own due time, or now), indexed as
 -- enqueue.lua indexes a new run (due set, priority index, tenant lane). A due index of the
 -- wrong type dead-letters this run alone, naming the key. Returns true when it was released.
-local function release_waiting(prefix, run_id, now)
+-- `fresh`: created by this very call and due at once (a batch member, a run whose
+-- dependencies all succeeded already): not listed as waiting, no 'released' event.
+local function release_waiting(prefix, run_id, now, fresh)
   local run_key = prefix .. K.run .. run_id
   local f = redis.pcall('HMGET', run_key, 'state', 'queue', 'due', 'priority', 'tenant')
   if f.err or f[1] ~= 'waiting' then return false end
@@ -185,15 +187,21 @@ local function release_waiting(prefix, run_id, now)
   local lanes_key = prefix .. K.lanes .. queue
   local why = wrong_type(due_key, 'zset') or wrong_type(prefix .. K.prio .. queue, 'zset')
     or wrong_type(lanes_key, 'zset') or wrong_type(prefix .. K.laned .. queue, 'zset')
-  redis.call('DEL', prefix .. K.deps .. run_id)
-  redis.call('ZREM', prefix .. K.waiting, run_id)
+  if not fresh then
+    redis.call('DEL', prefix .. K.deps .. run_id)
+    redis.call('ZREM', prefix .. K.waiting, run_id)
+  end
   if why then
     redis.call('HSET', run_key, 'state', 'dead', 'finished', now, 'reason', why)
     redis.call('ZADD', prefix .. K.dead, now, run_id)
     emit(prefix .. K.events, run_id, 'dead', why)
     return false
   end
-  redis.call('HSET', run_key, 'state', 'scheduled', 'due', int_s(due), 'released', now)
+  if fresh then
+    redis.call('HSET', run_key, 'state', 'scheduled')
+  else
+    redis.call('HSET', run_key, 'state', 'scheduled', 'due', int_s(due), 'released', now)
+  end
   if f[4] then redis.call('ZADD', prefix .. K.prio .. queue, -tonumber(f[4]) * 1e13 + due, run_id) end
   if f[5] or redis.call('EXISTS', lanes_key) == 1 then
     local tenant = f[5] or ''
@@ -202,7 +210,7 @@ local function release_waiting(prefix, run_id, now)
     redis.call('ZADD', lanes_key, 'NX', 0, tenant)
   end
   add_due(due_key, due, run_id, prefix_channel(prefix), prefix_partition(prefix), queue)
-  emit(prefix .. K.events, run_id, 'released', '')
+  if not fresh then emit(prefix .. K.events, run_id, 'released', '') end
   return true
 end
 

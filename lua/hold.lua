@@ -128,7 +128,7 @@ local function create(r, now, todo)
   end
   if r.mode == 'batch' then return 1 end  -- released or cancelled by its batch
   if r.mode == '' or #r.deps == 0 then
-    release_waiting(prefix, r.id, now)
+    release_waiting(prefix, r.id, now, true)
     return 1
   end
   redis.call('HSET', run_key, 'deps_mode', r.mode, 'depends_on', table.concat(r.deps, ' '))
