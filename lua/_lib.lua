@@ -176,7 +176,8 @@ end
 -- enqueue.lua indexes a new run (due set, priority index, tenant lane). A due index of the
 -- wrong type dead-letters this run alone, naming the key. Returns true when it was released.
 -- `fresh`: created by this very call and due at once (a batch member, a run whose
--- dependencies all succeeded already): not listed as waiting, no 'released' event.
+-- dependencies all succeeded already): not listed as waiting, no 'released' event, and its
+-- queue's index keys were type-checked by the caller before its first write (hold.lua).
 local function release_waiting(prefix, run_id, now, fresh)
   local run_key = prefix .. K.run .. run_id
   local f = redis.pcall('HMGET', run_key, 'state', 'queue', 'due', 'priority', 'tenant')
@@ -185,8 +186,9 @@ local function release_waiting(prefix, run_id, now, fresh)
   local due = math.max(num(f[3]) or now, now)
   local due_key = prefix .. K.due .. queue
   local lanes_key = prefix .. K.lanes .. queue
-  local why = wrong_type(due_key, 'zset') or wrong_type(prefix .. K.prio .. queue, 'zset')
-    or wrong_type(lanes_key, 'zset') or wrong_type(prefix .. K.laned .. queue, 'zset')
+  local why = not fresh and (wrong_type(due_key, 'zset')
+    or wrong_type(prefix .. K.prio .. queue, 'zset') or wrong_type(lanes_key, 'zset')
+    or wrong_type(prefix .. K.laned .. queue, 'zset'))
   if not fresh then
     redis.call('DEL', prefix .. K.deps .. run_id)
     redis.call('ZREM', prefix .. K.waiting, run_id)

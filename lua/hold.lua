@@ -68,8 +68,17 @@ local function refusal(runs)
     end
   end
   local cap = tonumber(redis.call('HGET', prefix .. K.caps, 'max_payload'))
-  local created = {}
+  local created, queues = {}, {}
   for _, r in ipairs(runs) do
+    for f = 1, #r.fields, 2 do
+      if r.fields[f] == 'queue' and not queues[r.fields[f + 1]] then
+        local q = r.fields[f + 1]
+        queues[q] = true
+        bad = damaged_index({prefix .. K.due .. q, 'zset', prefix .. K.prio .. q, 'zset',
+          prefix .. K.lanes .. q, 'zset', prefix .. K.laned .. q, 'zset'})
+        if bad then return bad end
+      end
+    end
     for f = 1, #r.fields, 2 do
       if cap and r.fields[f] == 'payload' and #r.fields[f + 1] > cap then
         return redis.error_reply('PAYLOAD_TOO_LARGE run ' .. r.id .. ': payload of '

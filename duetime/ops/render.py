@@ -57,6 +57,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "tenant": run.tenant, "limited_by": run.limited_by, "result_error": run.result_error,
         "coalesced": run.coalesced, "coalesced_from": _iso(run.coalesced_from),
         "result": run.result,
+        "depends_on": run.depends_on, "batch_id": run.batch_id, "batch_role": run.batch_role,
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
              "started": _iso(a.started), "ended": _iso(a.ended), "outcome": a.outcome,
@@ -79,6 +80,10 @@ def run_to_text(run: Run, now: datetime | None = None) -> str:
             if k in _TIMES and now is not None:
                 text += f"  ({relative(getattr(run, k), now)})"
             lines.append(f"  {k:<17} {text}")
+    if run.depends_on:
+        lines.append(f"  {'depends_on':<17} {' '.join(run.depends_on)}")
+    if run.batch_id:
+        lines.append(f"  {'batch':<17} {run.batch_id} ({run.batch_role})")
     if run.coalesced > 1:  # a catch-up run: the occurrences it stands for
         lines.append(f"  {'coalesced':<17} {run.coalesced} occurrences, from {d['coalesced_from']}")
     if run.result is not None:

@@ -47,3 +47,14 @@ def test_runs_list_shows_waiting_runs(wapp):
     assert b in run(wapp, "runs", "list")
     wapp.cancel(b)
     assert json.loads(run(wapp, "runs", "list", "--state", "waiting", "--json")) == []
+
+
+def test_runs_show_names_dependencies_and_batch(wapp):
+    a = wapp.enqueue(w.step, [1], delay="1h")
+    b = wapp.enqueue(w.step, [2], depends_on=[a])
+    shown = run(wapp, "runs", "show", b)
+    assert "waiting" in shown and f"depends_on        {a}" in shown
+    bid = wapp.batch([(w.member, [0])], on_complete=(w.callback, ["c"]))
+    cb = wapp.get_batch(bid).on_complete_run
+    assert json.loads(run(wapp, "runs", "show", cb, "--json"))["batch_role"] == "on_complete"
+    assert f"batch             {bid} (on_complete)" in run(wapp, "runs", "show", cb)
