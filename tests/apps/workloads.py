@@ -62,3 +62,15 @@ def callback(role: str) -> None:
     run = duetime.current_run()
     r().hincrby(ran_key(), run.run_id, 1)
     r().rpush(seen_batch_key(), f"{role}|{run.batch_id}")
+
+
+@app.task(name="w.busy", retries=5, backoff=(0.05, 0.1))
+def busy(i: int, fail: bool = False) -> int:
+    """A member that takes a little while (so a SIGKILL lands mid-run) and may fail for good."""
+    import time
+
+    time.sleep(0.02)
+    r().hincrby(ran_key(), duetime.current_run().run_id, 1)
+    if fail:
+        raise duetime.Fatal(f"member {i} fails")
+    return i
