@@ -202,3 +202,16 @@ def test_ten_thousand_members_with_random_failures_drained_by_two_workers(wapp):
     burst(wapp)
     assert ran(b.on_complete_run) == 1 and ran(b.on_failure_run) == 1
     assert ran(b.on_success_run) == 0
+
+
+def test_await_batch_and_the_timeout(wapp):
+    import asyncio
+
+    from duetime.common.errors import BatchWaitTimeout
+
+    bid = wapp.batch([(w.member, [0])])
+    with pytest.raises(BatchWaitTimeout):
+        wapp.wait_batch(bid, timeout=0)
+    burst(wapp)
+    b = asyncio.run(wapp.await_batch(bid, timeout=30))
+    assert b.state == "succeeded" and b.callbacks == {}

@@ -134,3 +134,13 @@ def test_a_notice_applied_twice_counts_once(wapp):
     keys, args = tr.deps_apply(wapp.keys, p, [(b, a2, "succeeded")])
     Scripts(wapp.store.client).deps_apply(keys=keys, args=args)
     assert wapp.get_run(b).state == "scheduled"
+
+
+def test_aenqueue_takes_depends_on(wapp):
+    import asyncio
+
+    a = wapp.enqueue(w.step, [1], delay="1h")
+    b = asyncio.run(wapp.aenqueue(w.step, [2], depends_on=[a]))
+    c = asyncio.run(w.step.aenqueue(3, depends_on=[b]))
+    assert wapp.get_run(b).depends_on == [a] and wapp.get_run(c).depends_on == [b]
+    assert wapp.get_run(c).state == "waiting"
