@@ -215,3 +215,22 @@ def test_await_batch_and_the_timeout(wapp):
     burst(wapp)
     b = asyncio.run(wapp.await_batch(bid, timeout=30))
     assert b.state == "succeeded" and b.callbacks == {}
+
+
+def test_the_retention_sweep_deletes_finished_batches_and_keeps_open_ones(wapp):
+    done = wapp.batch([(w.member, [0])])
+    burst(wapp)
+    assert wapp.get_batch(done).finished
+    still = wapp.batch([(w.member, [1])], on_complete=(w.callback, ["c"]))
+    w.r().delete(*[wapp.keys.due(p, "default") for p in range(wapp.keys.partitions)])
+    for b in (done, still):  # time moved on: both are older than the retention
+        w.r().zadd(wapp.keys.batches(wapp.keys.partition_of_run(b)), {b: 1})
+    s = Scripts(w.r())
+    for p in {wapp.keys.partition_of_run(done), wapp.keys.partition_of_run(still)}:
+        keys, args = tr.reap(wapp.keys, p, 100, 0.5, 60_000)
+        s.reap(keys=keys, args=args)
+    from duetime.common.errors import RunNotFound
+
+    with pytest.raises(RunNotFound):
+        wapp.get_batch(done)
+    assert wapp.get_batch(still).state == "open"
