@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ PROGRESS_NOTE_MAX = 200  # characters of a progress note kept (a longer one is c
 # how a worker writes a checkpoint for an attempt: the packed state -> stored (True) or refused
 # because the attempt's fence is no longer the run's (False); run on the worker's event loop
 CheckpointWriter = Callable[[bytes], Awaitable[bool]]
+_BATCH_ID = re.compile(r"^(b[0-9a-f]{20})\.")  # the pattern of client/workloads.py BATCH_ID
 
 
 @dataclass
@@ -62,6 +64,13 @@ class RunContext:
         """The task read `lease_lost` as True: it may have stopped short of its work, so its
         return is no proof the work was done (the worker then runs the next attempt)."""
         return self._lost_seen
+
+    @property
+    def batch_id(self) -> str | None:
+        """The batch this run is a member or a callback of (docs/workloads.md), else None:
+        every run of a batch has an id starting with the batch's."""
+        m = _BATCH_ID.match(self.run_id)
+        return m.group(1) if m else None
 
     def mark_lost(self) -> None:
         self._lost = True

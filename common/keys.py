@@ -104,6 +104,25 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "limrun": KeyKind("limrun:", "zset", "runs holding a concurrency slot of a limit -> lease "
                       "expiry hint (ms); an entry whose lease is gone frees its slot",
                       "scope"),
+    "waiting": KeyKind("waiting", "zset", "run id -> created (ms): the partition's waiting runs "
+                       "(dependencies, batch callbacks), for listings"),
+    "deps": KeyKind("deps:", "set", "a waiting run's dependencies not counted yet (run ids); "
+                    "it is released when the set is empty (docs/workloads.md)", "run"),
+    "dependents": KeyKind("dependents:", "set", "runs waiting on this run: '<partition>|<run "
+                          "id>' (the run's field deps_out says it has some)", "run"),
+    "depnotes": KeyKind("depnotes", "list", "'<partition>|<dependent>|<dependency>|<state>': "
+                        "a run of this partition ended and a dependent in another partition "
+                        "waits on it; the relay (reaper) applies it there, then removes it"),
+    "deplinks": KeyKind("deplinks", "list", "'<partition>|<dependency>|<dependent>': a "
+                        "waiting run of this partition still to register with a dependency in "
+                        "another partition (the producer does it at once; the relay if it died)"),
+    "batch": KeyKind("batch:", "hash", "a batch: total, succeeded, failed, state, created, "
+                     "finished and its callbacks' run ids", "batch"),
+    "bpending": KeyKind("bpending:", "set", "a batch's members not finished yet (plus '~open' "
+                        "while its creation is under way)", "batch"),
+    "bmembers": KeyKind("bmembers:", "zset", "a batch's members -> when added (ms)", "batch"),
+    "batches": KeyKind("batches", "zset", "batch id -> created, then finished (ms): the "
+                       "partition's batch index"),
     "bucket": KeyKind("bucket:", "hash", "a rate limit's token bucket: tokens, ts (server ms); "
                       "expires once full again", "scope"),
 }
@@ -293,6 +312,33 @@ class Keyspace:
 
     def bucket(self, p: int, scope: str) -> str:
         return self.prefix(p) + SUFFIX["bucket"] + scope
+
+    def waiting(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["waiting"]
+
+    def deps(self, p: int, run_id: str) -> str:
+        return self.prefix(p) + SUFFIX["deps"] + run_id
+
+    def dependents(self, p: int, run_id: str) -> str:
+        return self.prefix(p) + SUFFIX["dependents"] + run_id
+
+    def depnotes(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["depnotes"]
+
+    def deplinks(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["deplinks"]
+
+    def batch(self, p: int, batch_id: str) -> str:
+        return self.prefix(p) + SUFFIX["batch"] + batch_id
+
+    def bpending(self, p: int, batch_id: str) -> str:
+        return self.prefix(p) + SUFFIX["bpending"] + batch_id
+
+    def bmembers(self, p: int, batch_id: str) -> str:
+        return self.prefix(p) + SUFFIX["bmembers"] + batch_id
+
+    def batches(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["batches"]
 
     # -- global keys (`<ns>:` + GLOBAL[...]) ----------------------------------------------
     def _global(self, name: str) -> str:

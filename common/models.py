@@ -16,7 +16,7 @@ from duetime.common.time.parse import to_ms
 __all__ = ["STATES", "TERMINAL", "Attempt", "Progress", "Run", "from_ms", "to_ms"]
 
 STATES = (
-    "scheduled", "running", "retrying", "succeeded", "dead", "uncertain",
+    "scheduled", "waiting", "running", "retrying", "succeeded", "dead", "uncertain",
     "cancelled", "skipped", "missed",
 )
 TERMINAL = frozenset({"succeeded", "dead", "cancelled", "skipped", "missed"})
@@ -146,6 +146,11 @@ class Run:
     checkpoint_at: datetime | None = None
     checkpoint_fence: int | None = None
     continuations: int = 0
+    # dependencies and batches (docs/workloads.md): the runs it waits for (state waiting),
+    # the batch it is a member or callback of, and its role there
+    depends_on: list[str] = field(default_factory=list)
+    batch_id: str | None = None
+    batch_role: str | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -227,4 +232,7 @@ class Run:
             checkpoint_at=from_ms(s("checkpoint_at")),
             checkpoint_fence=n("checkpoint_fence", 0) if s("checkpoint_fence") else None,
             continuations=max(n("continuations", 0), 0),
+            depends_on=[e.split("|", 1)[-1] for e in (s("depends_on") or "").split()],
+            batch_id=s("batch"),
+            batch_role=s("batch_role") or ("member" if s("batch") else None),
         )

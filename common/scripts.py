@@ -35,7 +35,7 @@ from importlib import resources
 from typing import Any
 
 import redis
-from duetime.common.keys import SUFFIX
+from duetime.common.keys import GLOBAL, SUFFIX
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 
@@ -62,11 +62,16 @@ SCRIPT_NAMES = (
     "rate_limited",
     "checkpoint",
     "continue_run",
+    "hold",
+    "deps_link",
+    "deps_apply",
+    "batch_cancel",
 )
 LIB = "_lib.lua"
 _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
 _WORD = re.compile(r"[A-Za-z_]\w*")
 _KEY = re.compile(r"\bK\.([a-z_]+)")
+_GLOBAL = re.compile(r"\bG\.([a-z_]+)")  # a namespace-wide suffix: `<ns>:` .. G.wake
 _AT = re.compile(r"(@?)user_script:(\d+)")
 _INCLUDE = re.compile(r"^-- @include (\S+\.lua)\s*$")
 _STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
@@ -204,7 +209,12 @@ def _suffixes(text: str, where: str) -> str:
             raise ValueError(f"{where}: unknown key kind K.{m.group(1)} (see common/keys.py)")
         return repr(SUFFIX[m.group(1)])
 
-    return _KEY.sub(sub, text)
+    def sub_global(m: re.Match[str]) -> str:
+        if m.group(1) not in GLOBAL:
+            raise ValueError(f"{where}: unknown global key G.{m.group(1)} (see common/keys.py)")
+        return repr(GLOBAL[m.group(1)])
+
+    return _GLOBAL.sub(sub_global, _KEY.sub(sub, text))
 
 
 # Resharding. While an operator moves a partition's slot to another node (CLUSTER SETSLOT
@@ -432,6 +442,10 @@ class Scripts:
     rate_limited: Bound
     checkpoint: Bound
     continue_run: Bound
+    hold: Bound
+    deps_link: Bound
+    deps_apply: Bound
+    batch_cancel: Bound
 
     def __init__(self, client: Any) -> None:
         self.client = client

@@ -177,14 +177,16 @@ class Enqueuer(Protocol):
                 at: Instant | None = None, delay: Duration | None = None,
                 key: str | None = None, queue: str | None = None, *,
                 debounce: Duration | None = None, max_wait: Duration | None = None,
-                throttle: Duration | None = None) -> str: ...
+                throttle: Duration | None = None, depends_on: Sequence[str] = (),
+                allow_failed_dependencies: bool = False) -> str: ...
 
     def aenqueue(self, task: TaskSpec, args: Sequence[Any] = (),
                  kwargs: dict[str, Any] | None = None, at: Instant | None = None,
                  delay: Duration | None = None, key: str | None = None,
                  queue: str | None = None, *, debounce: Duration | None = None,
-                 max_wait: Duration | None = None,
-                 throttle: Duration | None = None) -> Awaitable[str]: ...
+                 max_wait: Duration | None = None, throttle: Duration | None = None,
+                 depends_on: Sequence[str] = (),
+                 allow_failed_dependencies: bool = False) -> Awaitable[str]: ...
 
 
 class Task(Generic[P, R]):
@@ -241,6 +243,10 @@ class Task(Generic[P, R]):
     def enqueue(self, *args: Any, queue: str | None, **kwargs: Any) -> str: ...
 
     @overload
+    def enqueue(self, *args: Any, depends_on: Sequence[str],
+                allow_failed_dependencies: bool = False, **kwargs: Any) -> str: ...
+
+    @overload
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> str: ...
 
     def enqueue(self, *args: Any, **kwargs: Any) -> str:
@@ -269,6 +275,10 @@ class Task(Generic[P, R]):
     async def aenqueue(self, *args: Any, queue: str | None, **kwargs: Any) -> str: ...
 
     @overload
+    async def aenqueue(self, *args: Any, depends_on: Sequence[str],
+                       allow_failed_dependencies: bool = False, **kwargs: Any) -> str: ...
+
+    @overload
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> str: ...
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> str:
@@ -281,17 +291,21 @@ class Task(Generic[P, R]):
         return TaskOptions(self, kwargs.pop("at", None), kwargs.pop("delay", None),
                            kwargs.pop("key", None), kwargs.pop("queue", None),
                            kwargs.pop("debounce", None), kwargs.pop("max_wait", None),
-                           kwargs.pop("throttle", None))
+                           kwargs.pop("throttle", None), kwargs.pop("depends_on", ()),
+                           kwargs.pop("allow_failed_dependencies", False))
 
     def options(self, *, at: Instant | None = None, delay: Duration | None = None,
                 key: str | None = None, queue: str | None = None,
                 debounce: Duration | None = None, max_wait: Duration | None = None,
-                throttle: Duration | None = None) -> TaskOptions[P, R]:
+                throttle: Duration | None = None, depends_on: Sequence[str] = (),
+                allow_failed_dependencies: bool = False) -> TaskOptions[P, R]:
         """Enqueue options for the next `.enqueue(...)`: `at` (an aware datetime or ISO-8601
         string) or `delay` (a timedelta, seconds or a string like "30s"), an idempotency `key`
         (a repeated key returns the first run's id), a `queue` other than the task's; with a
-        key, `debounce` (and `max_wait`) or `throttle` (docs/debounce.md)."""
-        return TaskOptions(self, at, delay, key, queue, debounce, max_wait, throttle)
+        key, `debounce` (and `max_wait`) or `throttle` (docs/debounce.md); `depends_on` run
+        ids it waits for (docs/workloads.md)."""
+        return TaskOptions(self, at, delay, key, queue, debounce, max_wait, throttle, depends_on,
+                           allow_failed_dependencies)
 
     @property
     def duetime_task(self) -> TaskSpec:
@@ -334,14 +348,17 @@ class TaskOptions(Generic[P, R]):
     """A task with enqueue options bound (`task.options(...)`); `enqueue` takes exactly the
     function's arguments. Cheap to build: make one per call or keep one."""
 
-    __slots__ = ("task", "at", "delay", "key", "queue", "debounce", "max_wait", "throttle")
+    __slots__ = ("task", "at", "delay", "key", "queue", "debounce", "max_wait", "throttle",
+                 "depends_on", "allow_failed_dependencies")
 
     def __init__(self, task: Task[P, R], at: Instant | None = None,
                  delay: Duration | None = None, key: str | None = None,
                  queue: str | None = None, debounce: Duration | None = None,
-                 max_wait: Duration | None = None, throttle: Duration | None = None) -> None:
+                 max_wait: Duration | None = None, throttle: Duration | None = None,
+                 depends_on: Sequence[str] = (), allow_failed_dependencies: bool = False) -> None:
         self.task, self.at, self.delay, self.key, self.queue = task, at, delay, key, queue
         self.debounce, self.max_wait, self.throttle = debounce, max_wait, throttle
+        self.depends_on, self.allow_failed_dependencies = depends_on, allow_failed_dependencies
 
     def _coalesce(self) -> dict[str, Duration]:
         """The debounce/throttle options that are set (passed only then: an Enqueuer written
@@ -352,15 +369,17 @@ class TaskOptions(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """Create one run with these arguments and the bound options; → its id (with
         debounce/throttle: the id of the run the call landed on)."""
-        return self.task._enqueuer.enqueue(self.task.spec, args, dict(kwargs), at=self.at,
-                                           delay=self.delay, key=self.key, queue=self.queue,
-                                           **self._coalesce())
+        return self.task._enqueuer.enqueue(
+            self.task.spec, args, dict(kwargs), at=self.at, delay=self.delay, key=self.key,
+            queue=self.queue, depends_on=self.depends_on,
+            allow_failed_dependencies=self.allow_failed_dependencies, **self._coalesce())
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
-        return await self.task._enqueuer.aenqueue(self.task.spec, args, dict(kwargs), at=self.at,
-                                                  delay=self.delay, key=self.key, queue=self.queue,
-                                                  **self._coalesce())
+        return await self.task._enqueuer.aenqueue(
+            self.task.spec, args, dict(kwargs), at=self.at, delay=self.delay, key=self.key,
+            queue=self.queue, depends_on=self.depends_on,
+            allow_failed_dependencies=self.allow_failed_dependencies, **self._coalesce())
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("at", "delay", "key", "queue",

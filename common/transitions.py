@@ -230,6 +230,45 @@ def wait(k: Keyspace, p: int, run_id: str) -> Call:
     return [k.notify(p, run_id)], [k.prefix(p), run_id]
 
 
+# -- dependencies and batches (docs/workloads.md) ----------------------------------------------
+@dataclass(frozen=True)
+class Held:
+    """One run for hold.lua: role '' or 'member' or a callback's ('on_complete', ...); mode
+    '' (due at once), 'succeed'/'finish' (depends_on) or 'batch' (a callback); deps as
+    '<partition>|<run id>'; fields as enqueue.lua stores them (the task's among them)."""
+
+    run_id: str
+    role: str
+    mode: str
+    due: str
+    delay_ms: int
+    deps: tuple[str, ...]
+    fields: tuple[Any, ...]
+
+
+def hold(k: Keyspace, p: int, runs: list[Held], batch_id: str = "", step: str = "",
+         seal: bool = False) -> Call:
+    """step: '' | 'open' (create the batch) | 'add'; seal: the batch's creation is complete."""
+    args: list[Any] = [k.prefix(p), batch_id, step, int(seal)]
+    for r in runs:
+        args += [r.run_id, r.role, r.mode, r.due, r.delay_ms, len(r.deps), *r.deps,
+                 len(r.fields), *r.fields]
+    return [k.events(p), k.batches(p), k.waiting(p)], args
+
+
+def deps_link(k: Keyspace, p: int, dependency: str, dependent_p: int, dependent: str) -> Call:
+    return [k.events(p)], [k.prefix(p), dependency, f"{dependent_p}|{dependent}"]
+
+
+def deps_apply(k: Keyspace, p: int, notices: list[tuple[str, str, str]]) -> Call:
+    """notices: (dependent, dependency, its final state or 'missing') of partition p."""
+    return [k.events(p)], [k.prefix(p), *(x for n in notices for x in n)]
+
+
+def batch_cancel(k: Keyspace, p: int, batch_id: str, reason: str) -> Call:
+    return [k.events(p), k.done(p), k.deadlines(p)], [k.prefix(p), batch_id, reason]
+
+
 # -- schedules and scheduler ownership --------------------------------------------------------
 def materialize(k: Keyspace, p: int, name: str, queue: str, runs: list[Any],
                 expected: tuple[bytes | str, bytes | str, int | str] | None = None,
@@ -283,6 +322,7 @@ REPLY = {
     "purge": "counts", "schedule_quarantine": "status", "wait": "status", "handback": "status",
     "rate_limited": "status",
     "checkpoint": "status", "continue_run": "status",
+    "hold": "counts", "deps_link": "status", "deps_apply": "counts", "batch_cancel": "counts",
 }
 
 

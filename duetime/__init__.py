@@ -9,8 +9,10 @@ from importlib.metadata import PackageNotFoundError, version
 from duetime.app import App
 from duetime.client.calendars import CalendarInfo, CalendarNotFound
 from duetime.client.schedules import ScheduleInfo, ScheduleNotFound
+from duetime.client.workloads import Batch
 from duetime.common.context import RunContext, current_run, worker_context
 from duetime.common.errors import (
+    BatchWaitTimeout,
     CheckpointRefused,
     CheckpointTooLarge,
     Continue,
@@ -32,6 +34,7 @@ from duetime.common.errors import (
     RunFailed,
     RunNotFound,
     ServerBinaryNotFound,
+    UnknownDependency,
     UnknownTask,
     WaitTimeout,
     WorkerStartFailed,
@@ -58,7 +61,7 @@ __all__ = [
     # schedules
     "Trigger", "Cron", "Every", "At", "ScheduleDef", "ScheduleInfo",
     # read models
-    "Run", "Attempt",
+    "Run", "Attempt", "Batch",
     # raised by tasks
     "Retry", "RateLimited", "Fatal", "Continue",
     # raised by duetime
@@ -67,6 +70,7 @@ __all__ = [
     "CalendarNotFound", "CalendarInfo",
     "EnqueueIncomplete", "NotReplicated", "PartitionMismatch", "RunFailed", "ResultNotStored",
     "WaitTimeout", "DamagedState", "CheckpointRefused", "CheckpointTooLarge",
+    "UnknownDependency", "BatchWaitTimeout",
     "WorkerStartFailed", "WorkerContext", "worker_context",
     "ServerBinaryNotFound",
     # an attempt's task process ended by the worker (isolation="process")

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
 
 from duetime.client.limits import Limit, Limits, make_limit
-from duetime.client.runs import ASYNC_SLICE, EnqueueRequest, RunStore
+from duetime.client.runs import ASYNC_SLICE, EnqueueRequest, RunStore, keyed_run_id
 from duetime.client.schedules import ScheduleInfo, ScheduleStore
+from duetime.client.workloads import Batch, Workloads, new_batch_id
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
 from duetime.common.connection import DEFAULT_URL, translated
 from duetime.common.durability import Durability
@@ -33,7 +34,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 # what an enqueue_many dict item may hold: enqueue's own arguments, nothing internal
 ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "queue", "tenant",
-                            "priority", "debounce", "max_wait", "throttle"})
+                            "priority", "debounce", "max_wait", "throttle", "depends_on",
+                            "allow_failed_dependencies"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
 
 
@@ -249,6 +251,8 @@ class App:
         debounce: Duration | None = None,
         max_wait: Duration | None = None,
         throttle: Duration | None = None,
+        depends_on: Sequence[str] = (),
+        allow_failed_dependencies: bool = False,
     ) -> str:
         """Create one run; returns its id. A repeated `key` returns the first run's id.
 
@@ -266,10 +270,16 @@ class App:
         With `key`: `debounce` (a duration) coalesces the enqueues of the key while its run
         still waits (the last arguments win, due `debounce` after the last enqueue, never
         later than `max_wait` after the first); `throttle` creates one run per window of that
-        length. The id returned is the run the call landed on (docs/debounce.md)."""
+        length. The id returned is the run the call landed on (docs/debounce.md).
+        `depends_on`: run ids it waits for, in state `waiting`, until all succeeded; one that
+        ends dead, cancelled, missed or skipped cancels it (the reason names it), unless
+        `allow_failed_dependencies` (then it waits for all to finish, whatever the outcome).
+        An unknown id raises UnknownDependency (docs/workloads.md)."""
         req = EnqueueRequest(self._resolve(task, allow_unknown=allow_unknown), args,
                              kwargs or {}, at, delay, key, queue, tenant=tenant, priority=priority,
-                             debounce=debounce, max_wait=max_wait, throttle=throttle)
+                             debounce=debounce, max_wait=max_wait, throttle=throttle,
+                             depends_on=tuple(depends_on),
+                             allow_failed_dependencies=allow_failed_dependencies)
         run_id = self.store.enqueue(req)
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
@@ -289,12 +299,15 @@ class App:
         debounce: Duration | None = None,
         max_wait: Duration | None = None,
         throttle: Duration | None = None,
+        depends_on: Sequence[str] = (),
+        allow_failed_dependencies: bool = False,
     ) -> str:
         """`enqueue` for asyncio code: never blocks the event loop."""
         spec = await self._aresolve(task, allow_unknown)
         req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue, tenant=tenant,
                              priority=priority, debounce=debounce, max_wait=max_wait,
-                             throttle=throttle)
+                             throttle=throttle, depends_on=tuple(depends_on),
+                             allow_failed_dependencies=allow_failed_dependencies)
         [run_id] = await (await self._astore()).aenqueue_many([req])
         await self._aremember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
@@ -437,6 +450,97 @@ class App:
 
     def get_run(self, run_id: str) -> Run:
         return self.store.get_run(run_id)
+
+    # -- dependencies and batches (docs/workloads.md) ------------------------------------------
+    def _workloads(self) -> Workloads:
+        return Workloads(self.store)
+
+    def chain(self, steps: Iterable[tuple[Any, ...] | dict[str, Any]]) -> list[str]:
+        """Enqueue a sequence, each run depending on the one before: `(task, args)`,
+        `(task, args, kwargs)` or dicts of `enqueue`'s arguments (their own `depends_on` is
+        added to). → the run ids, in order. The first one that fails cancels the rest.
+        The links live in the first one's partition (a run for a tenant: in its tenant's), so
+        each hand-over is made in the script call that ends the previous link."""
+        reqs = self._requests(steps, self._resolve)
+        prev: str | None = None
+        home: int | None = None
+        for i, r in enumerate(reqs):
+            if r.run_id is None:  # fixed now, as enqueue would: the next one names it
+                r.run_id = keyed_run_id(r.spec.name, r.key) if r.key else os.urandom(10).hex()
+                tenant = r.tenant if r.tenant is not None else r.spec.tenant
+                p = (self.keys.partition_of_tenant(check_name("tenant", tenant))
+                     if tenant is not None else home)
+                if p is not None:
+                    r.run_id = self.keys.pin_run_id(r.run_id, p)
+                if home is None:
+                    home = self.keys.partition_of_run(r.run_id)
+            if prev is not None:
+                r.depends_on = (*r.depends_on, prev)
+            prev = r.run_id
+            reqs[i] = r
+        ids = self._workloads().enqueue_waiting(reqs)
+        self._remember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
+        return ids
+
+    def _callback(self, cb: Any) -> EnqueueRequest:
+        if isinstance(cb, dict):
+            [req] = self._requests([cb], self._resolve)
+            return req
+        if isinstance(cb, tuple):
+            [req] = self._requests([cb], self._resolve)
+            return req
+        return EnqueueRequest(self._resolve(cb))
+
+    def batch(self, runs: Iterable[dict[str, Any] | tuple[Any, ...]], on_complete: Any = None,
+              on_success: Any = None, on_failure: Any = None) -> str:
+        """Enqueue `runs` (the items `enqueue_many` takes) as one batch → its id. Callbacks, a
+        task or `(task, args)`: `on_complete` runs once every member finished, whatever the
+        outcome; `on_success` once if all succeeded; `on_failure` once when the first member
+        fails for good (dead, cancelled, missed). Each is created once, up front, waiting;
+        inside it `current_run().batch_id` names the batch. All of a batch's runs live in the
+        batch's partition (on Cluster: one shard; docs/workloads.md)."""
+        cbs = {role: self._callback(cb) for role, cb in (
+            ("on_complete", on_complete), ("on_success", on_success), ("on_failure", on_failure))
+            if cb is not None}
+        reqs = self._requests(runs, self._resolve)
+        batch_id = self._workloads().batch(new_batch_id(), reqs, cbs)
+        self._remember_queues({r.spec.queue if r.queue is None else r.queue
+                               for r in [*reqs, *cbs.values()]})
+        return batch_id
+
+    def batch_add(self, batch_id: str, runs: Iterable[dict[str, Any] | tuple[Any, ...]]
+                  ) -> list[str]:
+        """More members for an open batch (from inside a member: counted in the same call that
+        creates them, so the batch cannot finish in between) → their ids. A finished batch
+        raises InvalidState."""
+        reqs = self._requests(runs, self._resolve)
+        ids = self._workloads().batch_add(batch_id, reqs)
+        self._remember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
+        return ids
+
+    def get_batch(self, batch_id: str) -> Batch:
+        """The batch's counts, state and callbacks' run ids (RunNotFound if there is none)."""
+        return self._workloads().get_batch(batch_id)
+
+    def list_batches(self, limit: int = 100) -> list[Batch]:
+        return self._workloads().list_batches(limit)
+
+    def batch_members(self, batch_id: str, limit: int = 1000) -> list[str]:
+        return self._workloads().members(batch_id, limit)
+
+    def wait_batch(self, batch_id: str, timeout: float | None = None) -> Batch:
+        """Block until every member finished → the batch; BatchWaitTimeout (a TimeoutError)
+        after `timeout` s. The callbacks may still be running: wait on their run ids."""
+        return self._workloads().wait_batch(batch_id, timeout)
+
+    async def await_batch(self, batch_id: str, timeout: float | None = None) -> Batch:
+        """`wait_batch` for asyncio code."""
+        return await self._workloads().await_batch(batch_id, timeout)
+
+    def cancel_batch(self, batch_id: str, reason: str = "batch cancelled") -> tuple[int, int, int]:
+        """Cancel the batch's callbacks still waiting and its members not finished (running
+        ones are asked to stop) → (members cancelled, asked to stop, callbacks cancelled)."""
+        return self._workloads().cancel_batch(batch_id, reason)
 
     async def aget_run(self, run_id: str) -> Run:
         return await (await self._astore()).aget_run(run_id)

@@ -8,8 +8,9 @@
 local EVENTS_MAXLEN = 10000
 
 -- Every run state (the same list as common/models.py STATES, checked by a test).
-local STATES = {scheduled = true, running = true, retrying = true, succeeded = true, dead = true,
-  uncertain = true, cancelled = true, skipped = true, missed = true}
+local STATES = {scheduled = true, waiting = true, running = true, retrying = true,
+  succeeded = true, dead = true, uncertain = true, cancelled = true, skipped = true,
+  missed = true}
 
 -- The states a run ends in (common/models.py TERMINAL); a waiter also stops at 'uncertain'.
 local FINAL = {succeeded = true, dead = true, cancelled = true, skipped = true, missed = true}
@@ -141,10 +142,10 @@ local function tell_schedulers(channel, kind, partition, key, ms)
   end
 end
 
--- A run reached a state its waiters stop at (final, or uncertain): wake each client blocked
--- on it (app.wait, await_result) with one list element. A run nobody waits on costs one field
--- read (none where the caller read `waited` already: pass it; nil means "read it").
-local function wake_waiters(prefix, run_key, run_id, state, waited)
+-- Wake each client blocked on a run (app.wait, await_result) with one list element. A run
+-- nobody waits on costs one field read (none where the caller read `waited` already: pass it;
+-- nil means "read it").
+local function notify_waiters(prefix, run_key, run_id, state, waited)
   if waited == nil then waited = redis.call('HGET', run_key, 'waited') end
   local n = tonumber(waited) or 0
   if n <= 0 then return end
@@ -152,6 +153,180 @@ local function wake_waiters(prefix, run_key, run_id, state, waited)
   for _ = 1, n do redis.call('RPUSH', key, state) end
   redis.call('PEXPIRE', key, 60000)
   redis.call('HDEL', run_key, 'waited')
+end
+
+-- Dependencies and batches (docs/workloads.md): one mechanism. A run that waits is in state
+-- `waiting`, in no due set, until its gate opens: its own set T:deps:<id> of pending
+-- dependency ids (depends_on; field deps_mode 'succeed' or 'finish'), or its batch's counter
+-- (a batch callback: field batch_role). When a run ends, `settle_dependents` (called from
+-- wake_waiters, which every final transition calls) takes it out of every gate it is in, in
+-- the same script call: SREM, so a report counted twice counts once.
+
+-- The partition index of a prefix 'ns:{p<index>.<n>}:' (tags: common/keys.py _tag_for).
+local function prefix_partition(prefix)
+  return string.match(prefix, '{p(%d+)%.%d+}:$')
+end
+
+-- The namespace's wake channel, from a partition prefix.
+local function prefix_channel(prefix)
+  return string.match(prefix, '^(.*):{[^}]*}:$') .. ':' .. G.wake
+end
+
+-- A waiting run's gate opened: it becomes due (at its own due time, or now), indexed as
+-- enqueue.lua indexes a new run (due set, priority index, tenant lane). A due index of the
+-- wrong type dead-letters this run alone, naming the key. Returns true when it was released.
+-- `fresh`: created by this very call and due at once (a batch member, a run whose
+-- dependencies all succeeded already): not listed as waiting, no 'released' event, and its
+-- queue's index keys were type-checked by the caller before its first write (hold.lua).
+local function release_waiting(prefix, run_id, now, fresh)
+  local run_key = prefix .. K.run .. run_id
+  local f = redis.pcall('HMGET', run_key, 'state', 'queue', 'due', 'priority', 'tenant')
+  if f.err or f[1] ~= 'waiting' then return false end
+  local queue = f[2] or ''
+  local due = math.max(num(f[3]) or now, now)
+  local due_key = prefix .. K.due .. queue
+  local lanes_key = prefix .. K.lanes .. queue
+  local why = not fresh and (wrong_type(due_key, 'zset')
+    or wrong_type(prefix .. K.prio .. queue, 'zset') or wrong_type(lanes_key, 'zset')
+    or wrong_type(prefix .. K.laned .. queue, 'zset'))
+  if not fresh then
+    redis.call('DEL', prefix .. K.deps .. run_id)
+    redis.call('ZREM', prefix .. K.waiting, run_id)
+  end
+  if why then
+    redis.call('HSET', run_key, 'state', 'dead', 'finished', now, 'reason', why)
+    redis.call('ZADD', prefix .. K.dead, now, run_id)
+    emit(prefix .. K.events, run_id, 'dead', why)
+    return false
+  end
+  if fresh then
+    redis.call('HSET', run_key, 'state', 'scheduled')
+  else
+    redis.call('HSET', run_key, 'state', 'scheduled', 'due', int_s(due), 'released', now)
+  end
+  if f[4] then redis.call('ZADD', prefix .. K.prio .. queue, -tonumber(f[4]) * 1e13 + due, run_id) end
+  if f[5] or redis.call('EXISTS', lanes_key) == 1 then
+    local tenant = f[5] or ''
+    redis.call('ZADD', prefix .. K.lane .. queue .. '|' .. tenant, due, run_id)
+    redis.call('ZADD', prefix .. K.laned .. queue, due, run_id)
+    redis.call('ZADD', lanes_key, 'NX', 0, tenant)
+  end
+  add_due(due_key, due, run_id, prefix_channel(prefix), prefix_partition(prefix), queue)
+  if not fresh then emit(prefix .. K.events, run_id, 'released', '') end
+  return true
+end
+
+-- A waiting run whose gate can no longer open (a dependency failed; its batch succeeded, for
+-- an on_failure callback) is cancelled with the reason; its id goes on `todo`, so its own
+-- dependents are settled in turn (no recursion: a chain cancels link by link).
+local function cancel_waiting(prefix, run_id, reason, now, todo)
+  local run_key = prefix .. K.run .. run_id
+  local st = redis.pcall('HGET', run_key, 'state')
+  if st ~= 'waiting' then return end
+  redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now, 'reason', reason)
+  redis.call('ZADD', prefix .. K.done, now, run_id)
+  redis.call('DEL', prefix .. K.deps .. run_id)
+  redis.call('ZREM', prefix .. K.waiting, run_id)
+  emit(prefix .. K.events, run_id, 'cancelled', reason)
+  notify_waiters(prefix, run_key, run_id, 'cancelled')
+  todo[#todo + 1] = run_id
+  todo[#todo + 1] = 'cancelled'
+end
+
+-- Dependency `dep_id` of waiting run `run_id` (this partition) ended in `dep_state`
+-- ('missing': it does not exist). Counted once (SREM); a failure cancels the run unless it
+-- waits for every dependency to finish (deps_mode 'finish'); the last one releases it.
+local function gate_apply(prefix, run_id, dep_id, dep_state, now, todo)
+  local f = redis.pcall('HMGET', prefix .. K.run .. run_id, 'state', 'deps_mode')
+  if f.err or f[1] ~= 'waiting' then return end
+  local pending = prefix .. K.deps .. run_id
+  if wrong_type(pending, 'set') then return end
+  if redis.call('SREM', pending, dep_id) == 0 then return end
+  if dep_state ~= 'succeeded' and f[2] ~= 'finish' then
+    local how = dep_state == 'missing' and ' does not exist' or (' ended ' .. dep_state)
+    cancel_waiting(prefix, run_id, 'dependency ' .. dep_id .. how, now, todo)
+  elseif redis.call('SCARD', pending) == 0 then
+    release_waiting(prefix, run_id, now)
+  end
+end
+
+-- A batch's gate: every member of batch `batch_id` is in T:bpending:<batch> until it ends;
+-- the SREM that takes it out is the one place it is counted, and the transitions of the
+-- batch (first failure, last member) happen in that same call, so each callback is released
+-- or cancelled once, whichever worker reports, however often.
+local function batch_counted(prefix, batch_id, member, ok, now, todo)
+  local bkey, pending = prefix .. K.batch .. batch_id, prefix .. K.bpending .. batch_id
+  if wrong_type(bkey, 'hash') or wrong_type(pending, 'set') then return end
+  if redis.call('SREM', pending, member) == 0 then return end
+  -- ok nil: not a member but the '~open' mark of a batch being created, now sealed
+  local n = ok ~= nil and redis.call('HINCRBY', bkey, ok and 'succeeded' or 'failed', 1)
+  local cb = redis.call('HMGET', bkey, 'on_complete', 'on_success', 'on_failure', 'failed')
+  if ok == false and n == 1 then
+    if cb[3] then release_waiting(prefix, cb[3], now) end
+    if cb[2] then
+      cancel_waiting(prefix, cb[2], 'batch ' .. batch_id .. ': member ' .. member
+        .. ' did not succeed', now, todo)
+    end
+  end
+  if redis.call('SCARD', pending) > 0 then return end
+  local failed = tonumber(cb[4]) or 0
+  redis.call('HSET', bkey, 'state', failed > 0 and 'failed' or 'succeeded', 'finished', now)
+  redis.call('ZADD', prefix .. K.batches, now, batch_id)
+  if cb[1] then release_waiting(prefix, cb[1], now) end
+  if failed == 0 then
+    if cb[2] then release_waiting(prefix, cb[2], now) end
+    if cb[3] then
+      cancel_waiting(prefix, cb[3], 'batch ' .. batch_id .. ' succeeded', now, todo)
+    end
+  end
+end
+
+-- A run ended in final `state`: settle every gate it is in. `links`: its fields batch and
+-- deps_out as the caller read them ({batch or false, deps_out or false}), nil to read them.
+-- A dependent in another partition gets a notice in this partition's T:depnotes, which the
+-- relay (scheduler/reaper.py) applies there with deps_apply.lua, idempotently.
+local function settle_dependents(prefix, run_key, run_id, state, links)
+  if links == nil then
+    local f = redis.pcall('HMGET', run_key, 'batch', 'deps_out')
+    if f.err then return end
+    links = {f[1] or false, f[2] or false}
+  end
+  if not links[1] and not links[2] then return end
+  local now = now_ms()
+  local here = prefix_partition(prefix)
+  local todo, i = {run_id, state}, 1
+  while i < #todo do
+    local id, st = todo[i], todo[i + 1]
+    i = i + 2
+    local batch, out = links[1], links[2]
+    if i > 3 then
+      local f = redis.pcall('HMGET', prefix .. K.run .. id, 'batch', 'deps_out')
+      if f.err then f = {} end
+      batch, out = f[1], f[2]
+    end
+    if out then
+      local dkey = prefix .. K.dependents .. id
+      if not wrong_type(dkey, 'set') and not wrong_type(prefix .. K.depnotes, 'list') then
+        for _, e in ipairs(redis.call('SMEMBERS', dkey)) do
+          local p, dependent = string.match(e, '^(%d+)|(.+)$')
+          if p == here then
+            gate_apply(prefix, dependent, id, st, now, todo)
+          elseif p then
+            redis.call('RPUSH', prefix .. K.depnotes, p .. '|' .. dependent .. '|' .. id .. '|' .. st)
+          end
+        end
+      end
+    end
+    if batch and batch ~= '' then batch_counted(prefix, batch, id, st == 'succeeded', now, todo) end
+  end
+end
+
+-- A run reached a state its waiters stop at (final, or uncertain): its dependents and batch
+-- are settled (final states only), and each client blocked on it is woken. `waited` and
+-- `links`: fields the caller read already (nil: read them here).
+local function wake_waiters(prefix, run_key, run_id, state, waited, links)
+  if FINAL[state] then settle_dependents(prefix, run_key, run_id, state, links) end
+  notify_waiters(prefix, run_key, run_id, state, waited)
 end
 
 -- A run that cannot go on because its record is damaged (a field edited by hand, a state

@@ -34,7 +34,9 @@ if state == 'running' then
   return {'requested', f[3] or ''}
 end
 if state == 'uncertain' then return {'uncertain', state} end
-if state ~= 'scheduled' and state ~= 'retrying' then return {'finished', state} end
+if state ~= 'scheduled' and state ~= 'retrying' and state ~= 'waiting' then
+  return {'finished', state}
+end
 
 redis.call('ZREM', due_key, run_id)
 redis.call('ZREM', retry_key, run_id)
@@ -45,5 +47,9 @@ if f[4] and f[4] ~= '' then
   end
 end
 redis.call('HDEL', run_key, 'retry_at')
+if state == 'waiting' then
+  redis.call('DEL', prefix .. K.deps .. run_id)
+  redis.call('ZREM', prefix .. K.waiting, run_id)
+end
 finish_unstarted(prefix, run_id, 'cancelled', reason, now, done_key, deadlines_key, events_key)
 return {'cancelled', state}

@@ -32,7 +32,7 @@ for i = 4, #ARGV, 3 do
   local attempts_key = prefix .. K.attempts .. run_id
   -- a record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
   local f = run_fields(run_key, 'state', 'fence', 'attempt', 'worker', 'started',
-    'schedule', 'queue', 'overlap', 'waited', 'held') or {}
+    'schedule', 'queue', 'overlap', 'waited', 'held', 'batch', 'deps_out') or {}
   local state = f[1]
   local result
   if not state then
@@ -73,7 +73,9 @@ for i = 4, #ARGV, 3 do
   if (result == 'succeeded' and state == 'running') or result == 'late_succeeded' then
     finished[#finished + 1] = now_s
     finished[#finished + 1] = run_id
-    if f[9] then wake_waiters(prefix, run_key, run_id, 'succeeded', f[9]) end
+    if f[9] or f[11] or f[12] then  -- waited on, in a batch, or depended on
+      wake_waiters(prefix, run_key, run_id, 'succeeded', f[9] or '0', {f[11] or false, f[12] or false})
+    end
   end
   out[#out + 1] = result
 end

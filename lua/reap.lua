@@ -8,7 +8,8 @@
 --    dead-lettered (no attempts left, or a record too damaged to retry).
 -- 2. Runs never started before their starting deadline become `missed`, also when no
 --    worker is running to claim them.
--- 3. Retention: finished runs (the done set) older than the retention are deleted.
+-- 3. Retention: finished runs (the done set) older than the retention are deleted, and
+--    finished batches (T:batches, scored by when they finished) with their member index.
 -- No `allow-oom` flag: at maxmemory Redis refuses the whole call before it writes anything,
 -- so the reaper holds off exactly while heartbeats (allow-oom) are the only writes allowed.
 -- Tested by: tests/integration/test_scripts.py, tests/integration/test_workers.py
@@ -139,10 +140,22 @@ local retention = tonumber(ARGV[6]) or 0
 if retention > 0 then
   local old = redis.call('ZRANGE', done_key, '-inf', now - retention, 'BYSCORE', 'LIMIT', 0, limit)
   for _, id in ipairs(old) do
-    redis.call('DEL', prefix .. K.run .. id, prefix .. K.attempts .. id)
+    redis.call('DEL', prefix .. K.run .. id, prefix .. K.attempts .. id, prefix .. K.deps .. id,
+      prefix .. K.dependents .. id)
   end
   if #old > 0 then redis.call('ZREM', done_key, unpack(old)) end
   deleted = #old
+  local batches_key = prefix .. K.batches
+  if not wrong_type(batches_key, 'zset') then
+    for _, b in ipairs(redis.call('ZRANGE', batches_key, '-inf', now - retention, 'BYSCORE',
+        'LIMIT', 0, limit)) do
+      local st = redis.pcall('HGET', prefix .. K.batch .. b, 'state')
+      if st ~= 'open' then  -- finished (an open batch's score is its creation: kept)
+        redis.call('DEL', prefix .. K.batch .. b, prefix .. K.bpending .. b, prefix .. K.bmembers .. b)
+        redis.call('ZREM', batches_key, b)
+      end
+    end
+  end
 end
 
 local wake = -1

@@ -27,7 +27,7 @@ local state = f[1]
 if not state then return {'missing', ''} end
 if f[2] ~= queue then return {'queue', f[2] or ''} end
 if f[3] and f[3] ~= '' then return {'already', f[3]} end
-if state == 'scheduled' or state == 'running' or state == 'retrying' then
+if state == 'scheduled' or state == 'running' or state == 'retrying' or state == 'waiting' then
   return {'active', state}
 end
 if state == 'succeeded' and force ~= '1' then return {'succeeded', state} end
@@ -53,6 +53,7 @@ redis.call('HSET', old_key, 'replayed_by', new_id, 'replayed_at', now)
 if state == 'uncertain' then
   redis.call('HSET', old_key, 'state', 'dead', 'resolved_as', 'replay', 'resolved_at', now,
     'reason', 'outcome unknown; resolved by a replay')
+  settle_dependents(prefix, old_key, old_id, 'dead')  -- it ended: its dependents and batch
 end
 if ARGV[8] ~= '' then redis.call('HSET', old_key, 'replay_note', ARGV[8]) end
 redis.call('ZREM', dead_key, old_id)

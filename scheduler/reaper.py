@@ -33,6 +33,8 @@ from duetime.scheduler.notices import (
     report_health,
 )
 
+from duetime.client.workloads import relay_once
+
 log = get_logger("duetime.reaper")
 
 BATCH = 500
@@ -141,6 +143,18 @@ class Reaper:
             log.info("reaped expired leases", count=total)
         return total
 
+    def relay_once(self) -> int:
+        """Carry dependency notices and link requests between partitions (client/workloads.py
+        `relay_once`; docs/workloads.md): one pipelined read per tick when there are none."""
+        try:
+            n = relay_once(self.client, self.keys, self.scripts)
+        except redis.ResponseError as exc:  # a damaged notice list: the others go on
+            log.error("dependency relay refused", error=str(exc))
+            return 0
+        if n:
+            log.info("dependency notices relayed", count=n)
+        return n
+
     def run(self) -> None:
         log.info("reaper started", tick_s=self.tick_s, partitions=self.keys.partitions)
         listener = Listener(self.client, self.url, self.keys.sched_wake, "ld", self.heads, self.stopping)
@@ -154,6 +168,7 @@ class Reaper:
                     self._read_all_at = 0.0
                 self.heads.changed.clear()
                 self.reap_once()
+                self.relay_once()
                 report_health("reaper", listener)
                 self.outage.ok()
                 metrics.REFUSING_WRITES.set(0)

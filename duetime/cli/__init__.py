@@ -35,6 +35,7 @@ COMMANDS = {  # name -> (module, attribute)
     "limits": ("duetime.cli.limits", "limits"),
     "queue": ("duetime.cli.queue", "queue"),
     "calendar": ("duetime.cli.calendar", "calendar"),
+    "batches": ("duetime.cli.batches", "batches"),
 }
 
 

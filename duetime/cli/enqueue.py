@@ -31,12 +31,18 @@ from duetime.common.time.parse import DELAY
 @click.option("--queue", default=None, help="Default: the task's queue.")
 @click.option("--allow-unknown", is_flag=True, help="Enqueue a task no live or recent worker "
               "has published (refused otherwise: a misspelt name), with the default options.")
+@click.option("--depends-on", "depends_on", multiple=True, metavar="RUN_ID",
+              help="Wait (state waiting) until this run succeeded; repeatable. A dependency that "
+              "fails cancels this run, unless --allow-failed-dependencies.")
+@click.option("--allow-failed-dependencies", is_flag=True,
+              help="Run once every dependency finished, whatever the outcome.")
 @click.pass_context
 @fail_cleanly
 def enqueue(ctx: click.Context, task: str, app_ref: str | None, args_json: str, kwargs_json: str,
             at: datetime | None, delay: timedelta | None, key: str | None,
             debounce: timedelta | None, max_wait: timedelta | None, throttle: timedelta | None,
-            queue: str | None, allow_unknown: bool) -> None:
+            queue: str | None, allow_unknown: bool, depends_on: tuple[str, ...] = (),
+            allow_failed_dependencies: bool = False) -> None:
     """Create one run of TASK and print its id (with --debounce or --throttle: the id of the
     run it landed on)."""
     args, kwargs = parse_payload(args_json, kwargs_json)
@@ -45,5 +51,6 @@ def enqueue(ctx: click.Context, task: str, app_ref: str | None, args_json: str, 
     app = _app_or_plain(ctx, app_ref)
     run_id = app.enqueue(task, args=args, kwargs=kwargs, at=at, delay=delay, key=key, queue=queue,
                          allow_unknown=allow_unknown, debounce=debounce, max_wait=max_wait,
-                         throttle=throttle)
+                         throttle=throttle, depends_on=depends_on,
+                         allow_failed_dependencies=allow_failed_dependencies)
     click.echo(run_id)

@@ -121,6 +121,10 @@ class EnqueueRequest:
     debounce: timedelta | float | str | None = None
     max_wait: timedelta | float | str | None = None
     throttle: timedelta | float | str | None = None
+    # run ids it waits for (state `waiting`, docs/workloads.md); with allow_failed_dependencies
+    # it waits for them to finish whatever the outcome, else a failed one cancels it
+    depends_on: Sequence[str] = ()
+    allow_failed_dependencies: bool = False
 
 
 def _check_arguments(spec: TaskSpec, req: EnqueueRequest) -> None:
@@ -373,6 +377,11 @@ class RunStore:
         A failover (a dead primary, CLUSTERDOWN until its replica is promoted) is retried for
         up to `retry_s`: the chunks not acknowledged are sent again with the same run ids, and
         enqueue.lua creates a run id once, so a chunk whose reply was lost is never doubled."""
+        reqs = list(reqs)
+        if any(r.depends_on for r in reqs):  # runs that wait: hold.lua (client/workloads.py)
+            from duetime.client.workloads import Workloads
+
+            return Workloads(self).enqueue_waiting(reqs)
         prepared = self._prepare_all(reqs)
         client = self.ready()
         state = _Attempts(prepared, self.retry_s)
@@ -468,6 +477,10 @@ class RunStore:
         to the loop in between, so ten thousand runs never hold it for more than a slice.
         A failover is retried as in `enqueue_many`, sleeping on the loop."""
         reqs = list(reqs)
+        if any(r.depends_on for r in reqs):  # runs that wait: hold.lua, off the loop
+            from duetime.client.workloads import Workloads
+
+            return await asyncio.to_thread(Workloads(self).enqueue_waiting, reqs)
         prepared: list[Prepared] = []
         for i in range(0, len(reqs), ASYNC_SLICE):
             prepared += self._prepare_all(reqs[i : i + ASYNC_SLICE])

@@ -42,11 +42,13 @@ GROUPS: tuple[tuple[str, frozenset[str], bool], ...] = (
     ("leases", frozenset({"running"}), False),
     ("retry", frozenset({"retrying"}), False),
     ("due", frozenset({"scheduled"}), False),
+    ("waiting", frozenset({"waiting"}), False),
     ("uncertain", frozenset({"uncertain"}), True),
     ("dead", frozenset({"dead"}), True),
     ("done", frozenset({"succeeded", "cancelled", "skipped", "missed", "dead"}), True),
 )
-STATE_INDEX = {"running": "leases", "retrying": "retry", "scheduled": "due", "uncertain": "uncertain",
+STATE_INDEX = {"running": "leases", "retrying": "retry", "scheduled": "due", "waiting": "waiting",
+               "uncertain": "uncertain",
                "dead": "dead", "succeeded": "done", "cancelled": "done", "skipped": "done",
                "missed": "done"}
 READ_BATCH = 200

@@ -115,6 +115,12 @@ class KeyGuide:
                                          for p in range(k.partitions)])
         if kind.item == "lane":  # '<queue>|<tenant>'
             return self._first_existing([build(p, s["queue"], "") for p in range(k.partitions)])
+        if kind.item == "batch":  # the newest batch of a partition, if any
+            for p in range(k.partitions):
+                newest = cast(list[bytes], self.client.zrevrange(k.batches(p), 0, 0))
+                if newest:
+                    return build(p, newest[0].decode())
+            return build(0, "<batch>")
         return self._first_existing([build(p) for p in range(k.partitions)])
 
     def _first_existing(self, candidates: list[str]) -> str:

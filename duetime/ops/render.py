@@ -96,6 +96,7 @@ def run_to_dict(run: Run, now: datetime | None = None) -> dict[str, Any]:
         "interval_start": _iso(run.interval_start), "interval_end": _iso(run.interval_end),
         "result": run.result,
         **long_run_to_dict(run, now),
+        "depends_on": run.depends_on, "batch_id": run.batch_id, "batch_role": run.batch_role,
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
              "started": _iso(a.started), "ended": _iso(a.ended), "outcome": a.outcome,
@@ -118,6 +119,10 @@ def run_to_text(run: Run, now: datetime | None = None) -> str:
             if k in _TIMES and now is not None:
                 text += f"  ({relative(getattr(run, k), now)})"
             lines.append(f"  {k:<17} {text}")
+    if run.depends_on:
+        lines.append(f"  {'depends_on':<17} {' '.join(run.depends_on)}")
+    if run.batch_id:
+        lines.append(f"  {'batch':<17} {run.batch_id} ({run.batch_role})")
     if run.coalesced > 1:  # a catch-up run: the occurrences it stands for
         lines.append(f"  {'coalesced':<17} {run.coalesced} occurrences, from {d['coalesced_from']}")
     if run.interval_end is not None:  # a schedule's run: the data interval it covers

@@ -170,6 +170,22 @@ class Console:
                 "timeline": occurrences, "older": older,
                 "until": until}
 
+    # -- batches (docs/workloads.md) -----------------------------------------------------------
+    def batches(self, limit: int = 100) -> dict[str, Any]:
+        return {"batches": [{**asdict(b), "pending": b.pending}
+                            for b in self.app.list_batches(limit)]}
+
+    def batch(self, batch_id: str, limit: int = 200) -> dict[str, Any]:
+        """A batch, its callbacks and its first `limit` members with their states."""
+        b = self.app.get_batch(batch_id)
+        summaries = self.insp._summaries(self.app.batch_members(batch_id, limit))
+        cbs = self.insp._summaries(list(b.callbacks.values()))
+        return {"batch": {**asdict(b), "pending": b.pending},
+                "callbacks": [{"role": role, "id": rid, "state": s.state if s else "gone"}
+                              for (role, rid), s in zip(b.callbacks.items(), cbs, strict=True)],
+                "members": [{"id": s.id, "state": s.state, "task": s.task, "reason": s.reason}
+                            for s in summaries if s is not None]}
+
     # -- leases and processes ---------------------------------------------------------------
     def leases(self, limit: int = 200) -> dict[str, Any]:
         held = self.insp.leases()

@@ -252,6 +252,13 @@ class ConsoleApp:
     def leases(self, request: Request) -> Response:
         return self.render(request, "leases.html", self.console.leases(), live=True)
 
+    def batches(self, request: Request) -> Response:
+        return self.render(request, "batches.html", self.console.batches(), live=True)
+
+    def batch(self, request: Request) -> Response:
+        return self.render(request, "batch.html", self.console.batch(request.path_params["batch_id"]),
+                           live=True)
+
     def workers(self, request: Request) -> Response:
         gone = request.query_params.get("all") == "1"
         return self.render(request, "workers.html", {**self.console.workers(gone), "all": gone}, live=True)
@@ -420,6 +427,8 @@ def create_app(app: App, write_token: str | None = None, allowed_hosts: Iterable
         Route("/schedules/{name:path}", c.schedule),
         Route("/queues/{name:path}/{action}", c.queue_action, methods=["POST"]),
         Route("/leases", c.leases),
+        Route("/batches", c.batches),
+        Route("/batches/{batch_id}", c.batch),
         Route("/workers", c.workers),
         Route("/unlock", c.unlock_page),
         Route("/unlock", c.unlock, methods=["POST"]),

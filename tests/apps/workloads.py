@@ -1,0 +1,76 @@
+"""Tasks for the dependency and batch tests: each records its run in Redis, so a test counts
+executions (callbacks exactly once) independently of duetime's own bookkeeping."""
+
+from __future__ import annotations
+
+import redis
+from duetime.common.connection import sync_client
+
+import duetime
+
+app = duetime.App()
+_client: dict[str, redis.Redis] = {}
+
+
+def r() -> redis.Redis:
+    if app.redis_url not in _client:
+        _client[app.redis_url] = sync_client(app.redis_url)
+    return _client[app.redis_url]
+
+
+def ran_key() -> str:
+    return f"{app.keys.namespace}:test:ran"
+
+
+def seen_batch_key() -> str:
+    return f"{app.keys.namespace}:test:batch_seen"
+
+
+@app.task(name="w.step", retries=0)
+def step(i: int, die: bool = False) -> int:
+    """A link of a chain: returns i * 10, or dies for good."""
+    r().hincrby(ran_key(), duetime.current_run().run_id, 1)
+    if die:
+        raise duetime.Fatal(f"step {i} dies")
+    return i * 10
+
+
+@app.task(name="w.plus_dep", retries=0)
+def plus_dep(dep_id: str) -> int:
+    """Reads its dependency's result through get_run."""
+    return int(app.get_run(dep_id).result) + 1
+
+
+@app.task(name="w.member", retries=0)
+def member(i: int, fail: bool = False) -> int:
+    r().hincrby(ran_key(), duetime.current_run().run_id, 1)
+    if fail:
+        raise duetime.Fatal(f"member {i} fails")
+    return i
+
+
+@app.task(name="w.spawner", retries=0)
+def spawner(n: int) -> None:
+    """A member that adds n more members to its own batch."""
+    bid = duetime.current_run().batch_id
+    assert bid is not None
+    app.batch_add(bid, [(member, [1000 + i]) for i in range(n)])
+
+
+@app.task(name="w.callback", retries=0)
+def callback(role: str) -> None:
+    run = duetime.current_run()
+    r().hincrby(ran_key(), run.run_id, 1)
+    r().rpush(seen_batch_key(), f"{role}|{run.batch_id}")
+
+
+@app.task(name="w.busy", retries=5, backoff=(0.05, 0.1))
+def busy(i: int, fail: bool = False) -> int:
+    """A member that takes a little while (so a SIGKILL lands mid-run) and may fail for good."""
+    import time
+
+    time.sleep(0.02)
+    r().hincrby(ran_key(), duetime.current_run().run_id, 1)
+    if fail:
+        raise duetime.Fatal(f"member {i} fails")
+    return i
