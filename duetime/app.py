@@ -20,7 +20,7 @@ from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
 from duetime.common.names import check_name, check_owner
-from duetime.common.schedules import ScheduleDef, parse_stagger, seeded
+from duetime.common.schedules import ScheduleDef, bound_ms, parse_stagger, seeded
 from duetime.common.tasks import Duration, Hook, Instant, Registry, Task, TaskSpec
 from duetime.common.time.spec import Trigger
 
@@ -52,6 +52,12 @@ class ScheduleOptions(TypedDict, total=False):
     its name, so schedules written alike do not all fire in the same second. Not given (or
     "default"/"auto"): the namespace's policy (`duetime schedule policy set --stagger 30s`,
     none unless set); 0: exactly on its instants whatever the policy.
+
+    Guardrails (none by default): `pause_after_failures=N` pauses the schedule after N
+    consecutive occurrences that ended dead (cancels, skips, misses and replays do not count;
+    a success or a resume starts the count again). `start` / `end` (aware datetimes or
+    ISO-8601 strings with an offset; naive refused) bound its occurrences. `max_runs=N` ends
+    it after the evaluator made N runs.
     """
 
     queue: str | None
@@ -64,6 +70,10 @@ class ScheduleOptions(TypedDict, total=False):
     miss_tolerance: Duration | None
     stagger: Duration | None
     tenant: str | None
+    pause_after_failures: int | None
+    start: datetime | str | None
+    end: datetime | str | None
+    max_runs: int | None
 CATALOGUE_TTL_S = 60.0  # how long a producer trusts the task options it read by name
 # a task a worker said it had the code of within this long can be enqueued by name (workers
 # may all be down for a while: runs queue up meanwhile)
@@ -513,6 +523,9 @@ class App:
             lateness_ms=lateness_ms, jitter_ms=jitter_ms, owner=owner or spec.owner or "",
             miss_tolerance_ms=tolerance_ms, stagger_ms=parse_stagger(o.get("stagger")),
             tenant=tenant or spec.tenant or "",
+            pause_after_failures=o.get("pause_after_failures") or 0,
+            start_ms=bound_ms(o.get("start"), "start"), end_ms=bound_ms(o.get("end"), "end"),
+            max_runs=o.get("max_runs") or 0,
             task_options={
                 "max_attempts": spec.max_attempts, "backoff_base": int(spec.backoff[0] * 1000),
                 "backoff_max": int(spec.backoff[1] * 1000), "timeout": int((spec.timeout or 0) * 1000),

@@ -32,7 +32,7 @@ for i = 4, #ARGV, 3 do
   local attempts_key = prefix .. K.attempts .. run_id
   -- a record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
   local f = run_fields(run_key, 'state', 'fence', 'attempt', 'worker', 'started',
-    'schedule', 'queue', 'overlap', 'waited', 'held') or {}
+    'schedule', 'queue', 'overlap', 'waited', 'held', 'replay_of') or {}
   local state = f[1]
   local result
   if not state then
@@ -74,6 +74,7 @@ for i = 4, #ARGV, 3 do
     finished[#finished + 1] = now_s
     finished[#finished + 1] = run_id
     if f[9] then wake_waiters(prefix, run_key, run_id, 'succeeded', f[9]) end
+    if f[6] then schedule_succeeded(prefix, f[6], f[11]) end  -- guardrails: the streak ends
   end
   out[#out + 1] = result
 end

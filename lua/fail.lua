@@ -15,7 +15,9 @@
 --         | 'cancel' (stopped on a cancel request)
 -- ARGV[6] delay ms (mode 'retry')   ARGV[7] jitter in [0,1)
 -- ARGV[8] wake channel   ARGV[9] partition index   ARGV[10] queue
--- Returns (status) {state, retry_at_ms}: 'retrying', 'dead', 'cancelled', 'stale' or 'missing'.
+-- Returns (status) {state, retry_at_ms, auto_paused}: state 'retrying', 'dead', 'cancelled',
+-- 'stale' or 'missing'; auto_paused: the schedule this dead run paused (pause_after_failures,
+-- see schedule_dead in _lib.lua) or '' (absent before the dead transitions).
 local leases_key, retry_key, dead_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, run_id, fence, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local channel, partition, queue = ARGV[8], ARGV[9], ARGV[10]
@@ -55,7 +57,7 @@ end
 if damaged then
   redis.call('HSET', run_key, 'error', err)
   dead_letter(prefix, run_key, dead_key, events_key, run_id, now, err .. '; ' .. damaged)
-  return {'dead', 0}
+  return {'dead', 0, schedule_dead(prefix, run_key, run_id, now, err) or ''}
 end
 if mode == 'cancel' then
   redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now, 'reason', err)
@@ -70,4 +72,6 @@ if mode == 'retry' then delay = tonumber(ARGV[6]) end
 local state, at = retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, mode == 'fatal',
   delay, ARGV[7], err, channel, partition, queue)
 emit(events_key, run_id, state, err)
-return {state, at}
+local paused = ''
+if state == 'dead' then paused = schedule_dead(prefix, run_key, run_id, now, err) or '' end
+return {state, at, paused}

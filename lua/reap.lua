@@ -18,8 +18,9 @@
 --         of the run's queue) and schedule keys are built from it; all share this hash tag
 -- ARGV[2] max runs per call   ARGV[3] jitter seed in [0,1)
 -- ARGV[4] wake channel        ARGV[5] partition index    ARGV[6] retention ms (0 = keep)
--- Returns (counts) {expired_leases_handled, missed, deleted, next wake-up ms or -1}: the
--- wake-up is the earliest lease expiry or starting deadline left.
+-- Returns (counts) {expired_leases_handled, missed, deleted, next wake-up ms or -1,
+-- auto_paused}: the wake-up is the earliest lease expiry or starting deadline left;
+-- auto_paused: schedules this call paused (pause_after_failures, schedule_dead in _lib.lua).
 local leases_key, dead_key, uncertain_key = KEYS[1], KEYS[2], KEYS[3]
 local done_key, deadlines_key, events_key = KEYS[4], KEYS[5], KEYS[6]
 local prefix, limit, seed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -41,6 +42,10 @@ end
 
 local ids = redis.call('ZRANGE', leases_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 local reaped = 0
+local auto_paused = 0
+local function dead_occurrence(run_key, id, reason)  -- guardrails: count it on its schedule
+  if schedule_dead(prefix, run_key, id, now, reason) then auto_paused = auto_paused + 1 end
+end
 for n, id in ipairs(ids) do
   local run_key = prefix .. K.run .. id
   -- everything this pass needs is read and checked before the first write
@@ -62,6 +67,7 @@ for n, id in ipairs(ids) do
     local attempt = num(f[5])
     if damaged then
       dead_letter(prefix, run_key, dead_key, events_key, id, now, 'lease expired; ' .. damaged)
+      dead_occurrence(run_key, id, 'lease expired; ' .. damaged)
     elseif f[8] then
       -- its worker died before honouring a cancel request: the cancel wins over a retry
       redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now,
@@ -78,6 +84,7 @@ for n, id in ipairs(ids) do
     elseif not f[4] or f[4] == '' or not attempt then
       dead_letter(prefix, run_key, dead_key, events_key, id, now,
         'lease expired; run record ' .. run_key .. ' damaged (queue or attempt unreadable)')
+      dead_occurrence(run_key, id, 'lease expired; run record damaged')
     else
       -- the expired lease already made the run wait a lease length: the first expiry is
       -- retried at once, in its old place; repeated ones (a crash loop) back off as failures do
@@ -92,6 +99,9 @@ for n, id in ipairs(ids) do
       local state = retry_or_dead(prefix, run_key, prefix .. K.retry .. f[4], dead_key, id, now,
         false, delay, jitter, 'lease expired', channel, partition, f[4], from)
       emit(events_key, id, state, 'lease expired')
+      if state == 'dead' then
+        dead_occurrence(run_key, id, 'lease expired')
+      end
     end
   elseif f[1] and not STATES[f[1]] then
     dead_letter(prefix, run_key, dead_key, events_key, id, now,
@@ -152,4 +162,4 @@ for _, key in ipairs({leases_key, deadlines_key}) do
   if head[2] and not h then h = now end  -- +-inf left over a full batch: repaired next call
   if h and (wake == -1 or h < wake) then wake = h end
 end
-return {reaped, missed, deleted, wake}
+return {reaped, missed, deleted, wake, auto_paused}

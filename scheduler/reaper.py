@@ -127,8 +127,12 @@ class Reaper:
                 if isinstance(res, Exception):
                     self._damaged(p, res)
                     continue
-                n, missed, deleted, nxt = tr.counts(res)
+                n, missed, deleted, nxt, *rest = tr.counts(res)
                 total += n
+                if rest and rest[0]:
+                    metrics.AUTO_PAUSED.inc(rest[0])
+                    log.warning("schedules paused by their pause_after_failures guardrail",
+                                count=rest[0], partition=p)
                 self.heads.set(p, nxt if nxt >= 0 else None, mark)
                 if missed:
                     metrics.MISSED.inc(missed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,13 +23,16 @@ from duetime.common.schedules import (
     POLICY_STAGGER,
     TRIGGER_FIELDS,
     ScheduleDef,
+    cleared_guardrails,
+    first_cursor,
+    guardrail_state,
     read_stagger_policy,
     run_id_for,
     stored_stagger,
     trigger_from_fields,
 )
 from duetime.common.scripts import Scripts
-from duetime.common.time.parse import from_ms, parse_instant, to_ms
+from duetime.common.time.parse import parse_instant, to_ms
 from duetime.common.time.spec import Trigger
 
 BACKFILL_CHUNK = 500
@@ -101,6 +104,9 @@ class ScheduleInfo:
     tenant: str | None = None  # given to every run it creates
     problem: str | None = None  # what this process could not read in the stored record
     stagger_s: float | None = None  # its own stagger; None: the namespace policy
+    # pause_after_failures, start_ms, end_ms, max_runs (0: none) and their state: fail_streak,
+    # auto_paused, runs_made, ended (common/schedules.py guardrail_state)
+    guardrails: dict[str, int | str] = field(default_factory=dict)
 
     @classmethod
     def decode(cls, h: dict[bytes, bytes]) -> ScheduleInfo:
@@ -143,6 +149,7 @@ class ScheduleInfo:
             created=stored_ms(s("created") or None), updated=stored_ms(s("updated") or None),
             quarantined=s("quarantined") or None, tenant=s("tenant") or None,
             stagger_s=None if (st := stored_stagger(h.get(b"stagger_ms"))) is None else st / 1000,
+            guardrails=guardrail_state(h),
         )
         if s("next_ms") and info.next_fire is None:
             problems.append(f"next_ms {s('next_ms')!r} is not a time")
@@ -218,14 +225,15 @@ class ScheduleStore:
                     out[i] = ("unchanged", version)
                     continue
                 # the next occurrence after the newest one that already has a run (or now)
-                nxt = d.trigger.next_after(from_ms(max(now, _int(last))))
+                cursor = first_cursor(d, max(now, _int(last)))  # within start/end
                 flat: list[Any] = []
                 for k, v in d.fields().items():
                     flat += [k, v]
                 if not d.tenant:  # a tenant removed from the definition is cleared
                     flat += ["tenant", ""]
+                flat += cleared_guardrails(d)
                 keys, args = tr.schedule_upsert(self.keys, p, d.name, def_hash, version,
-                                                None if nxt is None else to_ms(nxt, ceil=True), paused,
+                                                cursor, paused,
                                                 flat)
                 self.scripts.schedule_upsert(keys=keys, args=args, client=pipe)
                 sent.append(i)
