@@ -159,3 +159,35 @@ def test_guardrails_unset_keep_the_definition_hash_and_are_cleared_when_removed(
     app.schedule("h", every, basic.noop)
     g = app.get_schedule("h").guardrails
     assert g["max_runs"] == 0 and g["pause_after_failures"] == 0
+
+
+def test_schedule_add_guardrails_and_show_spells_every_default(app, url, namespace):
+    from tests.integration.opkit import as_json, cli, ok
+
+    app_ref = "tests.apps.basic:app"
+    ok(cli(url, namespace, "schedule", "add", "plain", "--every", "1h", "--task", "noop",
+           "--app", app_ref))
+    text = ok(cli(url, namespace, "schedule", "show", "plain"))
+    for line in ("catch-up: latest (default)", "max catch-up: 100 (default)",
+                 "miss tolerance: 1m (default)", "lateness: none (no starting deadline) (default)",
+                 "overlap: allow (default)", "jitter: none (default)",
+                 "stagger: namespace policy (none) (default)", "calendar: none (default)",
+                 "pause after failures: never (now 0 consecutive dead runs) (default)",
+                 "start: none (default)", "end: none (default)",
+                 "max runs: none (unlimited) (default)"):
+        assert f"    {line}\n" in text + "\n", line
+    ok(cli(url, namespace, "schedule", "add", "guarded", "--every", "1h", "--task", "noop",
+           "--app", app_ref, "--overlap", "skip", "--pause-after-failures", "5",
+           "--start", "2030-01-01T00:00:00Z", "--end", "2031-01-01T00:00:00Z",
+           "--max-runs", "10"))
+    text = ok(cli(url, namespace, "schedule", "show", "guarded"))
+    assert "    overlap: skip\n" in text
+    assert "    pause after failures: 5 consecutive dead runs (now 0)\n" in text
+    assert "    start: 2030-01-01T00:00:00Z\n" in text and "    max runs: 10 (10 remaining)\n" in text
+    shown = as_json(cli(url, namespace, "schedule", "show", "guarded", "--json"))
+    pol = shown["policies"]
+    assert pol["overlap"] == {"value": "skip", "default": False, "text": "skip"}
+    assert pol["catchup"]["default"] is True and pol["calendar"]["value"] is None
+    assert pol["pause_after_failures"]["value"] == 5 and pol["max_runs_remaining"]["value"] == 10
+    assert pol["start"]["value"] == "2030-01-01T00:00:00Z"
+    assert shown["next_fire"] == "2030-01-01T00:00:00Z"
