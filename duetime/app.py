@@ -176,6 +176,7 @@ class App:
         owner: str | None = None,
         store_result: bool = True,
         tenant: str | None = None,
+        retention: float | str | timedelta | dict[str, float | str | timedelta | None] | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -192,6 +193,7 @@ class App:
         owner: str | None = None,
         store_result: bool = True,
         tenant: str | None = None,
+        retention: float | str | timedelta | dict[str, float | str | timedelta | None] | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task: `@app.task` or `@app.task(name=..., retries=...)`.
 
@@ -202,7 +204,9 @@ class App:
         `module.qualname`; name it explicitly if the code may move (runs store the name).
         The return value is stored on the run (msgpack, capped like payloads, kept for the
         retention period) for `app.wait`; `store_result=False` skips that. `tenant` is the
-        default tenant of its runs (limits and fair share, docs/fairness.md)."""
+        default tenant of its runs (limits and fair share, docs/fairness.md). `retention`: how
+        long its finished runs are kept -- a duration, or {state: duration or "never"} for
+        succeeded, cancelled, skipped, missed, dead, uncertain (docs/operations.md)."""
 
         def register(f: Callable[P, R]) -> Task[P, R]:
             spec = TaskSpec(
@@ -210,7 +214,7 @@ class App:
                 # TaskSpec.__post_init__ turns any accepted duration into seconds
                 retries=retries, backoff=cast("tuple[float, float]", backoff),
                 timeout=cast("float | None", timeout), idempotent=idempotent,
-                owner=owner, store_result=store_result, tenant=tenant,
+                owner=owner, store_result=store_result, tenant=tenant, retention=retention,
             )
             self.registry.add(spec)
             # the raw function stays resolvable too (`app.task(fn)` without keeping the result)

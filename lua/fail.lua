@@ -29,21 +29,21 @@ local bad = damaged_index({leases_key, 'zset', dead_key, 'zset', done_key, 'zset
 if bad then return bad end
 -- a record key of the wrong type is no run this worker holds: the reaper dead-letters it
 local f = run_fields(run_key, 'state', 'fence', 'attempt', 'worker', 'started', 'retry_at')
-if not f or not f[1] then return {'missing', 0} end
+if not f or not f[1] then return {'missing', 0, ''} end
 if f[2] == fence and f[1] ~= 'running' then
   -- this attempt already ended: if it ended by this very report, answer as the first time
   local raw = redis.call('LINDEX', attempts_key, (tonumber(fence) or 0) - 1)
   local ok, a = pcall(cjson.decode, raw or '')
   if ok and type(a) == 'table' and (a.outcome == 'failed' or a.outcome == 'cancelled')
       and not a.late then
-    return {f[1], tonumber(f[6]) or 0}
+    return {f[1], tonumber(f[6]) or 0, ''}
   end
 end
 if f[2] ~= fence or f[1] ~= 'running' then
   set_attempt(attempts_key, fence, {late = true, late_outcome = 'failed', late_error = err,
                                     late_at = now})
   emit(events_key, run_id, 'late_result_rejected', 'failed:' .. fence)
-  return {'stale', 0}
+  return {'stale', 0, ''}
 end
 
 -- the attempt entry is the first write: an attempts key of the wrong type refuses it alone
@@ -64,7 +64,7 @@ if mode == 'cancel' then
   redis.call('ZADD', done_key, now, run_id)
   emit(events_key, run_id, 'cancelled', err)
   wake_waiters(prefix, run_key, run_id, 'cancelled')
-  return {'cancelled', 0}
+  return {'cancelled', 0, ''}
 end
 redis.call('HSET', run_key, 'error', err)
 local delay = nil

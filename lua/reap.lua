@@ -8,7 +8,7 @@
 --    dead-lettered (no attempts left, or a record too damaged to retry).
 -- 2. Runs never started before their starting deadline become `missed`, also when no
 --    worker is running to claim them.
--- 3. Retention: finished runs (the done set) older than the retention are deleted.
+-- 3. Retention by state: finished runs past their state's retention are deleted.
 -- No `allow-oom` flag: at maxmemory Redis refuses the whole call before it writes anything,
 -- so the reaper holds off exactly while heartbeats (allow-oom) are the only writes allowed.
 -- Tested by: tests/integration/test_scripts.py, tests/integration/test_workers.py
@@ -17,10 +17,14 @@
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash, attempts, the due/retry set
 --         of the run's queue) and schedule keys are built from it; all share this hash tag
 -- ARGV[2] max runs per call   ARGV[3] jitter seed in [0,1)
--- ARGV[4] wake channel        ARGV[5] partition index    ARGV[6] retention ms (0 = keep)
+-- ARGV[4] wake channel        ARGV[5] partition index
+-- ARGV[6] retention ms of succeeded, cancelled, skipped and missed runs (0 = no retention
+--         sweep in this call)   ARGV[7] of dead runs   ARGV[8] of uncertain runs (0 = never):
+--         the built-in defaults, under the partition's T:retention table
 -- Returns (counts) {expired_leases_handled, missed, deleted, next wake-up ms or -1,
--- auto_paused}: the wake-up is the earliest lease expiry or starting deadline left;
--- auto_paused: schedules this call paused (pause_after_failures, schedule_dead in _lib.lua).
+-- auto_paused, examined}: the wake-up is the earliest lease expiry or starting deadline left;
+-- auto_paused: schedules this call paused (pause_after_failures, schedule_dead in _lib.lua);
+-- examined: finished runs the retention sweep read (deleted or filed).
 local leases_key, dead_key, uncertain_key = KEYS[1], KEYS[2], KEYS[3]
 local done_key, deadlines_key, events_key = KEYS[4], KEYS[5], KEYS[6]
 local prefix, limit, seed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -144,15 +148,79 @@ for _, id in ipairs(redis.call('ZRANGE', deadlines_key, '-inf', now, 'BYSCORE', 
   end
 end
 
-local deleted = 0
-local retention = tonumber(ARGV[6]) or 0
-if retention > 0 then
-  local old = redis.call('ZRANGE', done_key, '-inf', now - retention, 'BYSCORE', 'LIMIT', 0, limit)
-  for _, id in ipairs(old) do
-    redis.call('DEL', prefix .. K.run .. id, prefix .. K.attempts .. id)
+-- 3. Retention by state (common/retention.py): each finished run -- in the done, dead and
+-- uncertain indexes -- is examined once, when it comes within the shortest retention of any
+-- state: deleted if its own retention (task, then queue, then namespace, then built-in) has
+-- passed since it finished, else filed in T:kept at its delete time (never: not filed). A
+-- watermark per index (T:swept) keeps runs examined once from being read again, so a call
+-- costs at most a batch per index whatever the number of finished runs kept.
+local deleted, examined = 0, 0
+local short = tonumber(ARGV[6]) or 0
+local cfg_key, kept_key, swept_key = prefix .. K.retention, prefix .. K.kept, prefix .. K.swept
+if short > 0 and not (wrong_type(cfg_key, 'hash') or wrong_type(kept_key, 'zset')
+    or wrong_type(swept_key, 'hash')) then
+  local builtin = {succeeded = short, cancelled = short, skipped = short, missed = short,
+    dead = tonumber(ARGV[7]) or 0, uncertain = tonumber(ARGV[8]) or 0}
+  local cfg = {}
+  local raw = redis.call('HGETALL', cfg_key)
+  for i = 1, #raw, 2 do
+    if raw[i] ~= '_digest' then cfg[raw[i]] = num(raw[i + 1]) end
   end
-  if #old > 0 then redis.call('ZREM', done_key, unpack(old)) end
-  deleted = #old
+  local shortest = nil
+  for _, v in pairs(builtin) do if v > 0 and (not shortest or v < shortest) then shortest = v end end
+  for _, v in pairs(cfg) do if v > 0 and (not shortest or v < shortest) then shortest = v end end
+  local function keep_ms(state, queue, task)
+    local v = cfg['t:' .. (task or '') .. '|' .. state]
+    if v == nil then v = cfg['q:' .. (queue or '') .. '|' .. state] end
+    if v == nil then v = cfg['*|' .. state] end
+    if v == nil then v = builtin[state] end
+    return v  -- nil: not a finished state (left alone)
+  end
+  local function drop(id)
+    redis.call('DEL', prefix .. K.run .. id, prefix .. K.attempts .. id)
+    redis.call('ZREM', done_key, id)
+    redis.call('ZREM', dead_key, id)
+    redis.call('ZREM', uncertain_key, id)
+    redis.call('ZREM', kept_key, id)
+    deleted = deleted + 1
+  end
+  local function examine(id, score)
+    examined = examined + 1
+    local f = redis.pcall('HMGET', prefix .. K.run .. id, 'state', 'queue', 'task', 'finished')
+    if f.err then return end  -- a record of the wrong type: doctor names it
+    if not f[1] then drop(id) return end  -- no record left: its index entries go
+    local ms = keep_ms(f[1], f[2], f[3])
+    if ms == nil then return end
+    if ms <= 0 then redis.call('ZREM', kept_key, id) return end
+    local at = (num(f[4]) or num(score) or now) + ms
+    if at <= now then drop(id) else redis.call('ZADD', kept_key, at, id) end
+  end
+  for _, id in ipairs(redis.call('ZRANGE', kept_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)) do
+    redis.call('ZREM', kept_key, id)
+    examine(id, nil)  -- its retention read again: an edit since it was filed applies
+  end
+  if shortest then
+    for _, idx in ipairs({{'done', done_key}, {'dead', dead_key}, {'uncertain', uncertain_key}}) do
+      local wm = num(redis.call('HGET', swept_key, idx[1]))
+      local batch = redis.call('ZRANGE', idx[2], wm and ('(' .. int_s(wm)) or '-inf',
+        now - shortest, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+      if #batch > 0 then
+        local last, seen = batch[#batch], {}
+        for i = 1, #batch, 2 do
+          seen[batch[i]] = true
+          examine(batch[i], batch[i + 1])
+        end
+        if #batch >= 2 * limit then
+          -- the rest of the last millisecond (a worker's batch finishes together), so the
+          -- watermark passes it whole
+          for _, id in ipairs(redis.call('ZRANGE', idx[2], last, last, 'BYSCORE')) do
+            if not seen[id] then examine(id, last) end
+          end
+        end
+        if num(last) then redis.call('HSET', swept_key, idx[1], last) end
+      end
+    end
+  end
 end
 
 local wake = -1
@@ -162,4 +230,4 @@ for _, key in ipairs({leases_key, deadlines_key}) do
   if head[2] and not h then h = now end  -- +-inf left over a full batch: repaired next call
   if h and (wake == -1 or h < wake) then wake = h end
 end
-return {reaped, missed, deleted, wake, auto_paused}
+return {reaped, missed, deleted, wake, auto_paused, examined}

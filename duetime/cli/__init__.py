@@ -34,6 +34,7 @@ COMMANDS = {  # name -> (module, attribute)
     "web": ("duetime.cli.web", "web"),
     "limits": ("duetime.cli.limits", "limits"),
     "queue": ("duetime.cli.queue", "queue"),
+    "retention": ("duetime.cli.retention", "retention"),
 }
 
 

@@ -51,8 +51,9 @@ def effective_policies(info: ScheduleInfo, stagger_policy_ms: int = 0) -> list[P
            _dur(info.jitter_s) if info.jitter_s else "none"),
     ]
     if info.stagger_s is None:
+        ns = _dur(stagger_policy_ms / 1000) if stagger_policy_ms else "none"
         out.append(_p("stagger_s", "stagger", stagger_policy_ms / 1000, True,
-                      f"namespace policy ({_dur(stagger_policy_ms / 1000) if stagger_policy_ms else 'none'})"))
+                      f"namespace policy ({ns})"))
     else:
         out.append(_p("stagger_s", "stagger", info.stagger_s, False,
                       _dur(info.stagger_s) if info.stagger_s else "0 (exactly on time)"))
