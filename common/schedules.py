@@ -411,3 +411,30 @@ def guardrail_state(h: dict[bytes, bytes]) -> dict[str, int | str]:
             out[k] = 0
     out["ended"] = h.get(b"ended", b"").decode(errors="replace")
     return out
+
+
+# -- the cursor of a changed definition ----------------------------------------------------
+# What an upsert reads besides the version to decide where a changed definition goes on from.
+CURSOR_FIELDS = ("next_ms", *TRIGGER_FIELDS, "start_ms")
+
+
+def kept_cursor(d: ScheduleDef, stored: list[bytes | None], computed: int | None) -> int | None:
+    """The cursor a changed definition takes: the stored one when its trigger and start are
+    those stored (a changed payload, policy or task), so the occurrences the evaluator has
+    not reached yet -- it may lag behind its lead under load -- are evaluated as before
+    instead of skipped (the next occurrence after now would lose them); else `computed` (the
+    next occurrence after the newest with a run). A cursor another evaluator moves meanwhile
+    costs nothing: run ids are per occurrence, so an occurrence seen twice makes one run."""
+    raw_next, *raw_trigger = stored[: 1 + len(TRIGGER_FIELDS)]
+    raw_start = stored[1 + len(TRIGGER_FIELDS)] if len(stored) > len(TRIGGER_FIELDS) + 1 else None
+    if raw_next is None or computed is None:
+        return computed
+    try:
+        same = (trigger_from_fields(raw_trigger) == d.trigger
+                and int(raw_start or 0) == d.start_ms)
+        stored_next = int(raw_next)
+    except Exception:  # noqa: BLE001 - a record damaged by hand: start from the computed one
+        return computed
+    if not same or (d.end_ms and stored_next > d.end_ms):
+        return computed
+    return min(stored_next, computed)

@@ -68,8 +68,8 @@ for _state in reversed(STATES):
 
 
 @retention.command("clear")
-@click.option("--queue", default=None)
-@click.option("--task", default=None)
+@click.option("--queue", default=None, help="The overrides of this queue.")
+@click.option("--task", default=None, help="The overrides of this task.")
 @click.pass_context
 @fail_cleanly
 def retention_clear(ctx: click.Context, queue: str | None, task: str | None) -> None:
@@ -79,7 +79,8 @@ def retention_clear(ctx: click.Context, queue: str | None, task: str | None) -> 
 
 
 @retention.command("show")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="defaults, set (per scope) and effective (what the reapers apply) as JSON.")
 @click.pass_context
 @fail_cleanly
 def retention_show(ctx: click.Context, as_json: bool) -> None:

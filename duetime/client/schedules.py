@@ -19,6 +19,7 @@ from duetime.common.keys import Keyspace
 from duetime.common.models import from_ms as stored_ms
 from duetime.common.names import check_name
 from duetime.common.schedules import (
+    CURSOR_FIELDS,
     MISS_TOLERANCE_MS,
     POLICY_STAGGER,
     TRIGGER_FIELDS,
@@ -26,6 +27,7 @@ from duetime.common.schedules import (
     cleared_guardrails,
     first_cursor,
     guardrail_state,
+    kept_cursor,
     read_stagger_policy,
     run_id_for,
     stored_stagger,
@@ -212,12 +214,13 @@ class ScheduleStore:
             where = [self._where(defs[i].name) for i in todo]
             pipe = self.client.pipeline(transaction=False)
             for _, key in where:
-                pipe.hmget(key, "version", "last_ms", "def_hash", "quarantined")
-            current = self._replies(pipe, [None] * 4)  # a damaged key: replaced by the upsert
+                pipe.hmget(key, "version", "last_ms", "def_hash", "quarantined", *CURSOR_FIELDS)
+            # a damaged key: replaced by the upsert
+            current = self._replies(pipe, [None] * (4 + len(CURSOR_FIELDS)))
             now = self._call(server_time_ms, self.client)
             pipe = self.client.pipeline(transaction=False)
             sent = []
-            for i, (p, _key), (version, last, stored_hash, quarantined) in zip(
+            for i, (p, _key), (version, last, stored_hash, quarantined, *stored) in zip(
                     todo, where, current, strict=True):
                 d, version = defs[i], int(version or 0)
                 def_hash = d.def_hash()
@@ -226,6 +229,8 @@ class ScheduleStore:
                     continue
                 # the next occurrence after the newest one that already has a run (or now)
                 cursor = first_cursor(d, max(now, _int(last)))  # within start/end
+                if not quarantined:  # the same trigger: occurrences not yet evaluated stay due
+                    cursor = kept_cursor(d, stored, cursor)
                 flat: list[Any] = []
                 for k, v in d.fields().items():
                     flat += [k, v]

@@ -1,0 +1,115 @@
+"""Many replicas declaring the same schedules: 8 processes upsert the same 200 schedules
+concurrently at start-up, killed and restarted at random, 1,000 rounds in all, some rounds
+with a changed definition, while two evaluators materialise runs. Then: exactly one run per
+occurrence (no gap, no double, on each schedule's 1 s grid), the last definition wins, no
+schedule duplicated, lost, left paused, quarantined or without a cursor.
+
+Runtime is bounded by the rounds (about 30 s on a busy machine); waits use deadlines."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from duetime.common.codec import unpack_payload
+from duetime.scheduler.evaluator import Evaluator
+
+from tests.conftest import ROOT, wait_for
+from tests.integration.upsert_replica import FINAL, N
+
+ROUNDS = 1000
+REPLICAS = 8
+
+
+def _replica(procs, url: str, namespace: str, *extra: str) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen([sys.executable, "-m", "tests.integration.upsert_replica", url,
+                          namespace, str(ROUNDS), *extra], env=procs.env(), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    procs.procs.append(p)
+    return p
+
+
+@pytest.mark.scripts(memory="needs processes")
+def test_eight_replicas_upserting_200_schedules_1000_rounds(app, url, namespace, procs):
+    k, r = app.keys, app.store.client
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def evaluate() -> None:
+        ev = Evaluator(url, k, lead_ms=1000, tick_s=0.05)
+        try:
+            while not stop.is_set():
+                ev.tick()
+                stop.wait(0.05)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            ev.client.close()
+
+    evaluators = [threading.Thread(target=evaluate, daemon=True) for _ in range(2)]
+    for t in evaluators:
+        t.start()
+    rng = random.Random(7)
+    fleet = [_replica(procs, url, namespace) for _ in range(REPLICAS)]
+    kills = 0
+    counter = f"{namespace}:test:rounds"
+    deadline = time.monotonic() + 240
+    while int(r.get(counter) or 0) < ROUNDS and time.monotonic() < deadline:
+        time.sleep(rng.uniform(0.3, 1.2))  # pacing of the chaos, not a wait for a result
+        i = rng.randrange(REPLICAS)
+        if fleet[i].poll() is None:
+            fleet[i].send_signal(signal.SIGKILL)  # mid-upsert, at random
+            kills += 1
+        fleet[i].wait()
+        fleet[i] = _replica(procs, url, namespace)
+    for p in fleet:
+        assert p.wait(timeout=120) in (0, -signal.SIGKILL), p.stderr.read().decode()[-2000:] if p.stderr else ""
+    assert int(r.get(counter) or 0) >= ROUNDS and kills > 0
+    # the deploy settles: two replicas declare the final definitions (not killed)
+    last = [_replica(procs, url, namespace, "3") for _ in range(2)]
+    for p in last:
+        assert p.wait(timeout=120) == 0, p.stderr.read().decode()[-2000:] if p.stderr else ""
+    # runs go on being made under the final definitions a little while
+    settled = {}
+    for i in range(N):
+        name = f"cu-{i:03d}"
+        settled[name] = int(r.hget(k.sched(k.partition_of_schedule(name), name), "next_ms") or 0)
+    wait_for(lambda: all(int(r.hget(k.sched(k.partition_of_schedule(n), n), "last_ms") or 0)
+                         > settled[n] for n in settled), timeout=60)
+    stop.set()
+    for t in evaluators:
+        t.join(30)
+    assert not errors, errors
+
+    assert int(r.get(f"{namespace}:test:dup_versions") or 0) == 0
+    names = []
+    for p in range(k.partitions):
+        names += [n.decode() for n in r.zrange(k.schedules(p), 0, -1)]
+        assert r.zcard(k.quarantine(p)) == 0
+    assert sorted(names) == [f"cu-{i:03d}" for i in range(N)]  # none lost, none twice
+    for name in names:
+        p = k.partition_of_schedule(name)
+        s = {f.decode(): v for f, v in r.hgetall(k.sched(p, name)).items()}
+        assert s["paused"] == b"0" and "quarantined" not in s, name
+        assert s.get("next_ms") and r.zscore(k.sched_due(p), name) is not None, name
+        # the last definition wins: the stored one is what the final rounds wrote (or what
+        # the write of the stored version reported, when the final rounds had nothing to change)
+        wrote = r.hget(f"{namespace}:test:wrote:{name}", s["version"].decode())
+        assert wrote is not None and wrote == s["def_hash"], name
+        _, kwargs = unpack_payload(s["payload"])
+        assert kwargs == ({"v": FINAL} if int(name[3:]) % 4 == 0 else {}), name
+        # exactly one run per occurrence: consecutive seconds from the first to the last
+        occs = sorted(int(x.decode().rsplit("@", 1)[1]) for x in r.zrange(k.due(p, "default"), 0, -1)
+                      if x.decode().rsplit("@", 1)[0] == name)
+        assert occs, name
+        assert occs == list(range(occs[0], occs[-1] + 1000, 1000)), (name, _gaps(occs))
+        assert occs[-1] == int(s["last_ms"]), name
+
+
+def _gaps(occs: list[int]) -> list[tuple[int, int]]:
+    return [(a, b) for a, b in zip(occs, occs[1:], strict=False) if b - a != 1000][:5]
