@@ -59,10 +59,10 @@ def main() -> None:
         batch = defs(app, noop, variant)
         random.shuffle(batch)  # replicas declare in different orders
         for d, status in zip(batch, app.schedules.upsert_many(batch), strict=True):
-            if status[0] in ("created", "updated"):
-                # a version written twice would be a lost compare-and-set
-                if not r.hsetnx(f"{reports}:{d.name}", str(status[1]), d.def_hash()):
-                    r.incr(f"{ns}:test:dup_versions")
+            # a version written twice would be a lost compare-and-set
+            if status[0] in ("created", "updated") and not r.hsetnx(
+                    f"{reports}:{d.name}", str(status[1]), d.def_hash()):
+                r.incr(f"{ns}:test:dup_versions")
         done += 1
     app.close()
 
