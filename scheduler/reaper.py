@@ -167,7 +167,8 @@ class Reaper:
         for p in stale:
             tx = self.client.pipeline(transaction=True)
             tx.delete(k.retention(p), k.kept(p), k.swept(p))
-            tx.hset(k.retention(p), mapping={**t, retention_mod.DIGEST: d})
+            mapping: dict[str, str | int] = {**t, retention_mod.DIGEST: d}
+            tx.hset(k.retention(p), mapping=mapping)  # type: ignore[arg-type]
             try:
                 tx.execute()
             except redis.ResponseError as exc:  # one damaged partition: the others go on

@@ -48,7 +48,7 @@ class RetentionStore:
             return bool(self.client.hdel(self.keys.retention_config, scope_field(scope, name)))
 
     @staticmethod
-    def _decode(raw: bytes | None) -> dict[str, int]:
+    def _decode(raw: bytes | str | None) -> dict[str, int]:
         try:
             d = json.loads(raw) if raw else {}
         except ValueError:
@@ -61,6 +61,7 @@ class RetentionStore:
         with translated(self.url):
             config = self.client.hgetall(self.keys.retention_config)
             tasks = self.client.hgetall(self.keys.tasks)
-        overrides = {k.decode(errors="replace"): self._decode(v) for k, v in sorted(config.items())}
+        overrides = {(k.decode(errors="replace") if isinstance(k, bytes) else k): self._decode(v)
+                     for k, v in sorted(config.items())}
         return {"defaults": defaults(short_ms), "set": overrides,
                 "effective": dict(sorted(table(config, tasks).items()))}
