@@ -191,3 +191,31 @@ def test_schedule_add_guardrails_and_show_spells_every_default(app, url, namespa
     assert pol["pause_after_failures"]["value"] == 5 and pol["max_runs_remaining"]["value"] == 10
     assert pol["start"]["value"] == "2030-01-01T00:00:00Z"
     assert shown["next_fire"] == "2030-01-01T00:00:00Z"
+
+
+def test_a_lease_expired_for_good_counts_in_the_reaper_s_step(app, url):
+    """The dead transition of reap.lua (lease expired, no attempt left) counts too, and the
+    reaper -- the process whose script paused the schedule -- counts the metric."""
+    from duetime.common import transitions as tr
+    from duetime.common.scripts import Scripts
+    from duetime.scheduler.reaper import Reaper
+
+    app.schedule("leased", HOURLY, basic.times_out, pause_after_failures=1)  # retries=0
+    (run_id,) = _hours(app, "leased", 0, 1)
+    k, r = app.keys, app.store.client
+    p = k.partition_of_run(run_id)
+    keys, args = tr.claim(k, p, "default", "w", 10, 60_000, 0)
+    claimed = tr.parse_claim(Scripts(r).claim(keys=keys, args=args)).runs
+    assert [c.run_id for c in claimed] == [run_id]
+    r.zadd(k.leases(p), {run_id: 0})  # the lease expired: its worker is gone
+    before = _auto_paused_total()
+    rp = Reaper(url, k)
+    try:
+        assert rp.reap_once() == 1
+    finally:
+        rp.close()
+    assert app.get_run(run_id).state == "dead"
+    info = app.get_schedule("leased")
+    assert info.paused and "paused after 1 consecutive dead runs; last error: lease expired" in (
+        info.pause_note or "")
+    assert _auto_paused_total() == before + 1
