@@ -7,7 +7,7 @@
 -- sent twice (the client retries a call whose reply a broken connection lost) gets the same
 -- answer the second time and changes nothing.
 -- Tested by: tests/integration/test_scripts.py, tests/integration/test_worker_inprocess.py,
---   tests/limits/test_concurrency.py
+--   tests/limits/test_concurrency.py, tests/integration/test_guardrails.py
 -- KEYS[1] leases zset   KEYS[2] done zset   KEYS[3] uncertain zset   KEYS[4] events
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash, attempts, the retry set of
 --         the run's queue) and schedule keys are built from it; they share this partition's

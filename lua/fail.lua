@@ -5,7 +5,7 @@
 -- failure is written into its own attempt record and changes nothing else. The same report
 -- sent twice (a retried call whose reply was lost) gets the first answer again.
 -- Tested by: tests/integration/test_scripts.py, tests/integration/test_worker_inprocess.py,
---   tests/integration/test_enqueue_retry.py
+--   tests/integration/test_enqueue_retry.py, tests/integration/test_guardrails.py
 -- KEYS[1] leases zset   KEYS[2] retry zset (the run's queue)   KEYS[3] dead zset
 -- KEYS[4] done zset     KEYS[5] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash and attempts, and its schedule's keys,

@@ -7,7 +7,8 @@
 -- trigger-now) only the runs are created, without a starting deadline, and the cursor is
 -- left alone. `last_ms` keeps the newest occurrence that has a run. Guardrails: an
 -- occurrence after `end_ms`, or past `max_runs` runs, gets no run and ends the schedule.
--- Tested by: tests/integration/test_schedules.py, tests/integration/test_cluster.py
+-- Tested by: tests/integration/test_schedules.py, tests/integration/test_cluster.py,
+--   tests/integration/test_guardrails.py
 -- KEYS[1] sched_due zset  T:sched_due      KEYS[2] due zset  T:due:<queue>
 -- KEYS[3] deadlines zset  T:deadlines      KEYS[4] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash and the runs' hashes are built

@@ -11,7 +11,8 @@
 -- 3. Retention by state: finished runs past their state's retention are deleted.
 -- No `allow-oom` flag: at maxmemory Redis refuses the whole call before it writes anything,
 -- so the reaper holds off exactly while heartbeats (allow-oom) are the only writes allowed.
--- Tested by: tests/integration/test_scripts.py, tests/integration/test_workers.py
+-- Tested by: tests/integration/test_scripts.py, tests/integration/test_workers.py,
+--   tests/integration/test_guardrails.py, tests/integration/test_retention.py
 -- KEYS[1] leases zset   KEYS[2] dead zset   KEYS[3] uncertain zset   KEYS[4] done zset
 -- KEYS[5] deadlines zset                    KEYS[6] events
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash, attempts, the due/retry set

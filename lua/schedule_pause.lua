@@ -3,7 +3,8 @@
 -- Paused, it leaves the evaluator's due set; its cursor stays where it was, so on resume the
 -- occurrences missed meanwhile follow the schedule's catch-up policy. Resuming resets the
 -- consecutive-failure count of pause_after_failures (and clears an automatic pause's mark).
--- Tested by: tests/integration/test_schedules.py, tests/integration/test_cli_schedules.py
+-- Tested by: tests/integration/test_schedules.py, tests/integration/test_cli_schedules.py,
+--   tests/integration/test_guardrails.py
 -- KEYS[1] sched_due zset
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
 -- ARGV[2] name   ARGV[3] '1' pause | '0' resume   ARGV[4] note (pause)
