@@ -291,7 +291,7 @@ end
 -- outcome does not count either way). The callers read `schedule` and `replay_of` already.
 local function schedule_succeeded(prefix, sched_name, replay_of)
   if not sched_name or sched_name == '' or (replay_of and replay_of ~= '') then return end
-  local sched = prefix .. K.sched .. sched_name
-  if wrong_type(sched, 'hash') then return end
-  redis.call('HDEL', sched, 'fail_streak')
+  -- one command per success (complete.lua's hot path); a schedule key of the wrong type
+  -- answers an error here, ignored: the evaluator quarantines that schedule
+  redis.pcall('HDEL', prefix .. K.sched .. sched_name, 'fail_streak')
 end
