@@ -151,8 +151,8 @@ class Reaper:
 
     def sync_retention(self) -> int:
         """Copy the namespace's retention by state (`<ns>:retention`, and the task catalogue's
-        `retention` options) into every partition's T:retention, in one transaction per
-        partition whose copy differs (a digest says which); a changed table also resets that
+        `retention` options) into every partition's T:retention whose copy differs (a digest
+        says which); a changed table also resets that
         partition's sweep watermark and kept set, so the new retention is applied to every
         finished run (once, in batches). Checked at every sweep (a partition HGET each, once
         a minute): a copy lost (FLUSHDB, a failover) is written again. → partitions updated."""
@@ -165,12 +165,18 @@ class Reaper:
         stale = [p for p, have in enumerate(pipe.execute(raise_on_error=False))
                  if isinstance(have, Exception) or have is None or have.decode() != d]
         for p in stale:
-            tx = self.client.pipeline(transaction=True)
-            tx.delete(k.retention(p), k.kept(p), k.swept(p))
+            # the new fields first, then the stale ones go: reap.lua sees the old table or the
+            # new one (or a moment of both, each a valid retention), never none; no MULTI, so
+            # the same commands work on a cluster
             mapping: dict[str, str | int] = {**t, retention_mod.DIGEST: d}
-            tx.hset(k.retention(p), mapping=mapping)  # type: ignore[arg-type]
             try:
-                tx.execute()
+                old_fields = set(self.client.hkeys(k.retention(p)))
+                self.client.hset(k.retention(p), mapping=mapping)  # type: ignore[arg-type]
+                gone = [f for f in old_fields
+                        if (f.decode(errors="replace") if isinstance(f, bytes) else f) not in mapping]
+                if gone:
+                    self.client.hdel(k.retention(p), *gone)
+                self.client.delete(k.kept(p), k.swept(p))  # every finished run examined again
             except redis.ResponseError as exc:  # one damaged partition: the others go on
                 self._damaged(p, exc)
         if stale:

@@ -97,3 +97,14 @@ def test_retention_per_state_with_overrides_in_a_large_namespace(app, url, names
     deleted, _, _ = sweep(r, k)
     assert _none(app, w["filler_dead"] + w["dead_young"]) and _all(app, w["filler_uncertain"])
     assert deleted == len(w["filler_dead"]) + len(w["dead_young"])
+
+
+def test_a_cleared_override_leaves_every_partition_s_copy(app, url, namespace):
+    k, r = app.keys, app.store.client
+    ok(cli(url, namespace, "retention", "set", "--queue", "bulkq", "--succeeded", "1h"))
+    assert Reaper(url, k).sync_retention() == k.partitions
+    assert all(r.hget(k.retention(p), "q:bulkq|succeeded") == b"3600000" for p in range(k.partitions))
+    assert Reaper(url, k).sync_retention() == 0  # unchanged: nothing written
+    ok(cli(url, namespace, "retention", "clear", "--queue", "bulkq"))
+    assert Reaper(url, k).sync_retention() == k.partitions
+    assert not any(r.hexists(k.retention(p), "q:bulkq|succeeded") for p in range(k.partitions))
