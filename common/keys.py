@@ -125,6 +125,14 @@ PARTITION_KEYS: dict[str, KeyKind] = {
                        "partition's batch index"),
     "bucket": KeyKind("bucket:", "hash", "a rate limit's token bucket: tokens, ts (server ms); "
                       "expires once full again", "scope"),
+    "retention": KeyKind("retention", "hash", "the namespace's retention by state, copied into "
+                         "every partition by the reaper so reap.lua reads it in its slot: "
+                         "'<scope>|<state>' -> ms (scope *, q:<queue> or t:<task>; 0 = never "
+                         "deleted), _digest -> the table's digest (common/retention.py)"),
+    "kept": KeyKind("kept", "zset", "finished run id -> when the retention sweep deletes it "
+                    "(ms): runs it examined and kept longer than the shortest retention"),
+    "swept": KeyKind("swept", "hash", "the retention sweep's watermark per finished-run index "
+                     "(done, dead, uncertain) -> the score up to which it examined every run"),
 }
 SUFFIX: dict[str, str] = {name: kind.suffix for name, kind in PARTITION_KEYS.items()}
 
@@ -155,6 +163,9 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
     "series": KeyKind("series:", "stream", "per-queue numbers (backlog, running, finished/s, "
                       "start lateness p50/p99, dead) sampled by schedulers at a fixed step, capped; "
                       "entry id = the sample's time: what the web console plots", "step"),
+    "retention": KeyKind("retention", "hash", "retention by state as set (duetime retention "
+                         "set): '*', 'queue:<q>', 'task:<t>' -> JSON {state: ms}; the reapers "
+                         "copy it into every partition's T:retention"),
     "cost": KeyKind("cost", "hash", "'<task>|<owner>|a|f|ms' -> attempts, attempts that did not "
                     "succeed, ms spent on those, counted by workers since the namespace began"),
     "cost_minute": KeyKind("cost:", "hash", "the same counts for one minute (epoch minute of "
@@ -339,6 +350,15 @@ class Keyspace:
 
     def batches(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["batches"]
+    def retention(self, p: int) -> str:
+        """HASH '<scope>|<state>' -> ms: the retention table reap.lua applies."""
+        return self.prefix(p) + SUFFIX["retention"]
+
+    def kept(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["kept"]
+
+    def swept(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["swept"]
 
     # -- global keys (`<ns>:` + GLOBAL[...]) ----------------------------------------------
     def _global(self, name: str) -> str:
@@ -395,6 +415,11 @@ class Keyspace:
     def paused_config(self) -> str:
         """HASH queue -> the pause as recorded (JSON), for listing and repair."""
         return self._global("paused")
+
+    @cached_property
+    def retention_config(self) -> str:
+        """HASH scope -> retention by state as set (JSON), copied into T:retention."""
+        return self._global("retention")
 
     @cached_property
     def wake_channel(self) -> str:

@@ -54,6 +54,10 @@ SKIPPED = Counter("duetime_runs_skipped_total", "Occurrences skipped by catch-up
 MATERIALIZED = Counter("duetime_runs_materialized_total", "Runs created from schedules")
 QUARANTINED = Counter("duetime_schedules_quarantined_total",
                       "Schedules set aside because their stored record could not be evaluated")
+# counted by the process whose script made the dead transition (a worker's fail.lua, a
+# reaper's reap.lua): the pause is written in that same script (lua/_lib.lua schedule_dead)
+AUTO_PAUSED = Counter("duetime_schedules_auto_paused_total",
+                      "Schedules paused by their pause_after_failures guardrail")
 PARTITIONS_OWNED = Gauge("duetime_scheduler_partitions_owned", "Partitions this scheduler evaluates")
 INFLIGHT = Gauge("duetime_worker_inflight_runs", "Runs executing in this worker")
 QUEUE_DELAY = Histogram(
@@ -122,8 +126,8 @@ REFUSING_WRITES = Gauge(
 WORKER_METRICS = (RUNS_FINISHED, START_LATENESS, QUEUE_DELAY, EXECUTION, CLAIMED, LEASES_LOST,
                   LATE_REJECTED, INFLIGHT, RETRIES, DEAD_LETTERS, MISSED, SKIPPED, ATTEMPTS,
                   FAILED_ATTEMPT_SECONDS, RUNS_LIMITED,
-                  LIMITED_DELAY, RATE_LIMITED)
-REAPER_METRICS = (REAPED, MISSED, REFUSING_WRITES)
+                  LIMITED_DELAY, RATE_LIMITED, AUTO_PAUSED)
+REAPER_METRICS = (REAPED, MISSED, REFUSING_WRITES, AUTO_PAUSED)
 SCHEDULER_METRICS = (*REAPER_METRICS, SKIPPED, MATERIALIZED, QUARANTINED, PARTITIONS_OWNED,
                      QUEUE_BACKLOG, QUEUE_OLDEST_DUE, QUEUE_SCHEDULED, QUEUE_RETRYING,
                      QUEUE_PAUSED,

@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
-from duetime.common.errors import InvalidSchedule
+from duetime.common.errors import InvalidInput, InvalidSchedule
 from duetime.common.keys import Keyspace
 from duetime.common.names import check_name
 from duetime.common.time.fmt import format_duration
-from duetime.common.time.parse import MAX_DURATION, Span, duration_ms, from_ms, to_ms
+from duetime.common.time.parse import (
+    MAX_DURATION,
+    Span,
+    duration_ms,
+    from_ms,
+    parse_instant,
+    to_ms,
+)
 from duetime.common.time.spec import Cron, Every, Trigger, trigger_from_dict
 
 CATCHUP = ("all", "latest", "skip")
@@ -166,6 +173,12 @@ class ScheduleDef:
     # (common/time/calendar.py): 'skip', or roll to the 'next' / 'previous' business day
     calendar: str = ""
     on_excluded: str = "skip"
+    # guardrails (0 = none): pause after N consecutive dead occurrences; the first and last
+    # instants (ms) an occurrence may have; stop after N runs made by the evaluator
+    pause_after_failures: int = 0
+    start_ms: int = 0
+    end_ms: int = 0
+    max_runs: int = 0
 
     def __post_init__(self) -> None:
         check_name("schedule name", self.name)
@@ -179,6 +192,7 @@ class ScheduleDef:
             raise InvalidSchedule(f"overlap must be one of {', '.join(OVERLAP)}; got {self.overlap!r}")
         if self.max_catchup < 1:
             raise InvalidSchedule(f"max_catchup must be >= 1, got {self.max_catchup}")
+        check_guardrails(self.pause_after_failures, self.start_ms, self.end_ms, self.max_runs)
         if isinstance(self.trigger, Every) and self.trigger.interval < MIN_INTERVAL:
             raise InvalidSchedule(
                 f"every interval {format_duration(self.trigger.interval)} is shorter than 1ms: runs are "
@@ -207,6 +221,7 @@ class ScheduleDef:
         if self.tenant:  # absent when unset (the store writes '' then, clearing an old one)
             f["tenant"] = self.tenant
         f.update(calendar_fields(self.calendar, self.on_excluded))
+        f.update(guardrail_fields(self))  # likewise: only those set (hashed only then)
         return f
 
     def def_hash(self) -> str:
@@ -345,3 +360,106 @@ def check_stored(f: dict[str, bytes | None], trigger: Trigger) -> None:
         unpack_payload(f.get("payload"))
     except ValueError as exc:  # InvalidInput, PayloadTooLarge
         raise InvalidSchedule(f"field payload cannot be decoded: {exc}") from None
+
+
+# -- guardrails: pause_after_failures, start, end, max_runs ---------------------------------
+# Stored as schedule hash fields only when set (absent or '' = none), so a record written
+# before them keeps its definition hash. The evaluation state beside them: `fail_streak`
+# (consecutive dead occurrences, lua/_lib.lua schedule_dead), `auto_paused` (the count that
+# paused it), `runs_made` (runs the evaluator made, lua/materialize.lua), `ended` ('end' or
+# 'max_runs' once a bound stopped it).
+GUARDRAIL_FIELDS = ("pause_after_failures", "start_ms", "end_ms", "max_runs")
+GUARDRAIL_STATE = ("fail_streak", "auto_paused", "runs_made", "ended")
+MAX_GUARDRAIL_COUNT = 1_000_000_000
+
+
+def check_guardrails(pause_after_failures: int, start_ms: int, end_ms: int, max_runs: int) -> None:
+    for what, n in (("pause_after_failures", pause_after_failures), ("max_runs", max_runs)):
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_GUARDRAIL_COUNT:
+            raise InvalidSchedule(f"{what} must be an integer in 1..{MAX_GUARDRAIL_COUNT} "
+                                  f"(or 0/None: none), got {n!r}")
+    if start_ms and end_ms and end_ms < start_ms:
+        raise InvalidSchedule(f"end ({from_ms(end_ms).isoformat()}) is before start "
+                              f"({from_ms(start_ms).isoformat()})")
+
+
+def bound_ms(value: datetime | str | None, what: str) -> int:
+    """`start=` / `end=` → ms (0: none). Aware datetimes (or ISO-8601 strings with an offset)
+    only: a naive one would be read in some process's local zone, so it is refused."""
+    if value is None:
+        return 0
+    if isinstance(value, datetime) and value.tzinfo is None:
+        raise InvalidSchedule(f"{what} {value.isoformat()} is a naive datetime: give it a zone "
+                              f"(datetime(..., tzinfo=ZoneInfo('Europe/Paris')) or UTC)")
+    try:
+        return to_ms(parse_instant(value, what=what))
+    except InvalidInput as exc:
+        raise InvalidSchedule(str(exc)) from None
+
+
+def guardrail_fields(d: ScheduleDef) -> dict[str, int]:
+    """The guardrails a definition sets, as hash fields (none set: no field)."""
+    return {k: v for k in GUARDRAIL_FIELDS if (v := getattr(d, k))}
+
+
+def cleared_guardrails(d: ScheduleDef) -> list[str]:
+    """Field, value pairs an upsert writes so a guardrail removed from the definition (and a
+    bound reached under the old one) is cleared: '' reads as none."""
+    flat: list[str] = []
+    for k in GUARDRAIL_FIELDS:
+        if not getattr(d, k):
+            flat += [k, ""]
+    return flat + ["ended", ""]
+
+
+def first_cursor(d: ScheduleDef, after_ms: int, trigger: Trigger | None = None) -> int | None:
+    """The first occurrence after `after_ms` (the newest one with a run, or now) within the
+    schedule's start and end: the cursor an upsert stores (None: no more occurrences).
+    `trigger`: the schedule's trigger with its calendar applied (default: `d.trigger`)."""
+    after = from_ms(after_ms)
+    if d.start_ms and d.start_ms > after_ms:
+        after = from_ms(d.start_ms) - timedelta(microseconds=1)
+    nxt = (trigger or d.trigger).next_after(after)
+    if nxt is None:
+        return None
+    ms = to_ms(nxt, ceil=True)
+    return None if d.end_ms and ms > d.end_ms else ms
+
+
+def guardrail_state(h: dict[bytes, bytes]) -> dict[str, int | str]:
+    """The guardrails of a stored record and their state, for listings (damage reads as 0)."""
+    out: dict[str, int | str] = {}
+    for k in (*GUARDRAIL_FIELDS, "fail_streak", "auto_paused", "runs_made"):
+        try:
+            out[k] = max(0, int(h.get(k.encode()) or 0))
+        except ValueError:
+            out[k] = 0
+    out["ended"] = h.get(b"ended", b"").decode(errors="replace")
+    return out
+
+
+# -- the cursor of a changed definition ----------------------------------------------------
+# What an upsert reads besides the version to decide where a changed definition goes on from.
+CURSOR_FIELDS = ("next_ms", *TRIGGER_FIELDS, "start_ms")
+
+
+def kept_cursor(d: ScheduleDef, stored: list[bytes | None], computed: int | None) -> int | None:
+    """The cursor a changed definition takes: the stored one when its trigger and start are
+    those stored (a changed payload, policy or task), so the occurrences the evaluator has
+    not reached yet -- it may lag behind its lead under load -- are evaluated as before
+    instead of skipped (the next occurrence after now would lose them); else `computed` (the
+    next occurrence after the newest with a run). A cursor another evaluator moves meanwhile
+    costs nothing: run ids are per occurrence, so an occurrence seen twice makes one run."""
+    raw_next, *raw_trigger = stored[: 1 + len(TRIGGER_FIELDS)]
+    raw_start = stored[1 + len(TRIGGER_FIELDS)] if len(stored) > len(TRIGGER_FIELDS) + 1 else None
+    if raw_next is None or computed is None:
+        return computed
+    try:
+        same = (trigger_from_fields(raw_trigger) == d.trigger
+                and int(raw_start or 0) == d.start_ms)
+        stored_next = int(raw_next)
+    except Exception:  # noqa: BLE001 - a record damaged by hand: start from the computed one
+        return computed
+    if not same or (d.end_ms and stored_next > d.end_ms):
+        return computed
+    return min(stored_next, computed)

@@ -46,12 +46,20 @@ class TaskSpec:
     # "thread": in the worker (sync tasks in its thread pool, async ones on its loop);
     # "process": each attempt in a child process the worker can kill (worker/isolation.py)
     isolation: str = "thread"
+    # how long its finished runs are kept: a duration (every state) or {state: duration |
+    # "never"}, kept as {state: ms}; None: the queue's, namespace's or built-in retention
+    retention: Any = None
 
     def __post_init__(self) -> None:
         check_name("task name", self.name)
         check_name("queue", self.queue)
         if self.tenant is not None:
             check_name("tenant", self.tenant)
+        if self.retention is not None:
+            from duetime.common.retention import parse_retention
+
+            object.__setattr__(self, "retention",
+                               parse_retention(self.retention, f"task {self.name!r}: retention"))
         what = f"task {self.name!r}:"
         if self.fn is not None and not callable(self.fn):
             raise InvalidInput(f"{what} the task must be a function, got {self.fn!r}")
@@ -123,11 +131,13 @@ class TaskSpec:
 
     def options_json(self) -> str:
         """The options a producer needs to enqueue this task by name (see Registry.catalogue)."""
-        return json.dumps({"queue": self.queue, "retries": self.retries,
-                           "backoff": list(self.backoff), "timeout": self.timeout,
-                           "idempotent": self.idempotent, "owner": self.owner,
-                           "store_result": self.store_result, "tenant": self.tenant},
-                          sort_keys=True)
+        o = {"queue": self.queue, "retries": self.retries,
+             "backoff": list(self.backoff), "timeout": self.timeout,
+             "idempotent": self.idempotent, "owner": self.owner,
+             "store_result": self.store_result, "tenant": self.tenant}
+        if self.retention is not None:  # {state: ms}: what the reapers apply to its runs
+            o["retention"] = self.retention
+        return json.dumps(o, sort_keys=True)
 
     @classmethod
     def by_name(cls, name: str, options_json: str | bytes | None) -> TaskSpec:
@@ -154,10 +164,19 @@ class TaskSpec:
                        backoff=tuple(backoff) if isinstance(backoff, list) else backoff,
                        timeout=o.get("timeout"), idempotent=o.get("idempotent", True),
                        owner=o.get("owner"), store_result=o.get("store_result", True),
-                       tenant=o.get("tenant") or None)
+                       tenant=o.get("tenant") or None,
+                       retention=_published_retention(o.get("retention")))
         except InvalidInput as exc:
             raise InvalidInput(f"{where} ({exc}); restart a worker that registers it to "
                                "publish them again") from None
+
+
+def _published_retention(raw: Any) -> dict[str, Any] | None:
+    """A published `retention` ({state: ms}) as `retention=` takes it back."""
+    if not isinstance(raw, dict):
+        return None
+    return {k: ("never" if v == 0 else timedelta(milliseconds=v)) for k, v in raw.items()
+            if isinstance(v, int) and not isinstance(v, bool)}
 
 
 P = ParamSpec("P")

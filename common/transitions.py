@@ -198,9 +198,12 @@ def heartbeat(k: Keyspace, p: int, lease_ms: int,
     return [k.leases(p)], args
 
 
-def reap(k: Keyspace, p: int, limit: int, seed: float, retention_ms: int) -> Call:
+def reap(k: Keyspace, p: int, limit: int, seed: float, retention_ms: int,
+         dead_ms: int = 30 * 24 * 3600 * 1000, uncertain_ms: int = 0) -> Call:
+    """retention_ms: of succeeded/cancelled/skipped/missed runs (0: no sweep this call);
+    dead_ms, uncertain_ms: the built-in defaults of those states (common/retention.py)."""
     return ([k.leases(p), k.dead(p), k.uncertain(p), k.done(p), k.deadlines(p), k.events(p)],
-            [k.prefix(p), limit, seed, k.wake_channel, p, retention_ms])
+            [k.prefix(p), limit, seed, k.wake_channel, p, retention_ms, dead_ms, uncertain_ms])
 
 
 # -- operator transitions (cancel, replay, resolve, purge) --------------------------------
@@ -339,7 +342,7 @@ def status_detail(res: Any) -> tuple[str, str]:
     """A status reply as text: (word, value), the value '' when the word came alone."""
     if isinstance(res, bytes):
         return res.decode(), ""
-    word, value = res
+    word, value = res[0], res[1]  # values after these two: read by the caller (fail.lua)
     return _s(word) if isinstance(word, bytes) else str(word), (
         value.decode() if isinstance(value, bytes) else str(value))
 

@@ -22,7 +22,7 @@ from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.models import Run
 from duetime.common.names import check_name, check_owner
-from duetime.common.schedules import ScheduleDef, parse_stagger, seeded
+from duetime.common.schedules import ScheduleDef, bound_ms, parse_stagger, seeded
 from duetime.common.tasks import Duration, Hook, Instant, Registry, Task, TaskSpec
 from duetime.common.time.spec import Trigger
 
@@ -56,6 +56,12 @@ class ScheduleOptions(TypedDict, total=False):
     its name, so schedules written alike do not all fire in the same second. Not given (or
     "default"/"auto"): the namespace's policy (`duetime schedule policy set --stagger 30s`,
     none unless set); 0: exactly on its instants whatever the policy.
+
+    Guardrails (none by default): `pause_after_failures=N` pauses the schedule after N
+    consecutive occurrences that ended dead (cancels, skips, misses and replays do not count;
+    a success or a resume starts the count again). `start` / `end` (aware datetimes or
+    ISO-8601 strings with an offset; naive refused) bound its occurrences. `max_runs=N` ends
+    it after the evaluator made N runs.
     """
 
     queue: str | None
@@ -73,6 +79,10 @@ class ScheduleOptions(TypedDict, total=False):
     # the 'next' or 'previous' business day (docs/time.md)
     calendar: str | None
     on_excluded: str
+    pause_after_failures: int | None
+    start: datetime | str | None
+    end: datetime | str | None
+    max_runs: int | None
 CATALOGUE_TTL_S = 60.0  # how long a producer trusts the task options it read by name
 # a task a worker said it had the code of within this long can be enqueued by name (workers
 # may all be down for a while: runs queue up meanwhile)
@@ -176,6 +186,7 @@ class App:
         store_result: bool = True,
         tenant: str | None = None,
         isolation: Literal["thread", "process"] = "thread",
+        retention: float | str | timedelta | dict[str, float | str | timedelta | None] | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -193,6 +204,7 @@ class App:
         store_result: bool = True,
         tenant: str | None = None,
         isolation: Literal["thread", "process"] = "thread",
+        retention: float | str | timedelta | dict[str, float | str | timedelta | None] | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task: `@app.task` or `@app.task(name=..., retries=...)`.
 
@@ -205,7 +217,9 @@ class App:
         retention period) for `app.wait`; `store_result=False` skips that. `tenant` is the
         default tenant of its runs (limits and fair share, docs/fairness.md).
         `isolation="process"` runs each attempt in a child process the worker kills past
-        `timeout` or `--max-task-memory` (docs/operations.md, "Hard timeouts")."""
+        `timeout` or `--max-task-memory` (docs/operations.md, "Hard timeouts"). `retention`: how
+        long its finished runs are kept -- a duration, or {state: duration or "never"} for
+        succeeded, cancelled, skipped, missed, dead, uncertain (docs/operations.md)."""
 
         def register(f: Callable[P, R]) -> Task[P, R]:
             spec = TaskSpec(
@@ -214,6 +228,7 @@ class App:
                 retries=retries, backoff=cast("tuple[float, float]", backoff),
                 timeout=cast("float | None", timeout), idempotent=idempotent,
                 owner=owner, store_result=store_result, tenant=tenant, isolation=isolation,
+                retention=retention,
             )
             self.registry.add(spec)
             # the raw function stays resolvable too (`app.task(fn)` without keeping the result)
@@ -641,6 +656,9 @@ class App:
             miss_tolerance_ms=tolerance_ms, stagger_ms=parse_stagger(o.get("stagger")),
             tenant=tenant or spec.tenant or "",
             calendar=o.get("calendar") or "", on_excluded=o.get("on_excluded") or "skip",
+            pause_after_failures=o.get("pause_after_failures") or 0,
+            start_ms=bound_ms(o.get("start"), "start"), end_ms=bound_ms(o.get("end"), "end"),
+            max_runs=o.get("max_runs") or 0,
             task_options={
                 "max_attempts": spec.max_attempts, "backoff_base": int(spec.backoff[0] * 1000),
                 "backoff_max": int(spec.backoff[1] * 1000), "timeout": int((spec.timeout or 0) * 1000),

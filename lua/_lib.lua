@@ -429,3 +429,44 @@ local function free_limits(prefix, run_key, run_id, held)
   redis.call('HDEL', run_key, 'held')
   return was_full
 end
+
+-- Guardrails (pause_after_failures): a run of a schedule ended dead. Its schedule's hash lives
+-- in the run's partition (scheduled run ids are '<schedule>@<ms>', common/keys.py), so the
+-- consecutive-failure count (`fail_streak`) is kept in the same atomic step as the dead
+-- transition: no notice to lose, no count to race. A replay (`replay_of`) and a run made by
+-- `schedule trigger` ('@m' ids) are an operator's, not occurrences: they do not count. After
+-- `pause_after_failures` consecutive dead occurrences the schedule is paused (as
+-- schedule_pause.lua does) with a note naming the count and the last error, and an event.
+-- Returns the schedule's name when this call paused it, else nil (the caller counts it in
+-- duetime_schedules_auto_paused_total).
+local function schedule_dead(prefix, run_key, run_id, now, err)
+  local r = redis.pcall('HMGET', run_key, 'schedule', 'replay_of')
+  if r.err or not r[1] or r[1] == '' or (r[2] and r[2] ~= '') then return nil end
+  if string.find(run_id, '@m', 1, true) then return nil end
+  local sched, name = prefix .. K.sched .. r[1], r[1]
+  if wrong_type(sched, 'hash') or redis.call('EXISTS', sched) == 0 then return nil end
+  local streak = redis.pcall('HINCRBY', sched, 'fail_streak', 1)
+  if type(streak) ~= 'number' then  -- a count edited by hand: counting starts again
+    streak = 1
+    redis.call('HSET', sched, 'fail_streak', 1)
+  end
+  local s = redis.call('HMGET', sched, 'pause_after_failures', 'paused')
+  local limit = num(s[1])
+  if not limit or limit < 1 or streak < limit or s[2] == '1' then return nil end
+  local note = 'paused after ' .. int_s(streak) .. ' consecutive dead runs; last error: '
+    .. string.sub(err or '', 1, 300)
+  redis.call('HSET', sched, 'paused', '1', 'pause_note', note, 'paused_at', now,
+    'auto_paused', int_s(streak))
+  redis.call('ZREM', prefix .. K.sched_due, name)
+  emit(prefix .. K.events, run_id, 'schedule_auto_paused', name .. ': ' .. note)
+  return name
+end
+
+-- A run of a schedule succeeded: its consecutive-failure count starts again (a replay's
+-- outcome does not count either way). The callers read `schedule` and `replay_of` already.
+local function schedule_succeeded(prefix, sched_name, replay_of)
+  if not sched_name or sched_name == '' or (replay_of and replay_of ~= '') then return end
+  -- one command per success (complete.lua's hot path); a schedule key of the wrong type
+  -- answers an error here, ignored: the evaluator quarantines that schedule
+  redis.pcall('HDEL', prefix .. K.sched .. sched_name, 'fail_streak')
+end

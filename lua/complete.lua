@@ -7,7 +7,7 @@
 -- sent twice (the client retries a call whose reply a broken connection lost) gets the same
 -- answer the second time and changes nothing.
 -- Tested by: tests/integration/test_scripts.py, tests/integration/test_worker_inprocess.py,
---   tests/limits/test_concurrency.py
+--   tests/limits/test_concurrency.py, tests/integration/test_guardrails.py
 -- KEYS[1] leases zset   KEYS[2] done zset   KEYS[3] uncertain zset   KEYS[4] events
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash, attempts, the retry set of
 --         the run's queue) and schedule keys are built from it; they share this partition's
@@ -32,7 +32,7 @@ for i = 4, #ARGV, 3 do
   local attempts_key = prefix .. K.attempts .. run_id
   -- a record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
   local f = run_fields(run_key, 'state', 'fence', 'attempt', 'worker', 'started',
-    'schedule', 'queue', 'overlap', 'waited', 'held', 'batch', 'deps_out') or {}
+    'schedule', 'queue', 'overlap', 'waited', 'held', 'batch', 'deps_out', 'replay_of') or {}
   local state = f[1]
   local result
   if not state then
@@ -76,6 +76,7 @@ for i = 4, #ARGV, 3 do
     if f[9] or f[11] or f[12] then  -- waited on, in a batch, or depended on
       wake_waiters(prefix, run_key, run_id, 'succeeded', f[9] or '0', {f[11] or false, f[12] or false})
     end
+    if f[6] then schedule_succeeded(prefix, f[6], f[13]) end  -- guardrails: the streak ends
   end
   out[#out + 1] = result
 end

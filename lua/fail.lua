@@ -5,7 +5,7 @@
 -- failure is written into its own attempt record and changes nothing else. The same report
 -- sent twice (a retried call whose reply was lost) gets the first answer again.
 -- Tested by: tests/integration/test_scripts.py, tests/integration/test_worker_inprocess.py,
---   tests/integration/test_enqueue_retry.py
+--   tests/integration/test_enqueue_retry.py, tests/integration/test_guardrails.py
 -- KEYS[1] leases zset   KEYS[2] retry zset (the run's queue)   KEYS[3] dead zset
 -- KEYS[4] done zset     KEYS[5] events
 -- ARGV[1] partition prefix 'ns:{tag}:' (the run's hash and attempts, and its schedule's keys,
@@ -15,7 +15,9 @@
 --         | 'cancel' (stopped on a cancel request)
 -- ARGV[6] delay ms (mode 'retry')   ARGV[7] jitter in [0,1)
 -- ARGV[8] wake channel   ARGV[9] partition index   ARGV[10] queue
--- Returns (status) {state, retry_at_ms}: 'retrying', 'dead', 'cancelled', 'stale' or 'missing'.
+-- Returns (status) {state, retry_at_ms, auto_paused}: state 'retrying', 'dead', 'cancelled',
+-- 'stale' or 'missing'; auto_paused: the schedule this dead run paused (pause_after_failures,
+-- see schedule_dead in _lib.lua) or '' (absent before the dead transitions).
 local leases_key, retry_key, dead_key, done_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, run_id, fence, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local channel, partition, queue = ARGV[8], ARGV[9], ARGV[10]
@@ -27,21 +29,21 @@ local bad = damaged_index({leases_key, 'zset', dead_key, 'zset', done_key, 'zset
 if bad then return bad end
 -- a record key of the wrong type is no run this worker holds: the reaper dead-letters it
 local f = run_fields(run_key, 'state', 'fence', 'attempt', 'worker', 'started', 'retry_at')
-if not f or not f[1] then return {'missing', 0} end
+if not f or not f[1] then return {'missing', 0, ''} end
 if f[2] == fence and f[1] ~= 'running' then
   -- this attempt already ended: if it ended by this very report, answer as the first time
   local raw = redis.call('LINDEX', attempts_key, (tonumber(fence) or 0) - 1)
   local ok, a = pcall(cjson.decode, raw or '')
   if ok and type(a) == 'table' and (a.outcome == 'failed' or a.outcome == 'cancelled')
       and not a.late then
-    return {f[1], tonumber(f[6]) or 0}
+    return {f[1], tonumber(f[6]) or 0, ''}
   end
 end
 if f[2] ~= fence or f[1] ~= 'running' then
   set_attempt(attempts_key, fence, {late = true, late_outcome = 'failed', late_error = err,
                                     late_at = now})
   emit(events_key, run_id, 'late_result_rejected', 'failed:' .. fence)
-  return {'stale', 0}
+  return {'stale', 0, ''}
 end
 
 -- the attempt entry is the first write: an attempts key of the wrong type refuses it alone
@@ -55,14 +57,14 @@ end
 if damaged then
   redis.call('HSET', run_key, 'error', err)
   dead_letter(prefix, run_key, dead_key, events_key, run_id, now, err .. '; ' .. damaged)
-  return {'dead', 0}
+  return {'dead', 0, schedule_dead(prefix, run_key, run_id, now, err) or ''}
 end
 if mode == 'cancel' then
   redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now, 'reason', err)
   redis.call('ZADD', done_key, now, run_id)
   emit(events_key, run_id, 'cancelled', err)
   wake_waiters(prefix, run_key, run_id, 'cancelled')
-  return {'cancelled', 0}
+  return {'cancelled', 0, ''}
 end
 redis.call('HSET', run_key, 'error', err)
 local delay = nil
@@ -70,4 +72,6 @@ if mode == 'retry' then delay = tonumber(ARGV[6]) end
 local state, at = retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, mode == 'fatal',
   delay, ARGV[7], err, channel, partition, queue)
 emit(events_key, run_id, state, err)
-return {state, at}
+local paused = ''
+if state == 'dead' then paused = schedule_dead(prefix, run_key, run_id, now, err) or '' end
+return {state, at, paused}

@@ -5,9 +5,10 @@
 -- evaluator), the call is a compare-and-set: a changed definition, a paused schedule or a
 -- cursor another scheduler already moved makes it a no-op. Without them (backfill,
 -- trigger-now) only the runs are created, without a starting deadline, and the cursor is
--- left alone. `last_ms` keeps the newest occurrence that has a run.
+-- left alone. `last_ms` keeps the newest occurrence that has a run. Guardrails: an
+-- occurrence after `end_ms`, or past `max_runs` runs, gets no run and ends the schedule.
 -- Tested by: tests/integration/test_schedules.py, tests/integration/test_cluster.py,
---   tests/integration/test_calendars.py
+--   tests/integration/test_calendars.py, tests/integration/test_guardrails.py
 -- KEYS[1] sched_due zset  T:sched_due      KEYS[2] due zset  T:due:<queue>
 -- KEYS[3] deadlines zset  T:deadlines      KEYS[4] events
 -- KEYS[5] done zset  T:done (the skipped runs of occurrences a calendar excluded)
@@ -53,10 +54,24 @@ local last = num(redis.call('HGET', sched_key, 'last_ms')) or 0
 local partition, queue = ARGV[8], ARGV[9]
 local n_runs = tonumber(ARGV[11]) or 0
 local extras = 12 + 5 * n_runs  -- the interval starts, then the calendar's part
+-- guardrails: `end_ms` bounds the occurrences; `max_runs` stops the schedule once the
+-- evaluator has made that many runs (`runs_made`, counted here, where each run is created
+-- once). Absent or '' (cleared by an upsert): no bound. Runs made by backfill or trigger-now
+-- (no expected version) are not counted.
+local g = redis.call('HMGET', sched_key, 'end_ms', 'max_runs', 'runs_made')
+local end_ms, max_runs, runs_made = num(g[1]), num(g[2]), num(g[3]) or 0
+local made_before, bounded = runs_made, false
+local function beyond_bounds(occ)
+  if end_ms and occ > end_ms then bounded = 'end'
+  elseif expected ~= '' and max_runs and runs_made >= max_runs then bounded = 'max_runs'
+  else return false end
+  return true
+end
 for i = 12, 11 + 5 * n_runs, 5 do
   local run_id, occ, due = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local run_key = prefix .. K.run .. run_id
-  if redis.call('EXISTS', run_key) == 0 then
+  local beyond = beyond_bounds(occ)  -- guardrails: no run, and not counted as the newest
+  if not beyond and redis.call('EXISTS', run_key) == 0 then
     local fields = {'id', run_id, 'state', 'scheduled', 'created', now, 'due', due,
       'occurrence', occ, 'attempt', 0, 'fence', 0, 'schedule', name,
       'task', s[4], 'queue', s[5], 'payload', s[6], 'max_attempts', s[7],
@@ -79,8 +94,9 @@ for i = 12, 11 + 5 * n_runs, 5 do
     add_due(due_key, due, run_id, ARGV[7], partition, queue)
     emit(events_key, run_id, 'scheduled', name)
     created = created + 1
+    if expected ~= '' then runs_made = runs_made + 1 end
   end
-  if occ > last then last = occ end
+  if occ > last and not beyond then last = occ end
 end
 if last > 0 then redis.call('HSET', sched_key, 'last_ms', last) end
 local cal = ARGV[extras + n_runs]
@@ -89,15 +105,25 @@ if cal and cal ~= '' then
   if expected ~= '' then redis.call('HSET', sched_key, 'cal_v', cal) end
 end
 
+if runs_made ~= made_before then redis.call('HSET', sched_key, 'runs_made', runs_made) end
+local cursor = ARGV[5]
+if expected ~= '' and cursor ~= '' then  -- guardrails: a bound reached ends the schedule
+  if end_ms and (num(cursor) or 0) > end_ms then bounded = 'end' end
+  if max_runs and runs_made >= max_runs then bounded = 'max_runs' end
+  if bounded then
+    cursor = ''
+    redis.call('HSET', sched_key, 'ended', bounded)
+  end
+end
 if expected ~= '' then
   local skipped = tonumber(ARGV[6]) or 0
   if skipped > 0 then redis.call('HINCRBY', sched_key, 'skipped_count', skipped) end
-  if ARGV[5] == '' then
+  if cursor == '' then
     redis.call('HDEL', sched_key, 'next_ms')
     redis.call('ZREM', sched_due_key, name)
   else
-    redis.call('HSET', sched_key, 'next_ms', ARGV[5])
-    redis.call('ZADD', sched_due_key, tonumber(ARGV[5]), name)
+    redis.call('HSET', sched_key, 'next_ms', cursor)
+    redis.call('ZADD', sched_due_key, tonumber(cursor), name)
   end
   redis.call('HSET', sched_key, 'evaluated', now)
 end

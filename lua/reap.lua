@@ -8,19 +8,25 @@
 --    dead-lettered (no attempts left, or a record too damaged to retry).
 -- 2. Runs never started before their starting deadline become `missed`, also when no
 --    worker is running to claim them.
--- 3. Retention: finished runs (the done set) older than the retention are deleted, and
+-- 3. Retention by state: finished runs past their state's retention are deleted, and
 --    finished batches (T:batches, scored by when they finished) with their member index.
 -- No `allow-oom` flag: at maxmemory Redis refuses the whole call before it writes anything,
 -- so the reaper holds off exactly while heartbeats (allow-oom) are the only writes allowed.
--- Tested by: tests/integration/test_scripts.py, tests/integration/test_workers.py
+-- Tested by: tests/integration/test_scripts.py, tests/integration/test_workers.py,
+--   tests/integration/test_guardrails.py, tests/integration/test_retention.py
 -- KEYS[1] leases zset   KEYS[2] dead zset   KEYS[3] uncertain zset   KEYS[4] done zset
 -- KEYS[5] deadlines zset                    KEYS[6] events
 -- ARGV[1] partition prefix 'ns:{tag}:' -- per-run keys (run hash, attempts, the due/retry set
 --         of the run's queue) and schedule keys are built from it; all share this hash tag
 -- ARGV[2] max runs per call   ARGV[3] jitter seed in [0,1)
--- ARGV[4] wake channel        ARGV[5] partition index    ARGV[6] retention ms (0 = keep)
--- Returns (counts) {expired_leases_handled, missed, deleted, next wake-up ms or -1}: the
--- wake-up is the earliest lease expiry or starting deadline left.
+-- ARGV[4] wake channel        ARGV[5] partition index
+-- ARGV[6] retention ms of succeeded, cancelled, skipped and missed runs (0 = no retention
+--         sweep in this call)   ARGV[7] of dead runs   ARGV[8] of uncertain runs (0 = never):
+--         the built-in defaults, under the partition's T:retention table
+-- Returns (counts) {expired_leases_handled, missed, deleted, next wake-up ms or -1,
+-- auto_paused, examined}: the wake-up is the earliest lease expiry or starting deadline left;
+-- auto_paused: schedules this call paused (pause_after_failures, schedule_dead in _lib.lua);
+-- examined: finished runs the retention sweep read (deleted or filed).
 local leases_key, dead_key, uncertain_key = KEYS[1], KEYS[2], KEYS[3]
 local done_key, deadlines_key, events_key = KEYS[4], KEYS[5], KEYS[6]
 local prefix, limit, seed = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -42,6 +48,10 @@ end
 
 local ids = redis.call('ZRANGE', leases_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 local reaped = 0
+local auto_paused = 0
+local function dead_occurrence(run_key, id, reason)  -- guardrails: count it on its schedule
+  if schedule_dead(prefix, run_key, id, now, reason) then auto_paused = auto_paused + 1 end
+end
 for n, id in ipairs(ids) do
   local run_key = prefix .. K.run .. id
   -- everything this pass needs is read and checked before the first write
@@ -63,6 +73,7 @@ for n, id in ipairs(ids) do
     local attempt = num(f[5])
     if damaged then
       dead_letter(prefix, run_key, dead_key, events_key, id, now, 'lease expired; ' .. damaged)
+      dead_occurrence(run_key, id, 'lease expired; ' .. damaged)
     elseif f[8] then
       -- its worker died before honouring a cancel request: the cancel wins over a retry
       redis.call('HSET', run_key, 'state', 'cancelled', 'finished', now,
@@ -79,6 +90,7 @@ for n, id in ipairs(ids) do
     elseif not f[4] or f[4] == '' or not attempt then
       dead_letter(prefix, run_key, dead_key, events_key, id, now,
         'lease expired; run record ' .. run_key .. ' damaged (queue or attempt unreadable)')
+      dead_occurrence(run_key, id, 'lease expired; run record damaged')
     else
       -- the expired lease already made the run wait a lease length: the first expiry is
       -- retried at once, in its old place; repeated ones (a crash loop) back off as failures do
@@ -93,6 +105,9 @@ for n, id in ipairs(ids) do
       local state = retry_or_dead(prefix, run_key, prefix .. K.retry .. f[4], dead_key, id, now,
         false, delay, jitter, 'lease expired', channel, partition, f[4], from)
       emit(events_key, id, state, 'lease expired')
+      if state == 'dead' then
+        dead_occurrence(run_key, id, 'lease expired')
+      end
     end
   elseif f[1] and not STATES[f[1]] then
     dead_letter(prefix, run_key, dead_key, events_key, id, now,
@@ -135,27 +150,93 @@ for _, id in ipairs(redis.call('ZRANGE', deadlines_key, '-inf', now, 'BYSCORE', 
   end
 end
 
-local deleted = 0
-local retention = tonumber(ARGV[6]) or 0
-if retention > 0 then
-  local old = redis.call('ZRANGE', done_key, '-inf', now - retention, 'BYSCORE', 'LIMIT', 0, limit)
-  for _, id in ipairs(old) do
+-- 3. Retention by state (common/retention.py): each finished run -- in the done, dead and
+-- uncertain indexes -- is examined once, when it comes within the shortest retention of any
+-- state: deleted if its own retention (task, then queue, then namespace, then built-in) has
+-- passed since it finished, else filed in T:kept at its delete time (never: not filed). A
+-- watermark per index (T:swept) keeps runs examined once from being read again, so a call
+-- costs at most a batch per index whatever the number of finished runs kept.
+local deleted, examined = 0, 0
+local short = tonumber(ARGV[6]) or 0
+local cfg_key, kept_key, swept_key = prefix .. K.retention, prefix .. K.kept, prefix .. K.swept
+if short > 0 and not (wrong_type(cfg_key, 'hash') or wrong_type(kept_key, 'zset')
+    or wrong_type(swept_key, 'hash')) then
+  local builtin = {succeeded = short, cancelled = short, skipped = short, missed = short,
+    dead = tonumber(ARGV[7]) or 0, uncertain = tonumber(ARGV[8]) or 0}
+  local cfg = {}
+  local raw = redis.call('HGETALL', cfg_key)
+  for i = 1, #raw, 2 do
+    if raw[i] ~= '_digest' then cfg[raw[i]] = num(raw[i + 1]) end
+  end
+  local shortest = nil
+  for _, v in pairs(builtin) do if v > 0 and (not shortest or v < shortest) then shortest = v end end
+  for _, v in pairs(cfg) do if v > 0 and (not shortest or v < shortest) then shortest = v end end
+  local function keep_ms(state, queue, task)
+    local v = cfg['t:' .. (task or '') .. '|' .. state]
+    if v == nil then v = cfg['q:' .. (queue or '') .. '|' .. state] end
+    if v == nil then v = cfg['*|' .. state] end
+    if v == nil then v = builtin[state] end
+    return v  -- nil: not a finished state (left alone)
+  end
+  local function drop(id)
     redis.call('DEL', prefix .. K.run .. id, prefix .. K.attempts .. id, prefix .. K.deps .. id,
       prefix .. K.dependents .. id)
+    redis.call('ZREM', done_key, id)
+    redis.call('ZREM', dead_key, id)
+    redis.call('ZREM', uncertain_key, id)
+    redis.call('ZREM', kept_key, id)
+    deleted = deleted + 1
   end
-  if #old > 0 then redis.call('ZREM', done_key, unpack(old)) end
-  deleted = #old
-  local batches_key = prefix .. K.batches
-  if not wrong_type(batches_key, 'zset') then
-    for _, b in ipairs(redis.call('ZRANGE', batches_key, '-inf', now - retention, 'BYSCORE',
-        'LIMIT', 0, limit)) do
-      local st = redis.pcall('HGET', prefix .. K.batch .. b, 'state')
-      if st ~= 'open' then  -- finished (an open batch's score is its creation: kept)
-        redis.call('DEL', prefix .. K.batch .. b, prefix .. K.bpending .. b, prefix .. K.bmembers .. b)
-        redis.call('ZREM', batches_key, b)
+  local function examine(id, score)
+    examined = examined + 1
+    local f = redis.pcall('HMGET', prefix .. K.run .. id, 'state', 'queue', 'task', 'finished')
+    if f.err then return end  -- a record of the wrong type: doctor names it
+    if not f[1] then drop(id) return end  -- no record left: its index entries go
+    local ms = keep_ms(f[1], f[2], f[3])
+    if ms == nil then return end
+    if ms <= 0 then redis.call('ZREM', kept_key, id) return end
+    local at = (num(f[4]) or num(score) or now) + ms
+    if at <= now then drop(id) else redis.call('ZADD', kept_key, at, id) end
+  end
+  for _, id in ipairs(redis.call('ZRANGE', kept_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)) do
+    redis.call('ZREM', kept_key, id)
+    examine(id, nil)  -- its retention read again: an edit since it was filed applies
+  end
+  if shortest then
+    for _, idx in ipairs({{'done', done_key}, {'dead', dead_key}, {'uncertain', uncertain_key}}) do
+      local wm = num(redis.call('HGET', swept_key, idx[1]))
+      local batch = redis.call('ZRANGE', idx[2], wm and ('(' .. int_s(wm)) or '-inf',
+        now - shortest, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+      if #batch > 0 then
+        local last, seen = batch[#batch], {}
+        for i = 1, #batch, 2 do
+          seen[batch[i]] = true
+          examine(batch[i], batch[i + 1])
+        end
+        if #batch >= 2 * limit then
+          -- the rest of the last millisecond (a worker's batch finishes together), so the
+          -- watermark passes it whole
+          for _, id in ipairs(redis.call('ZRANGE', idx[2], last, last, 'BYSCORE')) do
+            if not seen[id] then examine(id, last) end
+          end
+        end
+        if num(last) then redis.call('HSET', swept_key, idx[1], last) end
       end
     end
   end
+-- finished batches: kept as long as succeeded runs (an open batch's score is its creation)
+local batches_key = prefix .. K.batches
+if short > 0 and not wrong_type(batches_key, 'zset') then
+  for _, bid in ipairs(redis.call('ZRANGE', batches_key, '-inf', now - short, 'BYSCORE',
+      'LIMIT', 0, limit)) do
+    local st = redis.pcall('HGET', prefix .. K.batch .. bid, 'state')
+    if st ~= 'open' then
+      redis.call('DEL', prefix .. K.batch .. bid, prefix .. K.bpending .. bid,
+        prefix .. K.bmembers .. bid)
+      redis.call('ZREM', batches_key, bid)
+    end
+  end
+end
 end
 
 local wake = -1
@@ -165,4 +246,4 @@ for _, key in ipairs({leases_key, deadlines_key}) do
   if head[2] and not h then h = now end  -- +-inf left over a full batch: repaired next call
   if h and (wake == -1 or h < wake) then wake = h end
 end
-return {reaped, missed, deleted, wake}
+return {reaped, missed, deleted, wake, auto_paused, examined}

@@ -1,8 +1,10 @@
 #!lua
 -- schedule_pause.lua: pause (with a note) or resume a schedule.
 -- Paused, it leaves the evaluator's due set; its cursor stays where it was, so on resume the
--- occurrences missed meanwhile follow the schedule's catch-up policy.
--- Tested by: tests/integration/test_schedules.py, tests/integration/test_cli_schedules.py
+-- occurrences missed meanwhile follow the schedule's catch-up policy. Resuming resets the
+-- consecutive-failure count of pause_after_failures (and clears an automatic pause's mark).
+-- Tested by: tests/integration/test_schedules.py, tests/integration/test_cli_schedules.py,
+--   tests/integration/test_guardrails.py
 -- KEYS[1] sched_due zset
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's hash is built from it; same hash tag)
 -- ARGV[2] name   ARGV[3] '1' pause | '0' resume   ARGV[4] note (pause)
@@ -18,7 +20,8 @@ if pause == '1' then
   redis.call('ZREM', sched_due_key, name)
 else
   redis.call('HSET', sched_key, 'paused', '0', 'resumed_at', now)
-  redis.call('HDEL', sched_key, 'pause_note')
+  -- guardrails: resuming starts the consecutive-failure count again
+  redis.call('HDEL', sched_key, 'pause_note', 'fail_streak', 'auto_paused')
   local cursor = redis.call('HGET', sched_key, 'next_ms')
   if cursor then
     tell_schedulers(ARGV[5], 's', ARGV[6], sched_due_key, cursor)

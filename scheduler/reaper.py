@@ -13,6 +13,7 @@ import time
 
 import redis
 from duetime.common import metrics
+from duetime.common import retention as retention_mod
 from duetime.common import transitions as tr
 from duetime.common.connection import (
     server_time_ms,
@@ -116,12 +117,14 @@ class Reaper:
         now = self._sync_clock()  # acting: judge by the server's clock itself
         if retention:
             self._swept_ms = now
+            self.sync_retention()
         total = 0
         while pending:
             mark = self.heads.mark()
             pipe = self.client.pipeline(transaction=False)
             for p in pending:
-                keys, args = tr.reap(k, p, BATCH, random.random(), retention)
+                keys, args = tr.reap(k, p, BATCH, random.random(), retention,
+                                     retention_mod.DEAD_MS, retention_mod.UNCERTAIN_MS)
                 self.scripts.reap(keys=keys, args=args, client=pipe)
             results = pipe.execute(raise_on_error=False)
             again = []
@@ -129,13 +132,18 @@ class Reaper:
                 if isinstance(res, Exception):
                     self._damaged(p, res)
                     continue
-                n, missed, deleted, nxt = tr.counts(res)
+                n, missed, deleted, nxt, *rest = tr.counts(res)
+                examined = rest[1] if len(rest) > 1 else 0
                 total += n
+                if rest and rest[0]:
+                    metrics.AUTO_PAUSED.inc(rest[0])
+                    log.warning("schedules paused by their pause_after_failures guardrail",
+                                count=rest[0], partition=p)
                 self.heads.set(p, nxt if nxt >= 0 else None, mark)
                 if missed:
                     metrics.MISSED.inc(missed)
                     log.info("runs missed their starting deadline", count=missed, partition=p)
-                if n >= BATCH or missed >= BATCH or deleted >= BATCH:
+                if n >= BATCH or missed >= BATCH or deleted >= BATCH or examined >= BATCH:
                     again.append(p)
             pending = again
         if total:
@@ -154,6 +162,40 @@ class Reaper:
         if n:
             log.info("dependency notices relayed", count=n)
         return n
+    def sync_retention(self) -> int:
+        """Copy the namespace's retention by state (`<ns>:retention`, and the task catalogue's
+        `retention` options) into every partition's T:retention whose copy differs (a digest
+        says which); a changed table also resets that
+        partition's sweep watermark and kept set, so the new retention is applied to every
+        finished run (once, in batches). Checked at every sweep (a partition HGET each, once
+        a minute): a copy lost (FLUSHDB, a failover) is written again. → partitions updated."""
+        k = self.keys
+        t = retention_mod.table(self.client.hgetall(k.retention_config), self.client.hgetall(k.tasks))
+        d = retention_mod.digest(t, self.retention_ms)
+        pipe = self.client.pipeline(transaction=False)
+        for p in range(k.partitions):
+            pipe.hget(k.retention(p), retention_mod.DIGEST)
+        stale = [p for p, have in enumerate(pipe.execute(raise_on_error=False))
+                 if isinstance(have, Exception) or have is None or have.decode() != d]
+        for p in stale:
+            # the new fields first, then the stale ones go: reap.lua sees the old table or the
+            # new one (or a moment of both, each a valid retention), never none; no MULTI, so
+            # the same commands work on a cluster
+            mapping: dict[str, str | int] = {**t, retention_mod.DIGEST: d}
+            try:
+                old_fields = set(self.client.hkeys(k.retention(p)))
+                self.client.hset(k.retention(p), mapping=mapping)  # type: ignore[arg-type]
+                gone = [f for f in old_fields
+                        if (f.decode(errors="replace") if isinstance(f, bytes) else f) not in mapping]
+                if gone:
+                    self.client.hdel(k.retention(p), *gone)
+                self.client.delete(k.kept(p), k.swept(p))  # every finished run examined again
+            except redis.ResponseError as exc:  # one damaged partition: the others go on
+                self._damaged(p, exc)
+        if stale:
+            log.info("retention by state copied into partitions", partitions=len(stale),
+                     overrides=len(t))
+        return len(stale)
 
     def run(self) -> None:
         log.info("reaper started", tick_s=self.tick_s, partitions=self.keys.partitions)

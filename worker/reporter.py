@@ -272,6 +272,8 @@ class Reporter:
                 continue
             self.unsent.pop(item[1].key, None)
             self._judged(item[0], item[1], tr.status(res))
+            if item[0] == "fail":
+                self._auto_paused(item[1], res)
         if refused:
             lo, hi = REFUSED_PAUSE_S
             if all(topology_error(e) for e in causes):  # CLUSTERDOWN until a promotion, MOVED
@@ -341,6 +343,13 @@ class Reporter:
         if bad:
             log.warning("rate-limit hold not raised in every partition", scope=f"{scope}:{name}",
                         partitions=len(bad), error=str(bad[0])[:300], worker_id=self.worker_id)
+    def _auto_paused(self, ex: Execution, res: Any) -> None:
+        """fail.lua's third reply value: the schedule this dead run paused (guardrails)."""
+        if isinstance(res, list) and len(res) > 2 and res[2]:
+            metrics.AUTO_PAUSED.inc()
+            log.warning("schedule paused by its pause_after_failures guardrail",
+                        schedule=res[2].decode(errors="replace"), run_id=ex.ctx.run_id,
+                        task=ex.ctx.task, worker_id=self.worker_id)
 
     def _judged(self, kind: Report, ex: Execution, reply: bytes) -> None:
         """Count and, when it is news, log what the script decided."""

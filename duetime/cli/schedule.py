@@ -142,6 +142,12 @@ def schedule() -> None:
 @click.option("--dst-fold", type=click.Choice(("auto", "first", "both")), default="auto",
               show_default=True, help="A local time that occurs twice (fall back): first, both, "
               "or auto (both when the hour field starts with *, else first).")
+@click.option("--pause-after-failures", type=click.IntRange(1, 1_000_000_000), default=None,
+              help="Guardrail: pause after this many consecutive occurrences ended dead.")
+@instant_option("--start", default=None, help="Guardrail: no occurrence before this.")
+@instant_option("--end", default=None, help="Guardrail: no occurrence after this.")
+@click.option("--max-runs", type=click.IntRange(1, 1_000_000_000), default=None,
+              help="Guardrail: stop after this many runs.")
 @click.option("--paused", is_flag=True, help="Create it paused.")
 @click.pass_context
 @fail_cleanly
@@ -150,7 +156,8 @@ def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str | None
                  queue: str | None, catchup: str, max_catchup: int, miss_tolerance: timedelta | None,
                  lateness: timedelta | None, overlap: str, jitter: timedelta | None,
                  owner: str | None, stagger: str | None, dst_gap: str, dst_fold: str,
-                 paused: bool) -> None:
+                 pause_after_failures: int | None, start: datetime | None, end: datetime | None,
+                 max_runs: int | None, paused: bool) -> None:
     """Create or update schedule NAME (the same definition again changes nothing)."""
     trigger = _trigger(cron, tz, every, at, dst_gap, dst_fold)
     _stagger_ms(stagger)  # a bad value is refused before the app is loaded
@@ -159,7 +166,9 @@ def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str | None
     status = app.schedule(name, trigger, task, args=args, kwargs=kwargs, queue=queue,
                           catchup=catchup, max_catchup=max_catchup, lateness=lateness,
                           overlap=overlap, jitter=jitter, owner=owner, paused=paused,
-                          miss_tolerance=miss_tolerance, stagger=stagger)
+                          miss_tolerance=miss_tolerance, stagger=stagger,
+                          pause_after_failures=pause_after_failures, start=start, end=end,
+                          max_runs=max_runs)
     info = app.get_schedule(name)
     nxt = (f"next fire {when(info.next_fire, server_now(app))}" if info.next_fire
            else "no further fire time")
@@ -207,7 +216,10 @@ def schedule_show(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         own = None if info.stagger_s is None else round(info.stagger_s * 1000)
         offset = stagger_for(info.name, effective_stagger_ms(own, policy_ms)) / 1000
-        echo_json({**schedule_to_dict(info), "next_fires": fires, "stagger_offset_s": offset})
+        from duetime.ops.policies import policies_dict
+
+        echo_json({**schedule_to_dict(info), "next_fires": fires, "stagger_offset_s": offset,
+                   "policies": policies_dict(info, policy_ms)})
     else:
         click.echo(schedule_to_text(info, fires, now, policy_ms))
 

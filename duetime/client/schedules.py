@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,10 +19,15 @@ from duetime.common.keys import Keyspace
 from duetime.common.models import from_ms as stored_ms
 from duetime.common.names import check_name
 from duetime.common.schedules import (
+    CURSOR_FIELDS,
     MISS_TOLERANCE_MS,
     POLICY_STAGGER,
     TRIGGER_FIELDS,
     ScheduleDef,
+    cleared_guardrails,
+    first_cursor,
+    guardrail_state,
+    kept_cursor,
     read_stagger_policy,
     run_id_for,
     stored_stagger,
@@ -104,6 +109,9 @@ class ScheduleInfo:
     calendar: str | None = None  # its business calendar's name (common/time/calendar.py)
     on_excluded: str = "skip"  # an occurrence on an excluded day: skip, next, previous
     excluded_count: int = 0  # occurrences its calendar excluded (also in skipped_count)
+    # pause_after_failures, start_ms, end_ms, max_runs (0: none) and their state: fail_streak,
+    # auto_paused, runs_made, ended (common/schedules.py guardrail_state)
+    guardrails: dict[str, int | str] = field(default_factory=dict)
 
     @classmethod
     def decode(cls, h: dict[bytes, bytes]) -> ScheduleInfo:
@@ -148,6 +156,7 @@ class ScheduleInfo:
             stagger_s=None if (st := stored_stagger(h.get(b"stagger_ms"))) is None else st / 1000,
             calendar=s("calendar") or None, on_excluded=s("on_excluded") or "skip",
             excluded_count=i("excluded_count"),
+            guardrails=guardrail_state(h),
         )
         if s("next_ms") and info.next_fire is None:
             problems.append(f"next_ms {s('next_ms')!r} is not a time")
@@ -210,12 +219,13 @@ class ScheduleStore:
             where = [self._where(defs[i].name) for i in todo]
             pipe = self.client.pipeline(transaction=False)
             for _, key in where:
-                pipe.hmget(key, "version", "last_ms", "def_hash", "quarantined")
-            current = self._replies(pipe, [None] * 4)  # a damaged key: replaced by the upsert
+                pipe.hmget(key, "version", "last_ms", "def_hash", "quarantined", *CURSOR_FIELDS)
+            # a damaged key: replaced by the upsert
+            current = self._replies(pipe, [None] * (4 + len(CURSOR_FIELDS)))
             now = self._call(server_time_ms, self.client)
             pipe = self.client.pipeline(transaction=False)
             sent = []
-            for i, (p, _key), (version, last, stored_hash, quarantined) in zip(
+            for i, (p, _key), (version, last, stored_hash, quarantined, *stored) in zip(
                     todo, where, current, strict=True):
                 d, version = defs[i], int(version or 0)
                 def_hash = d.def_hash()
@@ -223,8 +233,12 @@ class ScheduleStore:
                     out[i] = ("unchanged", version)
                     continue
                 # the next occurrence after the newest one that already has a run (or now)
-                nxt = self.calendared(d.trigger, d.calendar, d.on_excluded).next_after(
-                    from_ms(max(now, _int(last))))
+                cursor = first_cursor(d, max(now, _int(last)),  # within start/end
+                                      self.calendared(d.trigger, d.calendar, d.on_excluded))
+                # the same trigger (and no calendar, whose edits the evaluator re-plans):
+                # occurrences not yet evaluated stay due
+                if not quarantined and not d.calendar:
+                    cursor = kept_cursor(d, stored, cursor)
                 flat: list[Any] = []
                 for k, v in d.fields().items():
                     flat += [k, v]
@@ -232,8 +246,9 @@ class ScheduleStore:
                     flat += ["tenant", ""]
                 if not d.calendar:  # likewise a calendar
                     flat += ["calendar", "", "on_excluded", ""]
+                flat += cleared_guardrails(d)
                 keys, args = tr.schedule_upsert(self.keys, p, d.name, def_hash, version,
-                                                None if nxt is None else to_ms(nxt, ceil=True), paused,
+                                                cursor, paused,
                                                 flat)
                 self.scripts.schedule_upsert(keys=keys, args=args, client=pipe)
                 sent.append(i)

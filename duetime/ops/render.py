@@ -18,6 +18,7 @@ from duetime.common.time.fmt import iso as _iso
 from duetime.common.time.fmt import iso_local, relative
 from duetime.common.time.spec import Cron, Trigger
 from duetime.ops.inspect import LeaseInfo, RunSummary
+from duetime.ops.policies import policy_lines
 
 _TIMES = ("due", "started", "finished", "retry_at", "cancel_requested", "heartbeat")
 RESULT_TEXT_CHARS = 500  # a result as text is cut here: a page or a terminal, not a dump
@@ -256,6 +257,7 @@ def schedule_to_text(info: ScheduleInfo, fires: list[dict[str, Any]],
         lines.append(f"  {'stagger_s':<19} the namespace policy ({stagger_ms / 1000:g} now)")
     if stagger_ms:
         lines.append(f"  {'stagger offset':<19} every run is due {offset:g}s after its fire time")
+    lines += policy_lines(info, policy_ms)  # every effective policy, defaults spelled out
     if info.next_fire is None:
         lines.append("  next_fire           - (the trigger has no further occurrence)")
     if info.calendar:  # its business calendar, and what an occurrence on an excluded day does

@@ -619,7 +619,7 @@ def test_each_script_reply_reads_with_the_decoder_of_its_shape(app, r, lc):
     state, at = tr.status_detail(scripts.fail(keys=keys, args=args))
     assert state == "retrying" and int(at) == int(r.zscore(app.keys.retry(p2, "default"), second))
     keys, args = tr.reap(app.keys, p, 100, 0.3, 0)
-    reaped, missed, deleted, nxt = tr.counts(scripts.reap(keys=keys, args=args))
+    reaped, missed, deleted, nxt, *_ = tr.counts(scripts.reap(keys=keys, args=args))
     assert (reaped, missed, deleted) == (0, 0, 0) and isinstance(nxt, int)
     keys, args = tr.schedule_delete(app.keys, 0, "no-such-schedule")
     assert tr.counts(scripts.schedule_delete(keys=keys, args=args)) == [0]

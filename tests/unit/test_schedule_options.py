@@ -12,7 +12,9 @@ from duetime.app import ScheduleOptions
 
 # the public keywords of app.schedule, besides name, trigger, task, args and kwargs
 PUBLIC = {"queue", "catchup", "max_catchup", "lateness", "overlap", "jitter", "owner", "paused",
-          "miss_tolerance", "stagger", "tenant", "calendar", "on_excluded"}
+          "miss_tolerance", "stagger", "tenant", "calendar", "on_excluded",
+          # guardrails
+          "pause_after_failures", "start", "end", "max_runs"}
 
 
 @pytest.fixture
