@@ -31,7 +31,8 @@ Call = tuple[list[str], list[Any]]
 # line); tests/unit/test_script_assembly.py checks the two agree.
 CLAIM_REPLY_HEADER = ("next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
 CLAIM_RUN_FIELDS = ("run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
-                    "idempotent", "key", "schedule", "ready_ms", "limited_by")
+                    "idempotent", "key", "schedule", "ready_ms", "limited_by", "tenant",
+                    "headers")
 CLAIM_HEADER, CLAIM_FIELDS = len(CLAIM_REPLY_HEADER), len(CLAIM_RUN_FIELDS)
 
 
@@ -44,9 +45,9 @@ def _at(fields: tuple[str, ...], *names: str) -> tuple[int, ...]:
 _NEXT, _MISSED, _SKIPPED, _HELD_C, _HELD_R = _at(
     CLAIM_REPLY_HEADER, "next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
 (_RUN_ID, _FENCE, _ATTEMPT, _TASK, _PAYLOAD, _DUE, _TIMEOUT, _IDEMPOTENT, _KEY, _SCHEDULE,
- _READY, _LIMITED_BY) = _at(
+ _READY, _LIMITED_BY, _TENANT, _HEADERS) = _at(
     CLAIM_RUN_FIELDS, "run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
-    "idempotent", "key", "schedule", "ready_ms", "limited_by")
+    "idempotent", "key", "schedule", "ready_ms", "limited_by", "tenant", "headers")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class Claimed:
     ready_ms: int  # when it became claimable: its due time, or its retry time
     damaged: str = ""  # why the run record cannot be read (the worker dead-letters the run)
     limited_by: str = ""  # the limit it waited on before this claim, if any
+    tenant: str = ""  # who the run is for ('' if none): for middleware's run context
+    headers: bytes = b""  # what middleware stored on the run at enqueue (JSON; b'' if none)
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,8 @@ def parse_claim(res: list[Any]) -> ClaimReply:
                 payload=f[_PAYLOAD] or b"", due_ms=int(f[_DUE] or 0),
                 timeout_ms=int(f[_TIMEOUT] or 0), idempotent=f[_IDEMPOTENT] != b"0",
                 key=_s(f[_KEY]) or None, schedule=_s(f[_SCHEDULE]) or None,
-                ready_ms=ready_ms, limited_by=_s(f[_LIMITED_BY]),
+                ready_ms=ready_ms, limited_by=_s(f[_LIMITED_BY]), tenant=_s(f[_TENANT]),
+                headers=f[_HEADERS] or b"",
             ))
         except (ValueError, UnicodeDecodeError) as exc:
             runs.append(Claimed(

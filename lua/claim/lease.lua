@@ -44,5 +44,7 @@ local function lease_starter(c)
     out[o + 10] = f[3] or ''  -- schedule
     out[o + 11] = ready  -- ready_ms
     out[o + 12] = f[14] or ''  -- limited_by
+    out[o + 13] = f[15] or ''  -- tenant
+    out[o + 14] = f[16] or ''  -- headers
   end
 end
