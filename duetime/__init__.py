@@ -31,6 +31,7 @@ from duetime.common.errors import (
     WaitTimeout,
     WorkerStartFailed,
 )
+from duetime.common.middleware import EnqueueInfo, Middleware, RunInfo
 from duetime.common.models import Attempt, Run
 from duetime.common.schedules import ScheduleDef
 from duetime.common.tasks import Task, TaskOptions, TaskSpec, WorkerContext
@@ -46,6 +47,8 @@ __all__ = [
     "App", "Task", "TaskOptions", "TaskSpec", "RunContext", "current_run",
     # schedules
     "Trigger", "Cron", "Every", "At", "ScheduleDef", "ScheduleInfo",
+    # middleware (app.middleware)
+    "Middleware", "EnqueueInfo", "RunInfo",
     # read models
     "Run", "Attempt",
     # raised by tasks
