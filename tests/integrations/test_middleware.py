@@ -9,10 +9,10 @@ import asyncio
 from typing import Any
 
 import pytest
-
-import duetime
 from duetime.common import middleware as common_mw
 from duetime.common.middleware import EnqueueInfo, RunInfo
+
+import duetime
 from tests.integration.inproc import drain, serving
 from tests.recorder import Recorder
 
