@@ -68,7 +68,7 @@ class EnqueueInfo:
     headers: dict[str, str] = field(default_factory=dict)
     attempt: int = 0  # not started: 0
     schedule: str | None = None  # runs of schedules are made by the scheduler: no hooks
-    state: dict[str, Any] = field(default_factory=dict)
+    state: dict[Any, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -93,7 +93,7 @@ class RunInfo:
     args: Sequence[Any] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     error: str | None = None
-    state: dict[str, Any] = field(default_factory=dict)
+    state: dict[Any, Any] = field(default_factory=dict)
 
 
 class Middleware:
