@@ -37,10 +37,12 @@ soak: venv
 # version pyproject.toml allows (constraints/floors.txt), duetime installed there, and the fast
 # lane run in it (pip's cache keeps this to a few seconds after the first time).
 FLOORS_VENV := .venv-floors
-FLOORS_TESTS ?= tests/unit tests/integration/test_scripts.py tests/packaging/test_floors.py::test_floors_match_pyproject
+FLOORS_TESTS ?= tests/unit tests/integration/test_scripts.py tests/packaging/test_floors.py::test_floors_match_pyproject \
+	tests/packaging/test_floors.py::test_floored_extras_are_pinned_and_installed \
+	tests/integrations/test_otel.py tests/integrations/test_sentry.py
 test-floors:
 	$(PY) -m venv --clear $(FLOORS_VENV)
-	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing]' 'pytest>=8' 'hypothesis>=6.100'
+	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing,otel,sentry]' 'pytest>=8' 'hypothesis>=6.100'
 	$(FLOORS_VENV)/bin/python -m pip check
 	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
 
