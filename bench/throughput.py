@@ -4,6 +4,7 @@ calls included), socket reads (INFO stats total_reads_processed: the round trips
 served), time inside scripts and server CPU (INFO cpu).
 
     .venv/bin/python -m bench.throughput --runs 20000 --repeat 3 [--server redis|valkey]
+        [--middleware N]   (N no-op middleware in the producer and the worker: their cost)
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
     app.enqueue_many([(noop, [i]) for i in range(n)])
     t_enq = time.perf_counter() - t0
     stats1 = commandstats(r)
-    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns}
+    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns,
+           "DUETIME_BENCH_MIDDLEWARE": str(MIDDLEWARE[0])}
     t1 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "duetime", "--log-level", "WARNING", "worker",
                              "--app", "bench.apps:app", "--concurrency", str(concurrency)], env=env)
@@ -105,11 +107,19 @@ def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
     }
 
 
+MIDDLEWARE = [0]  # no-op middleware registered (bench/apps.py), here and in the worker
+
+
 def main() -> None:
-    args = parser(runs=20000, repeat=3, concurrency=256).parse_args()
+    args = parser(runs=20000, repeat=3, concurrency=256, middleware=0).parse_args()
+    if args.middleware:
+        from bench.apps import add_middleware
+
+        MIDDLEWARE[0] = args.middleware
+        add_middleware(args.middleware)
     repeated(args, lambda url: one_round(url, args.runs, args.concurrency),
              f"server={args.server} runs={args.runs} repeat={args.repeat} "
-             f"concurrency={args.concurrency}")
+             f"concurrency={args.concurrency} middleware={args.middleware}")
 
 if __name__ == "__main__":
     main()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from duetime.common.codec import NotStored, unpack_payload, unpack_result
 from duetime.common.errors import InvalidTime
+from duetime.common.middleware import decode_headers
 from duetime.common.time.parse import from_ms as exact_from_ms
 from duetime.common.time.parse import to_ms
 
@@ -105,6 +107,8 @@ class Run:
     # how many (1 for every other run) and the first of them (None when it stands for itself)
     coalesced: int = 1
     coalesced_from: datetime | None = None
+    # what middleware's on_enqueue stored on the run (docs/integrations.md): a trace parent...
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def idempotency_key(self) -> str:
@@ -179,4 +183,5 @@ class Run:
             limited_by=s("limited_by"),
             coalesced=max(n("coalesced", 1), 1),
             coalesced_from=from_ms(s("coalesced_from")),
+            headers=decode_headers(h.get(b"headers")),
         )
