@@ -20,6 +20,7 @@ worker/middleware.py, the producer's is `App` (duetime/app.py).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import re
@@ -183,8 +184,6 @@ class Chain:
         """`acall` from synchronous code (the producer's `enqueue`): an async hook is run to
         its end on a loop of its own (asyncio.run); in a thread whose loop is running it cannot
         be, and is logged as failed."""
-        import asyncio
-
         for name, fn in self.hooks[hook]:
             try:
                 result = fn(*args)

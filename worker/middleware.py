@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from duetime.common import middleware as mw
@@ -49,12 +49,15 @@ class Hooked:
     info: RunInfo
     ok: bool = False  # the body returned
     error: BaseException | None = None  # what the body (or a before_attempt hook) raised
-    done: asyncio.Event = field(default_factory=asyncio.Event)  # after_attempt has run
+    # after_attempt has run (made only when on_dead / on_uncertain hooks wait for it)
+    done: asyncio.Event | None = None
 
 
 class AttemptHooks:
     def __init__(self, chain: Chain, worker_id: str, timed_out: type[BaseException]) -> None:
         self.chain, self.worker_id, self._timed_out = chain, worker_id, timed_out
+        self._before, self._after = chain.hooks["before_attempt"], chain.hooks["after_attempt"]
+        self._ends = chain.has("on_dead", "on_uncertain")
         self._pending: set[asyncio.Task[None]] = set()  # on_dead / on_uncertain calls running
 
     def info(self, ex: Execution, c: Claimed | None, args: Any = (), kwargs: Any = None) -> RunInfo:
@@ -70,9 +73,12 @@ class AttemptHooks:
                      body: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         """before_attempt, then the task body; what either raised is kept for after_attempt."""
         st = ex.hooked = Hooked(self.info(ex, c, args, kwargs))
+        if self._ends:
+            st.done = asyncio.Event()
         try:
-            await self.chain.acall("before_attempt", ex.ctx.run_id, ex.ctx.task, st.info,
-                                   reraise=True)
+            if self._before:
+                await self.chain.acall("before_attempt", ex.ctx.run_id, ex.ctx.task, st.info,
+                                       reraise=True)
             value = await body()
         except BaseException as exc:
             st.error = exc
@@ -89,11 +95,13 @@ class AttemptHooks:
             st = ex.hooked
             if st is not None:
                 try:
-                    outcome, error = self._outcome(ex, st)
-                    await self.chain.acall("after_attempt", ex.ctx.run_id, ex.ctx.task, st.info,
-                                           outcome, error)
+                    if self._after:
+                        outcome, error = self._outcome(ex, st)
+                        await self.chain.acall("after_attempt", ex.ctx.run_id, ex.ctx.task,
+                                               st.info, outcome, error)
                 finally:
-                    st.done.set()
+                    if st.done is not None:
+                        st.done.set()
 
     def _outcome(self, ex: Execution, st: Hooked) -> tuple[str, BaseException | None]:
         err = st.error
@@ -125,7 +133,8 @@ class AttemptHooks:
     async def _ended(self, ex: Execution, hook: str, error: str | None) -> None:
         st = ex.hooked
         if st is not None:
-            await st.done.wait()
+            if st.done is not None:
+                await st.done.wait()
             info = st.info
         else:
             info = self.info(ex, None)
