@@ -76,9 +76,10 @@ class EnqueueInfo:
 class RunInfo:
     """What the attempt hooks see of a run: its context as the worker claimed it. `args` and
     `kwargs` are the task's decoded arguments (empty in on_dead / on_uncertain for a run whose
-    body never ran here); `error` in on_dead / on_uncertain is the last attempt's error text
-    as reported (None when it has none). `state` is for the middleware's own use across its
-    hooks of one attempt."""
+    body never ran here: a damaged record, an unreadable payload, a task this worker lacks; its
+    `tenant` and `headers` are then unknown too: None and empty); `error` in on_dead /
+    on_uncertain is the last attempt's error text as reported (None when it has none). `state`
+    is for the middleware's own use across its hooks of one attempt."""
 
     run_id: str
     task: str
