@@ -312,3 +312,40 @@ def test_on_uncertain_when_shutdown_cuts_off_a_non_idempotent_run(own_app: dueti
     assert events[0] == ("after_attempt", "released")
     assert events[1][0] == "on_uncertain" and events[1][1][0] == run_id
     assert "not idempotent" in events[1][1][1]
+
+
+def test_a_timeout_is_a_failed_attempt_with_a_timeout_error(own_app: duetime.App):
+    got: list[tuple[str, str]] = []
+
+    class Watch(duetime.Middleware):
+        def after_attempt(self, run: RunInfo, outcome: str, error: BaseException | None) -> None:
+            got.append((outcome, type(error).__name__))
+
+    own_app.middleware(Watch())
+
+    @own_app.task(name="mw.slow", timeout=0.05, retries=0)
+    async def slow() -> None:
+        await asyncio.Event().wait()
+
+    run_id = slow.enqueue()
+    asyncio.run(drain(own_app))
+    assert own_app.get_run(run_id).state == "dead"
+    assert got == [("failed", "TimeoutError")]
+
+
+def test_a_run_refused_before_its_body_reaches_on_dead_only(own_app: duetime.App):
+    calls: list[tuple[str, str, Any]] = []
+    own_app.middleware(Log("a", calls))
+
+    @own_app.task(name="mw.unreadable")
+    def unreadable() -> None:
+        pass
+
+    run_id = unreadable.enqueue()
+    r, k = own_app.store.ready(), own_app.keys
+    r.hset(k.run(k.partition_of_run(run_id), run_id), "payload", b"\xc1 not msgpack")
+    asyncio.run(drain(own_app))
+    assert own_app.get_run(run_id).state == "dead"
+    hooks = [h for _, h, _ in calls]
+    assert hooks == ["on_enqueue", "after_enqueue", "on_dead"]  # no before/after: no body ran
+    assert "payload unreadable" in calls[-1][2][1]
