@@ -3,7 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-# docs: the docs site into site/ (mkdocs build --strict, also part of `make test`); docs-serve
+# docs: the docs site into site/ (mkdocs build --strict; `make test` runs it through
+# tests/packaging/test_docs_site.py); docs-serve
 # previews it on http://127.0.0.1:8000
 .PHONY: docs docs-serve demo test test-floors test-scripts soak lint typecheck bench venv dist clean screenshots
 
@@ -21,7 +22,6 @@ demo: venv
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/python .ci/typecheck.py
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q
 	@command -v chromedriver >/dev/null 2>&1 || echo "note: no chromium/chromedriver: the web console's \
 	browser tests are skipped (apt-get install -y chromium chromium-driver to run them)"
 	$(BIN)/python -m pytest -q -n 4 --dist loadfile $(PYTEST_ARGS)
@@ -42,13 +42,15 @@ soak: venv
 FLOORS_VENV := .venv-floors
 FLOORS_TESTS ?= tests/unit tests/integration/test_scripts.py tests/client/test_reload.py \
 	tests/property/test_calendars.py tests/integration/test_calendars.py \
-	tests/packaging/test_floors.py::test_floors_match_pyproject
+	tests/integrations/test_otel.py tests/integrations/test_sentry.py \
+	tests/packaging/test_floors.py::test_floors_match_pyproject \
+	tests/packaging/test_floors.py::test_floored_extras_are_pinned_and_installed
 test-floors:
 	$(PY) -m venv --clear $(FLOORS_VENV)
-	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing,calendars,docs,dev]' 'pytest>=8' 'hypothesis>=6.100'
+	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing,calendars,docs,dev,otel,sentry]' 'pytest>=8' 'hypothesis>=6.100'
 	$(FLOORS_VENV)/bin/python -m pip check
 	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
-	NO_MKDOCS_2_WARNING=1 $(FLOORS_VENV)/bin/mkdocs build --strict -q -d .cache/site-floors
+	NO_MKDOCS_2_WARNING=1 $(FLOORS_VENV)/bin/mkdocs build --strict -d .cache/site-floors
 
 # the README's pictures of the web console, taken by its browser tests (needs chromium)
 screenshots: venv

@@ -1,6 +1,7 @@
 """The bench application: one no-op task that counts itself on a side key (HINCRBY), so
 losses and duplicates are seen independently of duetime's own records."""
 
+import os
 import time
 
 import redis
@@ -8,6 +9,26 @@ import redis
 import duetime
 
 app = duetime.App()
+
+
+class NoOp:
+    """Middleware whose every hook does nothing: the cost of the hooks' machinery alone
+    (`bench.throughput --middleware N` registers N of them, in the producer and the worker)."""
+
+    def on_enqueue(self, request: object) -> None: ...
+    def after_enqueue(self, request: object, error: object) -> None: ...
+    def before_attempt(self, run: object) -> None: ...
+    def after_attempt(self, run: object, outcome: object, error: object) -> None: ...
+    def on_dead(self, run: object) -> None: ...
+    def on_uncertain(self, run: object) -> None: ...
+
+
+def add_middleware(n: int) -> None:
+    for _ in range(n):
+        app.middleware(NoOp())
+
+
+add_middleware(int(os.environ.get("DUETIME_BENCH_MIDDLEWARE", "0") or 0))
 _r: list[redis.Redis] = []
 
 

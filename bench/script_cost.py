@@ -16,9 +16,11 @@ value kept on its run for `wait`), interleaved on one server: Redis CPU and memo
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import uuid
 from pathlib import Path
+from typing import Any
 
 import redis
 from duetime.common import scripts
@@ -26,7 +28,7 @@ from duetime.common import transitions as tr
 from duetime.common.codec import pack_result
 
 from bench.apps import app, noop
-from bench.drive import claim_all, parser
+from bench.drive import claim_all, fences, parser
 from duetime.embedded import EmbeddedServer
 
 LUA = Path(__file__).resolve().parent.parent / "lua"
@@ -40,6 +42,20 @@ def _source(lua_dir: Path, name: str) -> str:
     if "K." not in lib + body:
         return lib + "\n" + body
     return scripts.assemble(name, lambda f: (lua_dir / f).read_text())
+
+
+def _decoder(lua_dir: Path) -> Any:
+    """(run id, fence) of each run of a claim reply of `lua_dir`'s claim.lua, however many
+    fields per run its copy replies (claim/lease.lua's `out[o + N]` lines; the reply grew)."""
+    lease = lua_dir / "claim" / "lease.lua"
+    if not lease.exists():
+        return fences
+    width = max(int(m) for m in re.findall(r"out\[o \+ (\d+)\]", lease.read_text()))
+
+    def decode(res: Any) -> list[tuple[str, int]]:
+        return [(res[i].decode(), int(res[i + 1])) for i in range(tr.CLAIM_HEADER, len(res), width)]
+
+    return decode
 
 
 def _cpu_us(r: redis.Redis) -> float:
@@ -65,7 +81,7 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     c0 = _cpu_us(r)
     app.enqueue_many([(noop, [i]) for i in range(n)])
     c1 = _cpu_us(r)
-    held = claim_all(k, claim, batch, 60_000, n)
+    held = claim_all(k, claim, batch, 60_000, n, _decoder(lua_dir))
     c2 = _cpu_us(r)
     for p, items in held.items():
         for i in range(0, len(items), batch):

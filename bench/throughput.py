@@ -4,6 +4,7 @@ calls included), socket reads (INFO stats total_reads_processed: the round trips
 served), time inside scripts and server CPU (INFO cpu).
 
     .venv/bin/python -m bench.throughput --runs 20000 --repeat 3 [--server redis|valkey]
+        [--middleware N]   (N no-op middleware in the producer and the worker: their cost)
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def wait_done(r: redis.Redis, done_keys: list[str], n: int, poll_s: float = 0.00
         time.sleep(poll_s)
 
 
+def cpu_s(pid: int) -> float:
+    """A process's CPU time so far (user + system, /proc: Linux), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def drain_s(r: redis.Redis, done_keys: list[str]) -> float:
     """First to last finish on the server clock (the done sets' scores): worker start-up is
     left out, so it can be reported apart."""
@@ -59,16 +67,21 @@ def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
     r = redis.Redis.from_url(url)
     app.store.ready()
     stats0 = commandstats(r)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     app.enqueue_many([(noop, [i]) for i in range(n)])
-    t_enq = time.perf_counter() - t0
+    t_enq, enqueue_cpu = time.perf_counter() - t0, time.process_time() - c0
     stats1 = commandstats(r)
-    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns}
+    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns,
+           "DUETIME_BENCH_MIDDLEWARE": str(MIDDLEWARE[0])}
     t1 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "duetime", "--log-level", "WARNING", "worker",
                              "--app", "bench.apps:app", "--concurrency", str(concurrency)], env=env)
     done_keys = [app.keys.done(p) for p in range(app.keys.partitions)]
+    # the worker's CPU from its first finished run to its last: start-up (imports) left out
+    wait_done(r, done_keys, 1, poll_s=0.001)
+    cpu0, done0 = cpu_s(proc.pid), sum(r.zcard(k) for k in done_keys)
     wait_done(r, done_keys, n)
+    worker_cpu = cpu_s(proc.pid) - cpu0
     t_wall = time.perf_counter() - t1
     t_drain = drain_s(r, done_keys)
     stats2 = commandstats(r)
@@ -102,14 +115,26 @@ def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
         "script_us_per_run": (enq["@evalsha_us"] + drain["@evalsha_us"]) / n,
         "enqueue_script_us_per_run": enq["@evalsha_us"] / n,
         "redis_cpu_us_per_run": (enq["@cpu_us"] + drain["@cpu_us"]) / n,
+        # the worker process's own CPU per run (Python: claim, execute, report, hooks), the
+        # steadier figure on a loaded machine than runs/s
+        "worker_cpu_us_per_run": worker_cpu * 1e6 / max(n - done0, 1),
+        "enqueue_cpu_us_per_run": enqueue_cpu * 1e6 / n,
     }
 
 
+MIDDLEWARE = [0]  # no-op middleware registered (bench/apps.py), here and in the worker
+
+
 def main() -> None:
-    args = parser(runs=20000, repeat=3, concurrency=256).parse_args()
+    args = parser(runs=20000, repeat=3, concurrency=256, middleware=0).parse_args()
+    if args.middleware:
+        from bench.apps import add_middleware
+
+        MIDDLEWARE[0] = args.middleware
+        add_middleware(args.middleware)
     repeated(args, lambda url: one_round(url, args.runs, args.concurrency),
              f"server={args.server} runs={args.runs} repeat={args.repeat} "
-             f"concurrency={args.concurrency}")
+             f"concurrency={args.concurrency} middleware={args.middleware}")
 
 if __name__ == "__main__":
     main()

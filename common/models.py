@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from duetime.common.codec import NotStored, unpack_payload, unpack_result
 from duetime.common.errors import InvalidTime
+from duetime.common.middleware import decode_headers
 from duetime.common.time.parse import from_ms as exact_from_ms
 from duetime.common.time.parse import to_ms
 
@@ -151,6 +153,8 @@ class Run:
     depends_on: list[str] = field(default_factory=list)
     batch_id: str | None = None
     batch_role: str | None = None
+    # what middleware's on_enqueue stored on the run (docs/integrations.md): a trace parent...
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def idempotency_key(self) -> str:
@@ -235,4 +239,5 @@ class Run:
             depends_on=[e.split("|", 1)[-1] for e in (s("depends_on") or "").split()],
             batch_id=s("batch"),
             batch_role=s("batch_role") or ("member" if s("batch") else None),
+            headers=decode_headers(h.get(b"headers")),
         )

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeAlias, TypeVar, overload
 
 from duetime.common.errors import InvalidInput, UnknownTask
+from duetime.common.middleware import Chain
 from duetime.common.names import check_name, check_owner
 from duetime.common.time.parse import Span
 from duetime.common.values import count, flag
@@ -432,6 +433,7 @@ class Registry:
         self._tasks: dict[str, TaskSpec] = {}
         self.on_start: list[Hook] = []
         self.on_stop: list[Hook] = []
+        self.middleware = Chain()  # app.middleware(...): common/middleware.py
 
     def add(self, spec: TaskSpec) -> None:
         old = self._tasks.get(spec.name)

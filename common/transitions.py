@@ -32,7 +32,7 @@ Call = tuple[list[str], list[Any]]
 CLAIM_REPLY_HEADER = ("next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
 CLAIM_RUN_FIELDS = ("run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
                     "idempotent", "key", "schedule", "ready_ms", "limited_by", "interval_start",
-                    "interval_end")
+                    "interval_end", "tenant", "headers")
 CLAIM_HEADER, CLAIM_FIELDS = len(CLAIM_REPLY_HEADER), len(CLAIM_RUN_FIELDS)
 
 
@@ -45,9 +45,10 @@ def _at(fields: tuple[str, ...], *names: str) -> tuple[int, ...]:
 _NEXT, _MISSED, _SKIPPED, _HELD_C, _HELD_R = _at(
     CLAIM_REPLY_HEADER, "next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
 (_RUN_ID, _FENCE, _ATTEMPT, _TASK, _PAYLOAD, _DUE, _TIMEOUT, _IDEMPOTENT, _KEY, _SCHEDULE,
- _READY, _LIMITED_BY, _IV_START, _IV_END) = _at(
+ _READY, _LIMITED_BY, _IV_START, _IV_END, _TENANT, _HEADERS) = _at(
     CLAIM_RUN_FIELDS, "run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
-    "idempotent", "key", "schedule", "ready_ms", "limited_by", "interval_start", "interval_end")
+    "idempotent", "key", "schedule", "ready_ms", "limited_by", "interval_start", "interval_end",
+    "tenant", "headers")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Claimed:
     limited_by: str = ""  # the limit it waited on before this claim, if any
     interval_start: int = 0  # a schedule's run: its data interval (0: none)
     interval_end: int = 0
+    tenant: str = ""  # who the run is for ('' if none): for middleware's run context
+    headers: bytes = b""  # what middleware stored on the run at enqueue (JSON; b'' if none)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ def parse_claim(res: list[Any]) -> ClaimReply:
                 key=_s(f[_KEY]) or None, schedule=_s(f[_SCHEDULE]) or None,
                 ready_ms=ready_ms, limited_by=_s(f[_LIMITED_BY]),
                 interval_start=int(f[_IV_START] or 0), interval_end=int(f[_IV_END] or 0),
+                tenant=_s(f[_TENANT]), headers=f[_HEADERS] or b"",
             ))
         except (ValueError, UnicodeDecodeError) as exc:
             runs.append(Claimed(

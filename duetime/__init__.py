@@ -45,6 +45,7 @@ from duetime.common.isolation import (
     TaskProcessCrashed,
     TaskProcessStartFailed,
 )
+from duetime.common.middleware import EnqueueInfo, Middleware, RunInfo
 from duetime.common.models import Attempt, Run
 from duetime.common.schedules import ScheduleDef
 from duetime.common.tasks import Task, TaskOptions, TaskSpec, WorkerContext
@@ -60,6 +61,8 @@ __all__ = [
     "App", "Task", "TaskOptions", "TaskSpec", "RunContext", "current_run",
     # schedules
     "Trigger", "Cron", "Every", "At", "ScheduleDef", "ScheduleInfo",
+    # middleware (app.middleware)
+    "Middleware", "EnqueueInfo", "RunInfo",
     # read models
     "Run", "Attempt", "Batch",
     # raised by tasks

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
 
 from duetime.client.limits import Limit, Limits, make_limit
-from duetime.client.runs import ASYNC_SLICE, EnqueueRequest, RunStore, keyed_run_id
+from duetime.client.runs import ASYNC_SLICE, EnqueueRequest, RunStore, chosen_run_id, keyed_run_id
 from duetime.client.schedules import ScheduleInfo, ScheduleStore
 from duetime.client.workloads import Batch, Workloads, new_batch_id
 from duetime.common.codec import DEFAULT_MAX_PAYLOAD, pack_payload
@@ -20,6 +20,7 @@ from duetime.common.durability import Durability
 from duetime.common.errors import InvalidInput, UnknownTask
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
+from duetime.common.middleware import EnqueueInfo, check_headers
 from duetime.common.models import Run
 from duetime.common.names import check_name, check_owner
 from duetime.common.schedules import ScheduleDef, bound_ms, parse_stagger, seeded
@@ -37,6 +38,7 @@ ENQUEUE_FIELDS = frozenset({"task", "args", "kwargs", "at", "delay", "key", "que
                             "priority", "debounce", "max_wait", "throttle", "depends_on",
                             "allow_failed_dependencies"})
 TaskRef = str | Callable[..., Any] | TaskSpec | Task[Any, Any]
+M = TypeVar("M")
 
 
 class ScheduleOptions(TypedDict, total=False):
@@ -251,6 +253,17 @@ class App:
         self.registry.on_stop.append(fn)
         return fn
 
+    def middleware(self, obj: M) -> M:
+        """Register middleware: an object with some of the hooks `on_enqueue(request)`,
+        `after_enqueue(request, error)`, `before_attempt(run)`, `after_attempt(run, outcome,
+        error)`, `on_dead(run)`, `on_uncertain(run)`, each sync or async (see
+        `duetime.Middleware` and docs/integrations.md). Hooks run in registration order; one
+        that raises is logged with the run id and changes nothing, except `before_attempt`:
+        it fails that attempt with its error. Also a class decorator (`@app.middleware` on a
+        class taking no arguments registers an instance of it). Returns `obj`."""
+        self.registry.middleware.add(obj() if isinstance(obj, type) else obj)
+        return obj
+
     def enqueue(
         self,
         task: TaskRef,
@@ -295,7 +308,10 @@ class App:
                              debounce=debounce, max_wait=max_wait, throttle=throttle,
                              depends_on=tuple(depends_on),
                              allow_failed_dependencies=allow_failed_dependencies)
-        run_id = self.store.enqueue(req)
+        if self.registry.middleware.for_producer:
+            [run_id] = self._hooked([req], lambda: [self.store.enqueue(req)])
+        else:
+            run_id = self.store.enqueue(req)
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
 
@@ -323,7 +339,11 @@ class App:
                              priority=priority, debounce=debounce, max_wait=max_wait,
                              throttle=throttle, depends_on=tuple(depends_on),
                              allow_failed_dependencies=allow_failed_dependencies)
-        [run_id] = await (await self._astore()).aenqueue_many([req])
+        store = await self._astore()
+        if self.registry.middleware.for_producer:
+            [run_id] = await self._ahooked([req], lambda: store.aenqueue_many([req]))
+        else:
+            [run_id] = await store.aenqueue_many([req])
         await self._aremember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
 
@@ -332,7 +352,10 @@ class App:
         `(task, args)` / `(task, args, kwargs)` tuples. Nothing is written if an item is bad;
         if Redis stops the batch part way, EnqueueIncomplete says which runs were created."""
         reqs = self._requests(items, self._resolve)
-        ids = self.store.enqueue_many(reqs)
+        if self.registry.middleware.for_producer:
+            ids = self._hooked(reqs, lambda: self.store.enqueue_many(reqs))
+        else:
+            ids = self.store.enqueue_many(reqs)
         self._remember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
         return ids
 
@@ -354,8 +377,75 @@ class App:
                     known[t] = await self._aresolve(t)
             reqs += self._requests(part, resolve)
             await asyncio.sleep(0)
-        ids = await (await self._astore()).aenqueue_many(reqs)
+        store = await self._astore()
+        if self.registry.middleware.for_producer:
+            ids = await self._ahooked(reqs, lambda: store.aenqueue_many(reqs))
+        else:
+            ids = await store.aenqueue_many(reqs)
         await self._aremember_queues({r.spec.queue if r.queue is None else r.queue for r in reqs})
+        return ids
+
+    # -- middleware around the producer's enqueue (common/middleware.py) --------------------
+    def _enqueue_infos(self, reqs: list[EnqueueRequest]) -> list[EnqueueInfo]:
+        """Each request's run id fixed now (the id the store would choose), and what its
+        hooks see of it."""
+        infos = []
+        for req in reqs:
+            req.run_id = chosen_run_id(self.keys, req)
+            spec = req.spec
+            infos.append(EnqueueInfo(
+                run_id=req.run_id, task=spec.name,
+                queue=spec.queue if req.queue is None else req.queue,
+                tenant=req.tenant if req.tenant is not None else spec.tenant, owner=spec.owner,
+                args=req.args, kwargs=req.kwargs, key=req.key, priority=req.priority))
+        return infos
+
+    @staticmethod
+    def _carry_headers(reqs: list[EnqueueRequest], infos: list[EnqueueInfo]) -> None:
+        """The headers the hooks left, stored on each run; headers out of bounds are dropped
+        (and said: a hook's fault must not refuse the enqueue)."""
+        for req, info in zip(reqs, infos, strict=True):
+            try:
+                text = check_headers(info.headers)
+            except InvalidInput as exc:
+                log.error("middleware left headers that cannot be stored; the run is enqueued "
+                          "without them", run_id=info.run_id, task=info.task, error=str(exc))
+                info.headers = {}
+                continue
+            if text:
+                req.extra = {**req.extra, "headers": text}
+
+    def _hooked(self, reqs: list[EnqueueRequest], send: Callable[[], list[str]]) -> list[str]:
+        chain = self.registry.middleware
+        infos = self._enqueue_infos(reqs)
+        for info in infos:
+            chain.call("on_enqueue", info.run_id, info.task, info)
+        self._carry_headers(reqs, infos)
+        try:
+            ids = send()
+        except BaseException as exc:
+            for info in infos:
+                chain.call("after_enqueue", info.run_id, info.task, info, exc)
+            raise
+        for info in infos:
+            chain.call("after_enqueue", info.run_id, info.task, info, None)
+        return ids
+
+    async def _ahooked(self, reqs: list[EnqueueRequest],
+                       send: Callable[[], Awaitable[list[str]]]) -> list[str]:
+        chain = self.registry.middleware
+        infos = self._enqueue_infos(reqs)
+        for info in infos:
+            await chain.acall("on_enqueue", info.run_id, info.task, info)
+        self._carry_headers(reqs, infos)
+        try:
+            ids = await send()
+        except BaseException as exc:
+            for info in infos:
+                await chain.acall("after_enqueue", info.run_id, info.task, info, exc)
+            raise
+        for info in infos:
+            await chain.acall("after_enqueue", info.run_id, info.task, info, None)
         return ids
 
     @staticmethod

@@ -37,6 +37,7 @@ from duetime.worker.clock import ServerClock
 from duetime.worker.config import WorkerConfig
 from duetime.worker.errors import frames_text, log_message, record_text
 from duetime.worker.isolation import ProcessPool
+from duetime.worker.middleware import attempt_hooks
 from duetime.worker.reporter import Reporter
 from duetime.worker.unknown import UnknownTasks
 
@@ -65,6 +66,7 @@ class Execution:
     # monotonic time its lease was last known good: the claim, then each heartbeat's sending.
     # A lease not renewed for a whole lease length may have expired (leases.py)
     renewed_at: float = field(default_factory=time.monotonic)
+    hooked: Any = None  # its middleware state, once before_attempt ran (worker/middleware.py)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -100,6 +102,8 @@ class Executor:
         # checkpoints and continuations (worker/checkpoints.py; the Worker sets it; None: a
         # bare Executor, whose tasks cannot checkpoint)
         self.checkpoints: Checkpoints | None = None
+        # the app's middleware (worker/middleware.py); None without any: nothing of it runs
+        self.hooks = attempt_hooks(registry, self.worker_id, _TimedOut, reporter)
 
     # -- starting -------------------------------------------------------------------------
     def start(self, p: int, queue: str, c: Claimed, now_ms: float) -> None:
@@ -122,7 +126,8 @@ class Executor:
         # claimed ahead of its due time: wait for it, plus the clock estimate's error bound, so
         # it never starts before its due time on the server's clock
         wait_s = (c.ready_ms + self.clock.error_ms - now_ms) / 1000
-        ex.task = asyncio.create_task(self._execute(ex, c, wait_s))
+        run = self._execute(ex, c, wait_s)
+        ex.task = asyncio.create_task(run if self.hooks is None else self.hooks.execute(ex, run))
 
     def _follow(self, ex: Execution, prev: Execution) -> None:
         """`ex` is a new attempt of a run whose older attempt `prev` still executes here: the
@@ -212,7 +217,12 @@ class Executor:
             if self.checkpoints is not None:  # current_run().checkpoint, checkpoint_state
                 await self.checkpoints.prepare(ex)
             ran = True
-            value = await self._call(ex, spec, args, kwargs, c.timeout_ms / 1000 or None)
+            timeout = c.timeout_ms / 1000 or None
+            if self.hooks is None:
+                value = await self._call(ex, spec, args, kwargs, timeout)
+            else:  # middleware: before_attempt, then the body (worker/middleware.py)
+                value = await self.hooks.around(
+                    ex, c, args, kwargs, lambda: self._call(ex, spec, args, kwargs, timeout))
             if value is not None and spec.store_result:
                 ex.result = self._pack(ex, value)
         except UnknownTask as exc:

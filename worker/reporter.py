@@ -64,6 +64,9 @@ class Reporter:
         self._closing = False
         self.recorded = 0  # report calls the scripts answered (burst mode: work done)
         self.on_recorded: Callable[[], None] | None = None  # called after reports were answered
+        # a report's reply ended the run dead or uncertain: (execution, outcome, error text);
+        # set when middleware has on_dead / on_uncertain hooks (worker/middleware.py)
+        self.on_ended: Callable[[Execution, str, str | None], None] | None = None
         # the worker's count of finished attempts, written to its record (`duetime workers`)
         # with each flush of reports, so it does not lag a heartbeat behind the runs' states;
         # the record expires as the heartbeat's does (record_ttl_ms)
@@ -271,7 +274,8 @@ class Reporter:
                 causes.append(res)
                 continue
             self.unsent.pop(item[1].key, None)
-            self._judged(item[0], item[1], tr.status(res))
+            self._judged(item[0], item[1], tr.status(res),
+                         item[2][0] if item[0] == "fail" else None)
             if item[0] == "fail":
                 self._auto_paused(item[1], res)
         if refused:
@@ -343,6 +347,7 @@ class Reporter:
         if bad:
             log.warning("rate-limit hold not raised in every partition", scope=f"{scope}:{name}",
                         partitions=len(bad), error=str(bad[0])[:300], worker_id=self.worker_id)
+
     def _auto_paused(self, ex: Execution, res: Any) -> None:
         """fail.lua's third reply value: the schedule this dead run paused (guardrails)."""
         if isinstance(res, list) and len(res) > 2 and res[2]:
@@ -351,7 +356,7 @@ class Reporter:
                         schedule=res[2].decode(errors="replace"), run_id=ex.ctx.run_id,
                         task=ex.ctx.task, worker_id=self.worker_id)
 
-    def _judged(self, kind: Report, ex: Execution, reply: bytes) -> None:
+    def _judged(self, kind: Report, ex: Execution, reply: bytes, error: str | None = None) -> None:
         """Count and, when it is news, log what the script decided."""
         ctx = ex.ctx
         label = LABELS.get(reply)
@@ -370,10 +375,14 @@ class Reporter:
             child(metrics.DEAD_LETTERS, ctx.task, ex.owner).inc()
             log.warning("run dead-lettered", run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
                         worker_id=self.worker_id, schedule=ctx.schedule, owner=ex.owner)
+            if self.on_ended is not None:
+                self.on_ended(ex, label, error)
         elif label == Outcome.UNCERTAIN:  # release.lua: a non-idempotent run cut off here
             log.warning("run left uncertain by worker shutdown", run_id=ctx.run_id,
                         task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
                         schedule=ctx.schedule, state="uncertain", reason=UNCERTAIN_REASON)
+            if self.on_ended is not None:
+                self.on_ended(ex, label, UNCERTAIN_REASON)
         elif label in (Outcome.STALE, Outcome.MISSING):
             metrics.LATE_REJECTED.inc()
             log.warning("late result rejected", run_id=ctx.run_id, task=ctx.task,

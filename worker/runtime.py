@@ -168,6 +168,8 @@ class Worker:
             await self.executor.drain(self.cfg.grace_s)
             self.reporter.close()
             await reporter
+            if self.executor.hooks is not None:  # on_dead / on_uncertain of the last reports
+                await self.executor.hooks.drain()
         finally:
             reporter.cancel()
             for t in background:

@@ -158,6 +158,20 @@ def task_fields(spec: TaskSpec, queue: str) -> list[Any]:
     return f
 
 
+def chosen_run_id(keys: Keyspace, req: EnqueueRequest) -> str:
+    """The id `RunStore._prepare_all` gives the request (the same choice: its explicit id, the
+    key's id, or a random one; placed in its tenant's partition), fixed before the write, so
+    middleware's `on_enqueue` knows it. Only called when middleware is registered."""
+    if req.run_id:
+        return req.run_id
+    spec = req.spec
+    run_id = keyed_run_id(spec.name, req.key) if req.key else os.urandom(10).hex()
+    tenant = req.tenant if req.tenant is not None else spec.tenant
+    if tenant is not None:
+        run_id = keys.pin_run_id(run_id, keys.partition_of_tenant(check_name("tenant", tenant)))
+    return run_id
+
+
 class Prepared(NamedTuple):
     run_id: str
     partition: int

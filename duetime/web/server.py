@@ -42,6 +42,7 @@ from duetime.ops.inspect import STATE_INDEX, page_runs
 from duetime.ops.schedule_listing import SCHEDULE_ORDERS
 from duetime.web.console import COUNT_BUDGET, SERIES_WINDOWS, Console
 from duetime.web.edges import Edges, HostAllowList
+from duetime.web.prefix import UnderPrefix
 from duetime.web.security import CSRF_FIELD, SESSION_COOKIE, WRITE_COOKIE, Guard, same_origin
 
 HERE = Path(__file__).resolve().parent
@@ -388,7 +389,9 @@ def create_app(app: App, write_token: str | None = None, allowed_hosts: Iterable
                port: int | None = None, clock: Callable[[], float] = time.monotonic) -> Any:
     """The ASGI application of the console for one namespace. It answers to the loopback names
     and `allowed_hosts` only (and, when `port` is given, on that port): see web/edges.py.
-    `clock` times the lockouts of wrong write tokens (web/security.py; tests move it)."""
+    `clock` times the lockouts of wrong write tokens (web/security.py; tests move it).
+    It may be mounted under a path of another ASGI app (`host.mount("/ops", create_app(app))`:
+    web/prefix.py); the host then guards it (docs/integrations.md)."""
     c = ConsoleApp(app, write_token, clock)
 
     async def on_error(request: Request, exc: Exception) -> Response:
@@ -437,4 +440,5 @@ def create_app(app: App, write_token: str | None = None, allowed_hosts: Iterable
     ]
     hosts = HostAllowList(allowed_hosts, port)
     c.hosts = hosts
-    return Edges(Starlette(routes=routes, exception_handlers=handlers), hosts)
+    # mounted under a host app's path (web/prefix.py): its links point under that path
+    return Edges(UnderPrefix(Starlette(routes=routes, exception_handlers=handlers)), hosts)

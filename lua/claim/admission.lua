@@ -67,11 +67,12 @@ end
 -- start was finished (cancelled, missed, skipped), buffered, dead-lettered, or is stale.
 -- Fields: 1 state, 2 deadline, 3 schedule, 4 overlap, 5 fence, 6 attempt, 7 task, 8 payload,
 -- 9 due, 10 timeout, 11 idempotent, 12 key, 13 cancel_requested, 14 limited_by,
--- 15 interval_start, 16 interval_end (a schedule's run: its data interval).
+-- 15 interval_start, 16 interval_end (a schedule's run: its data interval), 17 tenant,
+-- 18 headers (the last two only go to the worker: its middleware's run context).
 local function admit(c, id, run_key)
   local f, unreadable = run_fields(run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
     'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested',
-    'limited_by', 'interval_start', 'interval_end')
+    'limited_by', 'interval_start', 'interval_end', 'tenant', 'headers')
   if unreadable then
     -- its record key is of the wrong type: dead-lettered as found (it leaves the due set)
     dead_unreadable(c.dead_key, c.events_key, id, c.now, unreadable)

@@ -46,5 +46,7 @@ local function lease_starter(c)
     out[o + 12] = f[14] or ''  -- limited_by
     out[o + 13] = f[15] or ''  -- interval_start
     out[o + 14] = f[16] or ''  -- interval_end
+    out[o + 15] = f[17] or ''  -- tenant
+    out[o + 16] = f[18] or ''  -- headers
   end
 end

@@ -36,21 +36,40 @@ def _floors() -> dict[str, str]:
     return pins
 
 
-# the extras whose floors the floors lane installs and uses (docs: it builds the site; dev and
-# calendars: it runs their tests)
-FLOORED_EXTRAS = ("docs", "dev", "calendars")
-
-
 def test_floors_match_pyproject():
-    """Every dependency, and every one of the floored extras', has a floor, pinned at exactly
-    the `>=` bound pyproject declares."""
-    declared = {}
+    """Every dependency has a floor, pinned at exactly the `>=` bound pyproject declares."""
+    declared = dict(_bound(dep) for dep in PYPROJECT["project"]["dependencies"])
+    pins = _floors()
     extras = PYPROJECT["project"]["optional-dependencies"]
-    for dep in PYPROJECT["project"]["dependencies"] + [d for e in FLOORED_EXTRAS for d in extras[e]]:
-        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*>=\s*([0-9][0-9A-Za-z.]*)", dep)
-        assert m, f"dependency {dep!r} has no plain >= lower bound"
-        declared[m.group(1).lower()] = Version(m.group(3))
-    assert _floors() == declared
+    floored = {_bound(d)[0] for extra in FLOORED_EXTRAS for d in extras[extra]}
+    assert {k: v for k, v in pins.items() if k not in floored} == declared
+
+
+# extras whose floors `make test-floors` installs and uses too (docs: it builds the site; the
+# others: their tests run there): each of their dependencies is pinned in
+# constraints/floors.txt at its declared bound
+FLOORED_EXTRAS = ("docs", "dev", "calendars", "otel", "sentry")
+
+
+def _bound(dep: str) -> tuple[str, Version]:
+    m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*>=\s*([0-9][0-9A-Za-z.]*)", dep)
+    assert m, f"dependency {dep!r} has no plain >= lower bound"
+    return m.group(1).lower(), Version(m.group(3))
+
+
+def test_floored_extras_are_pinned_and_installed():
+    """The floored extras' bounds are pinned in floors.txt, and the floors lane installs those
+    extras (so their integration tests there run at the floors)."""
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    declared = dict(_bound(d) for extra in FLOORED_EXTRAS for d in extras[extra])
+    pins = _floors()
+    assert {name: pins.get(name) for name in declared} == declared
+    base = {_bound(d)[0] for d in PYPROJECT["project"]["dependencies"]}
+    assert set(pins) == base | set(declared)  # nothing pinned that nothing declares
+    makefile = (ROOT / "Makefile").read_text()
+    install = re.search(r"FLOORS_VENV\)/bin/pip install .*-e '\.\[([^\]]*)\]'", makefile)
+    assert install, "the floors lane's install line"
+    assert set(FLOORED_EXTRAS) <= set(install.group(1).split(","))
 
 
 def test_no_private_module_of_redis_py_is_imported():
