@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import click
 import redis
 
+from duetime.app import App
 from duetime.cli.common import (
     announce,
     duration_option,
@@ -20,7 +22,7 @@ from duetime.cli.common import (
     metrics_options,
 )
 from duetime.common import logs, metrics
-from duetime.common.errors import RedisRefused
+from duetime.common.errors import RedisRefused, RedisUnavailable
 from duetime.common.startup import answers, wait_for_server, warn_unverified_tls
 from duetime.common.time.parse import (
     CLAIM_AHEAD,
@@ -109,17 +111,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     metrics.serve(metrics_port, metrics_host, role="worker")
     warn_unverified_tls(app.redis_url, "worker")
     wait_for_server(lambda: answers(app.store.client), app.redis_url, "worker")
-    client = app.store.ready()
-    try:
-        client.sadd(app.keys.queues, *qs)  # the queue list `top` and the gauges read
-        app.publish_tasks()  # producers without the code enqueue by name with these options
-    except (redis.exceptions.OutOfMemoryError, RedisRefused) as exc:
-        if isinstance(exc, RedisRefused) and exc.code != "OOM":
-            raise
-        # at maxmemory the worker still starts (heartbeats go on, claims wait); enqueues and
-        # the next worker start record the names and the task options
-        logs.get("duetime.cli").warning("redis is at maxmemory: queue names and task options "
-                                        "not recorded yet", queues=qs)
+    register(app, qs)
     announce(ctx, app, "worker")
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
     asyncio.run(w.run(until_idle=burst))
@@ -127,6 +119,33 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def register(app: App, qs: list[str], wait: Callable[[], object] | None = None) -> None:
+    """Record the worker's queue names (the list `top` and the gauges read) and its tasks'
+    options (producers without the code enqueue by name with them). The server may go away
+    between the start-up probe and these writes (a restart): they are retried once it answers
+    again, as the probe is, instead of the worker exiting with a connection error."""
+    while True:
+        try:
+            client = app.store.ready()
+            try:
+                client.sadd(app.keys.queues, *qs)
+                app.publish_tasks()
+            except (redis.exceptions.OutOfMemoryError, RedisRefused) as exc:
+                if isinstance(exc, RedisRefused) and exc.code != "OOM":
+                    raise
+                # at maxmemory the worker still starts (heartbeats go on, claims wait);
+                # enqueues and the next worker start record the names and the task options
+                logs.get("duetime.cli").warning("redis is at maxmemory: queue names and task "
+                                                "options not recorded yet", queues=qs)
+            return
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                RedisUnavailable) as exc:
+            logs.get("duetime.cli").warning("redis went away during start-up; waiting for it "
+                                            "again", error=str(exc)[:200])
+            (wait or (lambda: wait_for_server(lambda: answers(app.store.client), app.redis_url,
+                                              "worker")))()
 
 
 def _reload(app_ref: str, dirs: tuple[Path, ...], grace: timedelta) -> None:

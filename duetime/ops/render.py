@@ -98,6 +98,7 @@ def run_to_dict(run: Run, now: datetime | None = None) -> dict[str, Any]:
         "result": run.result,
         **long_run_to_dict(run, now),
         "depends_on": run.depends_on, "batch_id": run.batch_id, "batch_role": run.batch_role,
+        "headers": dict(run.headers),
         "attempts": [
             {"number": a.number, "fence": a.fence, "worker": a.worker,
              "started": _iso(a.started), "ended": _iso(a.ended), "outcome": a.outcome,

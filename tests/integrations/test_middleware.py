@@ -77,6 +77,10 @@ def test_hooks_run_in_registration_order_with_the_run_context(own_app: duetime.A
     # the headers on_enqueue added were stored on the run and claimed with it
     assert dict(run.headers) == {"by-a": run_id, "by-b": run_id}
     assert calls[6][2] == (1, "succeeded", None)
+    # and `runs show --json` shows them
+    from duetime.ops.render import run_to_dict
+
+    assert run_to_dict(own_app.get_run(run_id))["headers"] == {"by-a": run_id, "by-b": run_id}
 
 
 def test_async_hooks_and_aenqueue(own_app: duetime.App):
