@@ -35,7 +35,7 @@ from duetime.common.transitions import Claimed
 from duetime.worker.checkpoints import Checkpoints
 from duetime.worker.clock import ServerClock
 from duetime.worker.config import WorkerConfig
-from duetime.worker.errors import frames_text, log_message, record_text
+from duetime.worker.errors import REDIS_ERRORS, frames_text, log_message, record_text
 from duetime.worker.isolation import ProcessPool
 from duetime.worker.middleware import attempt_hooks
 from duetime.worker.reporter import Reporter
@@ -79,6 +79,11 @@ class Execution:
 
 class _TimedOut(Exception):  # noqa: N818 - internal signal, never leaves this module
     """The task exceeded its own timeout (unlike a TimeoutError the task itself raised)."""
+
+
+class _NotStarted(Exception):  # noqa: N818 - internal signal, never leaves this module
+    """Redis did not answer what the attempt needs before its body starts (its checkpoint):
+    nothing ran, so the run goes back to its queue without spending an attempt."""
 
 
 class Executor:
@@ -215,7 +220,10 @@ class Executor:
                 raise Fatal(f"payload unreadable (not duetime's msgpack [args, kwargs]): "
                             f"{exc!r}") from None
             if self.checkpoints is not None:  # current_run().checkpoint, checkpoint_state
-                await self.checkpoints.prepare(ex)
+                try:
+                    await self.checkpoints.prepare(ex)
+                except REDIS_ERRORS as exc:
+                    raise _NotStarted(f"{type(exc).__name__}: {exc}") from None
             ran = True
             timeout = c.timeout_ms / 1000 or None
             if self.hooks is None:
@@ -225,6 +233,11 @@ class Executor:
                     ex, c, args, kwargs, lambda: self._call(ex, spec, args, kwargs, timeout))
             if value is not None and spec.store_result:
                 ex.result = self._pack(ex, value)
+        except _NotStarted as exc:  # nothing ran: back to its queue, no attempt spent
+            report = "release"
+            log.warning("run given back: redis did not answer before its body started",
+                        run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
+                        worker_id=self.worker_id, error=str(exc)[:300])
         except UnknownTask as exc:
             report, mode, exc_type = "fail", "fatal", "UnknownTask"
             err = f"{exc}; worker {self.worker_id} cannot run it"

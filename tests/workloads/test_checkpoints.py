@@ -109,6 +109,35 @@ def test_the_next_attempt_reads_the_checkpoint_and_a_first_attempt_none(lapp):
 
 
 @pytest.mark.scripts
+def test_a_checkpoint_redis_cannot_read_gives_the_run_back_without_spending_an_attempt(
+        lapp, monkeypatch):
+    """A chaos run caught it: the server went away while a retry read its checkpoint, and the
+    attempt was recorded as failed with the connection error although its body never ran."""
+    import redis
+
+    from duetime.worker.checkpoints import Checkpoints
+
+    real, failed = Checkpoints.prepare, []
+
+    async def flaky(self, ex):  # the first read of a checkpoint fails, as during a restart
+        if ex.ctx.fence > 1 and not failed:
+            failed.append(ex.ctx.run_id)
+            raise redis.ConnectionError("Connection closed by server.")
+        return await real(self, ex)
+
+    monkeypatch.setattr(Checkpoints, "prepare", flaky)
+    run_id = longruns.fail_once.enqueue()
+    burst(lapp)
+    assert lapp.wait(run_id, timeout=10) == {"step": 7}
+    run = lapp.get_run(run_id)
+    assert failed == [run_id]
+    # attempt 1 failed (the task's own failure); the given-back claim spent nothing
+    assert [a.outcome for a in run.attempts][-1] == "succeeded"
+    assert run.attempt == 2 and longruns.seen[run_id] == [(1, None), (2, {"step": 7})]
+    assert not any("Connection closed" in (a.error or "") for a in run.attempts)
+
+
+@pytest.mark.scripts
 def test_a_checkpoint_damaged_by_hand_dead_letters_the_run_instead_of_starting_over(lapp):
     s = Scripted(lapp)
     run_id = longruns.slices.enqueue(3)
