@@ -29,12 +29,17 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.chaos:app"
 # the scripts each role calls (docs/operations.md, the role table)
 SCRIPTS = {
-    "worker": ("claim", "heartbeat", "complete", "fail", "release", "handback"),
-    "scheduler": ("materialize", "reap", "partition_owners", "schedule_quarantine"),
+    "worker": ("claim", "heartbeat", "complete", "fail", "release", "handback", "rate_limited",
+               "checkpoint", "continue_run"),
+    # the reaper also relays dependency notices between partitions (deps_apply, deps_link)
+    "scheduler": ("materialize", "reap", "partition_owners", "schedule_quarantine",
+                  "deps_apply", "deps_link"),
     "operator": ("enqueue", "cancel", "replay", "resolve", "purge", "schedule_upsert",
-                 "schedule_pause", "schedule_delete", "materialize", "wait"),
-    # the web console's actions: cancel, replay, resolve, pause/resume, trigger
-    "console-write": ("cancel", "replay", "resolve", "schedule_pause", "materialize"),
+                 "schedule_pause", "schedule_delete", "materialize", "wait", "hold",
+                 "deps_link", "batch_cancel"),
+    # the web console's actions: cancel, replay, resolve, pause/resume, trigger, cancel a batch
+    "console-write": ("cancel", "replay", "resolve", "schedule_pause", "materialize",
+                      "batch_cancel"),
 }
 # doctor tries CONFIG GET (refused: it reads persistence from INFO alone); `runs wait` by the
 # read-only operator tries the notify script once (refused: it polls); nothing else may be
