@@ -33,8 +33,8 @@ SCRIPTS = {
     "scheduler": ("materialize", "reap", "partition_owners", "schedule_quarantine"),
     "operator": ("enqueue", "cancel", "replay", "resolve", "purge", "schedule_upsert",
                  "schedule_pause", "schedule_delete", "materialize", "wait"),
-    # the web console's actions: cancel, replay, resolve, pause/resume, trigger
-    "console-write": ("cancel", "replay", "resolve", "schedule_pause", "materialize"),
+    # the web console's actions: cancel, replay, resolve, pause/resume, trigger, delete/purge
+    "console-write": ("cancel", "replay", "resolve", "schedule_pause", "materialize", "purge"),
 }
 # doctor tries CONFIG GET (refused: it reads persistence from INFO alone); `runs wait` by the
 # read-only operator tries the notify script once (refused: it polls); nothing else may be

@@ -189,3 +189,24 @@ def test_the_throughput_chart_has_labelled_axes_and_the_window_s_totals(console,
     assert "<polyline" in svg
     totals = dict(re.findall(r'data-total="(\w+)">(\d+)<', block))
     assert totals == {"processed": "120", "failed": "4"}, totals
+
+
+def test_duetime_frames_are_left_out_of_chained_tracebacks_too():
+    from duetime.common.errors import InvalidInput
+    from duetime.common.names import check_name
+    from duetime.worker.errors import PACKAGE_DIRS, record_text
+
+    def users_code() -> None:
+        try:
+            check_name("run id", "")  # raises inside duetime
+        except InvalidInput as exc:
+            raise RuntimeError("wrapped") from exc
+
+    try:
+        users_code()
+    except RuntimeError as exc:
+        text = record_text(exc)
+    assert text.startswith("RuntimeError: wrapped\nTraceback")
+    assert "direct cause" in text and "InvalidInput" in text and "in users_code" in text
+    assert not [f for f in re.findall(r'File "([^"]+)"', text) if f.startswith(PACKAGE_DIRS)], text
+    assert PACKAGE_DIRS and all(not d.rstrip("/").endswith("tests") for d in PACKAGE_DIRS)
