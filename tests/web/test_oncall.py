@@ -12,7 +12,6 @@ import re
 from datetime import UTC, datetime
 
 import duetime
-from duetime.common import series
 from duetime.ops.inspect import Inspector
 from tests.apps import webapp
 from tests.integration.inproc import burst
