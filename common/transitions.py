@@ -19,6 +19,7 @@ Replies come in four shapes, each read here by one decoder (see REPLY, and the `
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,8 +230,12 @@ def resolve(k: Keyspace, p: int, run_id: str, verdict: str, note: str = "") -> C
             [k.prefix(p), run_id, verdict, note])
 
 
-def purge(k: Keyspace, p: int, limit: int, before_ms: int | None = None) -> Call:
-    return [k.dead(p), k.events(p)], [k.prefix(p), limit, "" if before_ms is None else before_ms]
+def purge(k: Keyspace, p: int, limit: int, before_ms: int | None = None,
+          run_ids: Sequence[str] = ()) -> Call:
+    """The oldest `limit` dead letters (at or before `before_ms`), or exactly `run_ids` (all of
+    partition p), still dead."""
+    return [k.dead(p), k.events(p)], [k.prefix(p), limit, "" if before_ms is None else before_ms,
+                                      *run_ids]
 
 
 def wait(k: Keyspace, p: int, run_id: str) -> Call:

@@ -3,6 +3,8 @@ in full (bounded) into the run record, as type plus a bounded line into the logs
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import traceback
 from pathlib import Path
 
@@ -23,8 +25,45 @@ def record_text(exc: BaseException) -> str:
     remote = getattr(exc, "remote_traceback", None)  # raised in a task process (isolation.py)
     if isinstance(remote, str):
         return (head + "\n" + remote[-MAX_RECORD_TEXT:]) if remote else head
-    text = "".join(traceback.format_exception(exc))
+    text = user_traceback(exc)
     return (head + "\n" + text[-MAX_RECORD_TEXT:]) if text else head
+
+
+def _package_dirs() -> tuple[str, ...]:
+    """The folders of duetime's own code (in a source checkout common/, worker/ and scheduler/
+    are duetime.common, ... through package-dir: four roots, none of them the checkout)."""
+    dirs: list[str] = []
+    for name in ("duetime", "duetime.common", "duetime.worker", "duetime.scheduler"):
+        spec = importlib.util.find_spec(name)  # imports no subpackage, only `duetime`
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            dirs += [os.path.join(d, ""), os.path.join(os.path.realpath(d), "")]
+    return tuple(dict.fromkeys(dirs))
+
+
+PACKAGE_DIRS = _package_dirs()
+_MACHINERY = ("/asyncio/", "/concurrent/futures/")  # the event loop's, before the task's code
+
+
+def _without_own_frames(te: traceback.TracebackException, seen: set[int]) -> None:
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    frames = [f for f in te.stack if not f.filename.startswith(PACKAGE_DIRS)]
+    while frames and any(part in frames[0].filename for part in _MACHINERY):
+        frames.pop(0)
+    te.stack = traceback.StackSummary.from_list(frames)
+    for linked in (te.__cause__, te.__context__, *(te.exceptions or ())):
+        if linked is not None:
+            _without_own_frames(linked, seen)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback as Python prints it (chained exceptions included), without duetime's own
+    frames (the worker's calls into the task, and the event loop's before them): what the
+    run record stores is the task's code only."""
+    te = traceback.TracebackException.from_exception(exc)
+    _without_own_frames(te, set())
+    return "".join(te.format())
 
 
 MAX_LOG_FRAMES = 2000

@@ -90,6 +90,7 @@ def _load(ref: str, url: str | None, namespace: str | None) -> Any:
 
 def _failure(exc: BaseException) -> dict[str, Any]:
     from duetime.common.errors import Fatal, Retry
+    from duetime.worker.errors import user_traceback
 
     kind, delay_ms = "error", None
     if isinstance(exc, Retry):
@@ -104,7 +105,7 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a failing __str__ must not lose the failure
         msg = f"<{type(exc).__name__}.__str__ failed>"
     return {"ok": False, "kind": kind, "type": type(exc).__name__, "msg": msg,
-            "delay_ms": delay_ms, "tb": "".join(traceback.format_exception(exc))[-8000:],
+            "delay_ms": delay_ms, "tb": user_traceback(exc)[-8000:],
             "frames": "".join(traceback.format_list(frames))[-2000:]}
 
 

@@ -131,3 +131,18 @@ class RunAdmin:
                 if examined < PURGE_BATCH:
                     break
         return total
+
+    def delete_dead(self, run_ids: list[str]) -> int:
+        """Delete these dead letters for good (purge.lua, by id) → how many were; a run not
+        dead-lettered any more (replayed, purged, never dead) is left alone."""
+        by_partition: dict[int, list[str]] = {}
+        for run_id in dict.fromkeys(run_ids):
+            check_name("run id", run_id)
+            by_partition.setdefault(self.keys.partition_of_run(run_id), []).append(run_id)
+        total = 0
+        for p, ids in sorted(by_partition.items()):
+            for i in range(0, len(ids), PURGE_BATCH):
+                keys, args = tr.purge(self.keys, p, PURGE_BATCH, None, ids[i:i + PURGE_BATCH])
+                with translated(self.url):
+                    total += tr.counts(self.scripts.purge(keys=keys, args=args))[0]
+        return total

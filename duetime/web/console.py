@@ -8,9 +8,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from duetime.app import App
+from duetime.client.runs import keyed_run_id
 from duetime.client.schedules import ScheduleStore
 from duetime.common import series
 from duetime.common.connection import redact, server_time_ms, translated
@@ -30,7 +31,7 @@ from duetime.ops.render import (
     worker_to_dict,
 )
 from duetime.ops.schedule_listing import SCHEDULE_ORDERS, page_schedules
-from duetime.web.plots import sparkline
+from duetime.web.plots import chart, sparkline
 from duetime.web.timeline import timeline
 
 PAGE = 50
@@ -48,6 +49,21 @@ def _hidden(d: dict[str, Any], show_payload: bool) -> dict[str, Any]:
     if not show_payload:
         d = {k: v for k, v in d.items() if k not in ("args", "kwargs", "result")}
     return d
+
+
+def throughput(points: list[series.Point], queue: str, t0: int, t1: int, step_ms: int
+               ) -> dict[str, Any]:
+    """A queue's finish rate over the window as a chart with axes, and the window's totals
+    read off the same samples: processed (runs finished, succeeded or dead: the rate times
+    each step) and failed (dead letters added from one sample to the next). Estimates, as the
+    samples are: each rate is measured over the minute before its sample."""
+    rates = [(p.t_ms, (p.queues.get(queue) or {}).get("finished_per_s")) for p in points]
+    processed = sum((v or 0.0) * step_ms / 1000 for _, v in rates)
+    deads = [(p.queues.get(queue) or {}).get("dead") for p in points]
+    failed = sum(max(0.0, (b or 0.0) - (a or 0.0)) for a, b in zip(deads, deads[1:], strict=False)
+                 if a is not None and b is not None)
+    return {"svg": chart(rates, t0, t1, f"{queue} processed", "runs/s"),
+            "processed": round(processed), "failed": round(failed)}
 
 
 class Console:
@@ -91,13 +107,16 @@ class Console:
         t0 = max(ov.now_ms - step_ms * cap, points[0].t_ms - step_ms) if points else ov.now_ms - step_ms * cap
         t1 = ov.now_ms
         plots: dict[str, dict[str, Any]] = {}
+        charts: dict[str, dict[str, Any]] = {}
         for q in top["queues"]:
             name = q["queue"]
             plots[name] = {
                 field: sparkline([(p.t_ms, (p.queues.get(name) or {}).get(field)) for p in points],
                                  t0, t1, f"{name} {label}", unit)
                 for field, label, unit in PLOTTED}
-        return {"top": top, "plots": plots, "samples": len(points), "step": step, "window": window,
+            charts[name] = throughput(points, name, t0, t1, step_ms)
+        return {"top": top, "plots": plots, "charts": charts, "samples": len(points), "step": step,
+                "window": window,
                 "workers": [worker_to_dict(w) for w in self.insp.workers()],
                 "schedulers": [scheduler_to_dict(s) for s in self.insp.schedulers()],
                 "doctor": self.doctor()}
@@ -130,6 +149,34 @@ class Console:
                     width = ((a.ended or now) - a.started).total_seconds() / span * 100
                     out["bar"] = (round(left, 2), round(max(width, 0.5), 2))
         return d
+
+    def search(self, text: str) -> list[dict[str, str]]:
+        """What `text` names: a run (by id), a schedule (by name), runs by idempotency key (the
+        key's run id for each task this namespace knows, in its own partition or pinned to a
+        tenant's: see client/runs.py keyed_run_id and Keyspace.pin_run_id). Reads only."""
+        k, client = self.app.keys, self.insp.client
+        tasks = set(self.app.registry.names())
+        with translated(self.app.redis_url):
+            for key in (k.tasks, k.task_seen):
+                names = cast(list[bytes], client.hkeys(key))  # no duetime client decodes
+                tasks |= {t.decode(errors="replace") for t in names}
+            candidates: list[tuple[str, str, str]] = [("run", text, k.run(k.partition_of_run(text), text))]
+            candidates.append(("schedule", text, k.sched(k.partition_of_schedule(text), text)))
+            for task in sorted(tasks):
+                keyed = keyed_run_id(task, text)
+                ids = dict.fromkeys([keyed] + [k.pin_run_id(keyed, p) for p in range(k.partitions)])
+                candidates += [(f"key of {task}", rid, k.run(k.partition_of_run(rid), rid))
+                               for rid in ids]
+            pipe = client.pipeline(transaction=False)
+            for _, _, key in candidates:
+                pipe.exists(key)
+            found = pipe.execute()
+        hits, seen = [], set()
+        for (kind, target, _), there in zip(candidates, found, strict=True):
+            if there and (kind, target) not in seen:
+                seen.add((kind, target))
+                hits.append({"kind": kind, "target": target})
+        return hits
 
     def queues(self) -> list[str]:
         return self.insp.queues()

@@ -46,7 +46,8 @@ from duetime.web.prefix import UnderPrefix
 from duetime.web.security import CSRF_FIELD, SESSION_COOKIE, WRITE_COOKIE, Guard, same_origin
 
 HERE = Path(__file__).resolve().parent
-REPLAY_BATCH = 500  # dead letters replayed per confirmed POST
+REPLAY_BATCH = 500  # dead letters replayed per confirmed POST; also the most selected at once
+MAX_SEARCH = 500  # characters of a search
 FLASH = {
     "paused": "Paused: no runs are created until it is resumed.",
     "resumed": "Resumed: occurrences missed while paused follow its catch-up policy.",
@@ -57,6 +58,7 @@ FLASH = {
     "queue-paused": "Queue paused: its runs are accepted and wait; no worker claims them.",
     "queue-resumed": "Queue resumed: workers claim its runs again.",
     "unlocked": "Writes are unlocked for this browser session.",
+    "none-selected": "No dead letter was selected: tick the boxes of those to act on.",
     "locked": "Writes are locked again for this browser session.",
 }
 
@@ -88,6 +90,13 @@ def _instant(text: str | None, what: str) -> datetime | None:
     if when.tzinfo is None:
         raise InvalidInput(f"{what}: {text[:60]!r} has no UTC offset; add one (e.g. Z or +01:00)")
     return when
+
+
+def _ms(when: datetime | None) -> int | None:
+    """An instant as `duetime dead purge --before` reads it (common/time/parse.py)."""
+    from duetime.common.time.parse import to_ms
+
+    return None if when is None else to_ms(when)
 
 
 class ConsoleApp:
@@ -214,6 +223,85 @@ class ConsoleApp:
         count, exact = self.console.count_matching_dead(f["queue"], f["task"], f["owner"])
         return self.render(request, "confirm_replay_all.html", {
             "f": f, "count": count, "exact": exact, "batch": REPLAY_BATCH, "budget": COUNT_BUDGET})
+
+    def _selected(self, ids: list[str]) -> list[dict[str, Any]]:
+        """The selected runs that are still dead letters, as the lists show them."""
+        from duetime.ops.render import summary_to_dict
+
+        if len(ids) > REPLAY_BATCH:
+            raise InvalidInput(f"at most {REPLAY_BATCH} dead letters at once; {len(ids)} selected")
+        ids = list(dict.fromkeys(i for i in ids if i))
+        return [summary_to_dict(s) for s in self.console.insp._summaries(ids)
+                if s is not None and s.state == "dead" and not s.replayed_by]
+
+    async def dead_selected_confirm(self, request: Request) -> Response:
+        """The confirmation page of replaying or deleting the dead letters ticked on /dead."""
+        action = request.query_params.get("action")
+        if action not in ("replay", "delete"):
+            raise HTTPException(404)
+        ids = request.query_params.getlist("run")
+        if not ids:
+            return RedirectResponse("/dead?flash=none-selected", status_code=303)
+        runs = await run_in_threadpool(self._selected, ids)
+        return self.render(request, "confirm_selected.html", {
+            "action": action, "runs": runs, "gone": len(set(ids)) - len(runs)})
+
+    async def dead_selected(self, request: Request) -> Response:
+        """Replay or delete the selected dead letters (each still dead when it is reached)."""
+        form = await self.writable(request)
+        if isinstance(form, Response):
+            return form
+        action = form.get("action")
+        ids = [str(v) for v in form.getlist("run")]
+        if action not in ("replay", "delete"):
+            raise HTTPException(404)
+        adm = self.console.admin
+
+        def replay_them() -> list[tuple[str, str]]:
+            pairs = []
+            for s in self._selected(ids):
+                try:
+                    pairs.append((s["id"], adm.replay(s["id"])[0]))
+                except (InvalidState, RunNotFound):
+                    continue  # replayed or purged by someone else meanwhile
+            return pairs
+
+        if action == "replay":
+            pairs = await run_in_threadpool(replay_them)
+            return self.render(request, "replayed.html", {"pairs": pairs, "more": False, "f": {}})
+        if len(ids) > REPLAY_BATCH:
+            raise InvalidInput(f"at most {REPLAY_BATCH} dead letters at once; {len(ids)} selected")
+        deleted = await run_in_threadpool(adm.delete_dead, ids)
+        return self.render(request, "purged.html", {"purged": deleted, "asked": len(set(ids)),
+                                                    "before": None})
+
+    def dead_purge_confirm(self, request: Request) -> Response:
+        before = _instant(_param(request, "before"), "before")
+        count = self.console.admin.count_dead(_ms(before))
+        return self.render(request, "confirm_purge.html", {"count": count, "before": before})
+
+    async def dead_purge(self, request: Request) -> Response:
+        """`duetime dead purge [--before]`: every dead letter (dead at or before an instant)
+        deleted for good, records and attempt histories."""
+        form = await self.writable(request)
+        if isinstance(form, Response):
+            return form
+        before = _instant(str(form.get("before") or "").strip() or None, "before")
+        purged = await run_in_threadpool(self.console.admin.purge_dead, _ms(before))
+        return self.render(request, "purged.html", {"purged": purged, "asked": None,
+                                                    "before": before})
+
+    async def search(self, request: Request) -> Response:
+        """The header's search box: a run id → its page; an idempotency key → its run's page;
+        a schedule's name → its page; several → a list; none → a page saying so (404)."""
+        text = (_param(request, "q") or "")[:MAX_SEARCH]
+        hits = await run_in_threadpool(self.console.search, text) if text else []
+        if len(hits) == 1:
+            hit = hits[0]
+            where = "schedules" if hit["kind"] == "schedule" else "runs"
+            return RedirectResponse(f"/{where}/{_seg(hit['target'])}", status_code=303)
+        return self.render(request, "search.html", {"q": text, "hits": hits},
+                           status=200 if hits or not text else 404)
 
     def uncertain(self, request: Request) -> Response:
         f = {"queue": _param(request, "queue")}
@@ -424,6 +512,11 @@ def create_app(app: App, write_token: str | None = None, allowed_hosts: Iterable
         Route("/dead", c.dead),
         Route("/dead/replay", c.dead_replay_confirm),
         Route("/dead/replay", c.dead_replay, methods=["POST"]),
+        Route("/dead/selected", c.dead_selected_confirm),
+        Route("/dead/selected", c.dead_selected, methods=["POST"]),
+        Route("/dead/purge", c.dead_purge_confirm),
+        Route("/dead/purge", c.dead_purge, methods=["POST"]),
+        Route("/search", c.search),
         Route("/uncertain", c.uncertain),
         Route("/schedules", c.schedules),
         Route("/schedules/{name:path}/{action}", c.schedule_action, methods=["POST"]),

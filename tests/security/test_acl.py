@@ -37,8 +37,9 @@ SCRIPTS = {
     "operator": ("enqueue", "cancel", "replay", "resolve", "purge", "schedule_upsert",
                  "schedule_pause", "schedule_delete", "materialize", "wait", "hold",
                  "deps_link", "batch_cancel"),
-    # the web console's actions: cancel, replay, resolve, pause/resume, trigger, cancel a batch
-    "console-write": ("cancel", "replay", "resolve", "schedule_pause", "materialize",
+    # the web console's actions: cancel, replay, resolve, pause/resume, trigger, delete/purge,
+    # cancel a batch
+    "console-write": ("cancel", "replay", "resolve", "schedule_pause", "materialize", "purge",
                       "batch_cancel"),
 }
 # doctor tries CONFIG GET (refused: it reads persistence from INFO alone); `runs wait` by the

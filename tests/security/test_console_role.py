@@ -89,6 +89,10 @@ def pages(ids: dict[str, str]) -> dict[str, list[str]]:
                                + [f"/runs/{ids['done']}?payload=1"],
         "/dead": ["/dead", "/dead?owner=nobody&task=chaos.failing"],
         "/dead/replay": ["/dead/replay", "/dead/replay?task=chaos.failing"],
+        "/dead/selected": [f"/dead/selected?action=replay&run={ids['dead']}&run={ids['dead2']}",
+                           f"/dead/selected?action=delete&run={ids['dead']}"],
+        "/dead/purge": ["/dead/purge", "/dead/purge?before=2030-01-01T00:00:00Z"],
+        "/search": ["/search", f"/search?q={ids['done']}&x=1", "/search?q=console-sched"],
         "/uncertain": ["/uncertain", "/uncertain?queue=default"],
         "/schedules": ["/schedules", "/schedules?order=next"],
         "/schedules/{name:path}": ["/schedules/console-sched", "/schedules/console-sched?payload=1",
@@ -163,7 +167,9 @@ def test_the_console_role_refuses_every_write_and_changes_nothing(acl, namespace
                            (f"/runs/{ids['unsure']}/resolve", {"verdict": "failed"}),
                            ("/schedules/console-sched/pause", {}),
                            ("/schedules/console-sched/trigger", {}),
-                           ("/dead/replay", {})):
+                           ("/dead/replay", {}),
+                           ("/dead/selected", {"action": "delete", "run": ids["dead"]}),
+                           ("/dead/purge", {})):
             res = c.post(path, data={"csrf": csrf, **data}, follow_redirects=False)
             assert res.status_code == 403, (path, res.status_code, res.text[-500:])
             text = res.text.lower()
@@ -191,6 +197,13 @@ def test_every_write_of_the_console_works_under_the_console_write_role(acl, name
             assert res.status_code == 303, (path, res.status_code, res.text[-500:])
         res = c.post("/dead/replay", data={"csrf": csrf}, follow_redirects=False)
         assert res.status_code == 200 and ids["dead2"] in res.text, res.text[-500:]
+        (extra,) = Driver(chaos_app.app).dead(chaos_app.failing, 1)
+        res = c.post("/dead/selected", data={"csrf": csrf, "action": "delete",
+                                             "run": [extra, ids["dead2"]]}, follow_redirects=False)
+        assert res.status_code == 200 and "Deleted 1 dead letter(s)" in res.text  # dead2 replayed
+        res = c.post("/dead/purge", data={"csrf": csrf, "before": "2000-01-01T00:00:00Z"},
+                     follow_redirects=False)
+        assert res.status_code == 200 and "Deleted 0 dead letter(s)" in res.text, res.text[-500:]
         assert c.post("/lock", data={"csrf": csrf}, follow_redirects=False).status_code == 303
     finally:
         c.close()
@@ -201,6 +214,8 @@ def test_every_write_of_the_console_works_under_the_console_write_role(acl, name
         assert admin.get_run(ids["dead"]).replayed_by
         assert admin.get_run(ids["dead2"]).replayed_by
         assert admin.get_run(ids["unsure"]).state == "dead"
+        with pytest.raises(duetime.RunNotFound):
+            admin.get_run(extra)
         assert not admin.get_schedule("console-sched").paused
     finally:
         admin.close()

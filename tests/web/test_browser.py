@@ -224,3 +224,34 @@ def test_read_only_refuses_a_write_and_a_post_without_csrf_is_refused(page, wapp
     assert not wapp.get_schedule("nightly").paused
     assert post_status(page, "/schedules/nightly/pause", with_csrf=True) == 200  # the control
     assert wapp.get_schedule("nightly").paused
+
+
+def test_two_selected_dead_letters_are_replayed_in_one_action(page, wapp, web, tmp_path):
+    from tests.integration.opkit import Driver
+
+    base = web(TOKEN)
+    a, b, c = Driver(wapp).dead(webapp.charge, 3, [7])
+    unlock(page, base)
+    page.get(base + "/dead")
+    for run_id in (a, b):
+        page.find_element(*by(f'#dead input[name=run][value="{run_id}"]')).click()
+    # the list changes meanwhile (one more dead letter): a live refresh after it keeps the
+    # selection (the region is not replaced while boxes are ticked)
+    (late,) = Driver(wapp).dead(webapp.charge, 1, [8])
+    before = page.execute_script("return document.body.getAttribute('data-refreshed')")
+    wait_for(lambda: page.execute_script("return document.body.getAttribute('data-refreshed')")
+             != before, 10, what="a live refresh of the page")
+    checked = page.execute_script(
+        "return [...document.querySelectorAll('#dead input[name=run]:checked')].map(e => e.value)")
+    assert sorted(checked) == sorted([a, b]) and late not in text(page, "#dead")
+    shot(page, "dead-selected", tmp_path)
+    page.find_element(*by("#replay-selected")).click()
+    wait_for(lambda: "/dead/selected" in page.current_url, 10, what="the confirmation page")
+    listed = text(page, "#selected")
+    assert a in listed and b in listed and c not in listed
+    page.find_element(*by("#confirm button[type=submit]")).click()
+    wait_for(lambda: "Replayed 2 dead letter(s)" in text(page, "h1"), 10, what="the replayed page")
+    for old in (a, b):
+        new = wapp.get_run(old).replayed_by
+        assert new and new in text(page, "#replayed") and wapp.get_run(new).replay_of == old
+    assert wapp.get_run(c).replayed_by is None

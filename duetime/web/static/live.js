@@ -26,6 +26,7 @@
         if (!html) { return; }
         var doc = new DOMParser().parseFromString(html, "text/html");
         document.querySelectorAll("[data-live]").forEach(function (el) {
+          if (el.querySelector("input[type=checkbox]:checked")) { return; }  // a selection is kept
           var fresh = doc.getElementById(el.id);
           if (fresh && fresh.innerHTML !== el.innerHTML) { el.innerHTML = fresh.innerHTML; }
         });
