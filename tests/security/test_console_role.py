@@ -63,8 +63,9 @@ def seed(server: EmbeddedServer, namespace: str) -> dict[str, str]:
     ov = Inspector(d.r, k, server.url).overview()
     d.r.xadd(k.series("10s"), series.encode(ov))  # type: ignore[arg-type]
     app.enqueue_many([{"task": chaos_app.quick, "args": [0.0], "delay": 3600}] * 60)  # > a page
+    batch = app.batch([(chaos_app.quick, [0.0])] * 3, on_complete=chaos_app.tick)
     return {"dead": dead[0], "dead2": dead[1], "done": done, "unsure": unsure,
-            "running": running, "waiting": waiting, "sched": "console-sched"}
+            "running": running, "waiting": waiting, "sched": "console-sched", "batch": batch}
 
 
 def console(role: Role, port: int, namespace: str, token: str | None = None
@@ -85,7 +86,7 @@ def pages(ids: dict[str, str]) -> dict[str, list[str]]:
         "/runs/{run_id:path}/confirm/{action}": [
             f"/runs/{ids['dead']}/confirm/replay", f"/runs/{ids['unsure']}/confirm/resolve?as=failed",
             f"/runs/{ids['waiting']}/confirm/cancel"],
-        "/runs/{run_id:path}": [f"/runs/{i}" for i in ids.values() if i != ids["sched"]]
+        "/runs/{run_id:path}": [f"/runs/{i}" for i in ids.values() if i not in (ids["sched"], ids["batch"])]
                                + [f"/runs/{ids['done']}?payload=1"],
         "/dead": ["/dead", "/dead?owner=nobody&task=chaos.failing"],
         "/dead/replay": ["/dead/replay", "/dead/replay?task=chaos.failing"],
@@ -100,11 +101,18 @@ def pages(ids: dict[str, str]) -> dict[str, list[str]]:
         "/leases": ["/leases"],
         "/workers": ["/workers", "/workers?all=1"],
         "/unlock": ["/unlock"],
+        "/batches": ["/batches"],
+        "/batches/{batch_id}": [f"/batches/{ids['batch']}"],
+        "/healthz": ["/healthz"],
+        "/readyz": ["/readyz"],
     }
 
 
 def get_routes(asgi: Any) -> set[str]:
-    return {r.path for r in asgi.app.routes if isinstance(r, Route) and "GET" in (r.methods or ())}
+    app = asgi
+    while not hasattr(app, "routes"):  # the console's own middleware (edges, mount prefix)
+        app = app.app
+    return {r.path for r in app.routes if isinstance(r, Route) and "GET" in (r.methods or ())}
 
 
 def own_refusals(server: EmbeddedServer, rs: dict[str, Role], name: str) -> list[dict[str, Any]]:

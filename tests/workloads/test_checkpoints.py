@@ -114,7 +114,6 @@ def test_a_checkpoint_redis_cannot_read_gives_the_run_back_without_spending_an_a
     """A chaos run caught it: the server went away while a retry read its checkpoint, and the
     attempt was recorded as failed with the connection error although its body never ran."""
     import redis
-
     from duetime.worker.checkpoints import Checkpoints
 
     real, failed = Checkpoints.prepare, []
