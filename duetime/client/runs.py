@@ -54,7 +54,9 @@ from duetime.common.time.parse import DELAY, duration_ms, parse_instant, to_ms
 MAX_PRIORITY = 100
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call
 ASYNC_SLICE = 100  # requests validated between two yields to the event loop
-WAIT_CHUNK_S = 5.0  # a waiter re-reads the run at least this often
+# a waiter re-reads the run at least this often; well under the clients' 5 s reply timeout
+# (common/connection.py): a BLPOP blocking as long as the socket waits races its own timeout
+WAIT_CHUNK_S = 2.0
 WAIT_POLL_S = 0.25  # a waiter without script permission reads the run this often
 PIPELINE_RUNS = 2000  # runs per round trip
 ASYNC_PIPELINE_RUNS = 400  # from asyncio code: smaller round trips, each built between yields

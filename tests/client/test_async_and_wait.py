@@ -42,6 +42,23 @@ def test_wait_returns_the_result_as_soon_as_the_run_ends(app, r):
     assert app.wait(run_id) == {"invoice": 42, "total": [1.5]}  # already ended: at once
 
 
+def test_a_wait_longer_than_the_reply_timeout_is_a_wait_timeout_not_a_socket_error(app):
+    """The waiter blocks in chunks well under the clients' 5 s reply timeout: a chunk as long
+    as that timeout raced it and a patient `wait` failed with 'Timeout reading from socket'."""
+    from duetime.client.runs import WAIT_CHUNK_S
+    from duetime.common.connection import sync_client
+
+    client = sync_client(app.redis_url)
+    reply_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+    client.close()
+    assert reply_timeout is None or WAIT_CHUNK_S <= reply_timeout / 2
+    run_id = app.enqueue(basic.noop, delay="1h")  # no worker: it never ends here
+    with pytest.raises(duetime.WaitTimeout):
+        app.wait(run_id, timeout=6)
+    with pytest.raises(duetime.WaitTimeout):
+        asyncio.run(app.await_result(run_id, timeout=6))
+
+
 def test_wait_raises_with_the_final_state_and_error(app, r):
     run_id = app.enqueue(basic.always_fails)
     p, c = _claim(app, r, run_id)
