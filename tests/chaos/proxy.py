@@ -11,20 +11,37 @@ Modes of a `Link` (one listener):
 - `stall`: bytes are held, not dropped, until the mode changes (a network pause: the client
   sees no error, only silence; data held when the link heals is forwarded then);
 - `down`: open connections are reset and new ones are reset at once (a cut cable or a dead
-  host: the client sees connection errors).
+  host: the client sees connection errors);
+- `halfopen`: the peer vanished without a FIN or an RST (a host that lost power, a NAT or
+  firewall that forgot the flow): bytes are read and dropped in both directions and every
+  socket stays open; new connections are accepted and dropped alike. Healing does not revive
+  the connections that were half-open (their peer is gone for good): they stay silent until
+  the client gives up on them; new connections work again;
+- `reset_reply`: the next reply from the server on each connection is forwarded in part (at
+  most `cut_at` bytes), then both sides are closed with an RST (SO_LINGER 0): a reset in the
+  middle of a reply. Connections opened meanwhile get the same; `pass` ends it.
+
+Independent of the mode, `latency(lo, hi)` delays every chunk in each direction by a time
+drawn uniformly from [lo, hi] seconds (a network's latency with jitter), order preserved: a
+chunk is never delivered before the one read ahead of it (as netem does with its default
+reordering off). It applies to every connection of the link, present and future.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+import socket
+import struct
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
 from duetime.embedded import free_port
 
-MODES = ("pass", "slow", "stall", "down")
+MODES = ("pass", "slow", "stall", "down", "halfopen", "reset_reply")
 CHUNK = 65536
 
 
@@ -38,6 +55,11 @@ class Link:
         self.conns: set[asyncio.StreamWriter] = set()
         self.server: asyncio.base_events.Server | None = None
         self.accepted = 0
+        self.lat: tuple[float, float] = (0.0, 0.0)  # s, every chunk, both directions
+        self.cut_at = 0  # bytes of a reply forwarded before `reset_reply` resets
+        self.resets = 0  # connections `reset_reply` reset mid-reply
+        self.dead: set[asyncio.StreamWriter] = set()  # half-open for good (their peer vanished)
+        self._rnd = random.Random(port)
 
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
@@ -60,13 +82,31 @@ class Link:
     def slow(self, delay: float) -> None:
         self.set("slow", delay)
 
+    def half_open(self) -> None:
+        self.set("halfopen")
+
+    def reset_reply(self, cut_at: int = 1) -> None:
+        """Reset each connection after at most `cut_at` bytes of its next reply."""
+        self.cut_at = max(1, cut_at)
+        self.set("reset_reply")
+
+    def latency(self, lo: float, hi: float | None = None) -> None:
+        """Delay every chunk by uniform(lo, hi) seconds (0, 0: none), order kept."""
+        hi = lo if hi is None else hi
+        if not 0 <= lo <= hi:
+            raise ValueError(f"latency needs 0 <= lo <= hi, got {lo}, {hi}")
+        self.lat = (lo, hi)
+
     # -- inside the loop ----------------------------------------------------------------
     async def _set(self, mode: str, delay: float) -> None:
         self.mode, self.delay = mode, delay
         if mode == "down":
-            for w in list(self.conns):
+            for w in list(self.conns | self.dead):
                 w.transport.abort()
             self.conns.clear()
+            self.dead.clear()
+        if mode == "halfopen":  # every open connection loses its peer, idle ones too
+            self.dead |= self.conns
         old, self.changed = self.changed, asyncio.Event()
         if old is not None:
             old.set()
@@ -81,6 +121,9 @@ class Link:
         if self.mode == "down":
             writer.transport.abort()
             return
+        if self.mode == "halfopen":  # the host is gone: what the client sends goes nowhere
+            await self._black_hole(reader, writer)
+            return
         try:
             up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:  # the server is down: the client sees a reset, as it would directly
@@ -89,14 +132,33 @@ class Link:
         pair = {writer, up_w}
         self.conns |= pair
         try:
-            await asyncio.gather(self._pump(reader, up_w, pair), self._pump(up_r, writer, pair))
+            await asyncio.gather(self._pump(reader, up_w, pair, False),
+                                 self._pump(up_r, writer, pair, True))
         finally:
             for w in pair:
-                w.transport.abort()
+                if w not in self.dead:
+                    w.transport.abort()
             self.conns -= pair
 
+    async def _black_hole(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        """Read and drop until the client closes; never answer, never close."""
+        self.dead.add(writer)
+        try:
+            while await reader.read(CHUNK):
+                pass
+        except OSError:
+            pass
+        finally:
+            self.dead.discard(writer)
+            writer.transport.abort()
+
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                    pair: set[asyncio.StreamWriter]) -> None:
+                    pair: set[asyncio.StreamWriter], reply: bool) -> None:
+        """src → dst, chunk by chunk, through the link's mode; `reply`: server → client."""
+        q: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+        sender = asyncio.ensure_future(self._send(q, dst, pair))
+        last_due = 0.0
         try:
             while True:
                 data = await src.read(CHUNK)
@@ -107,15 +169,66 @@ class Link:
                     await self.changed.wait()
                 if self.mode == "down" or not pair <= self.conns:
                     break
+                if self.mode == "halfopen" or pair & self.dead:
+                    self.dead |= pair  # this connection's peer vanished: for good
+                    await self._drain_forever(src)
+                    return
                 if self.mode == "slow" and self.delay > 0:
                     await asyncio.sleep(self.delay)
-                dst.write(data)
-                await dst.drain()
+                if self.mode == "reset_reply" and reply:
+                    await q.put((last_due, data[:self.cut_at]))
+                    await q.put(None)
+                    await sender
+                    self.resets += 1
+                    for w in pair:
+                        _rst(w)
+                    return
+                lo, hi = self.lat
+                due = time.monotonic() + (self._rnd.uniform(lo, hi) if hi > 0 else 0.0)
+                last_due = max(due, last_due)  # never ahead of the chunk before it
+                await q.put((last_due, data))
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
-            for w in pair:  # one side ended: end the other, as a real connection would
-                w.transport.abort()
+            if not sender.done():
+                await q.put(None)
+                with contextlib.suppress(Exception):
+                    await sender
+            if not reply:  # the client closed it (at last, if half-open): it is over
+                self.dead -= pair
+            if not pair & self.dead:
+                for w in pair:  # one side ended: end the other, as a real connection would
+                    w.transport.abort()
+
+    async def _send(self, q: asyncio.Queue[tuple[float, bytes] | None],
+                    dst: asyncio.StreamWriter, pair: set[asyncio.StreamWriter]) -> None:
+        try:
+            while (item := await q.get()) is not None:
+                due, data = item
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if pair & self.dead or self.mode == "halfopen":
+                    continue  # the peer vanished: what was in flight is lost
+                dst.write(data)
+                await dst.drain()
+        except OSError:
+            pass
+
+    async def _drain_forever(self, src: asyncio.StreamReader) -> None:
+        """A half-open connection: read what comes and drop it, until its side closes."""
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while await src.read(CHUNK):
+                pass
+
+
+def _rst(w: asyncio.StreamWriter) -> None:
+    """Close with an RST, not a FIN: SO_LINGER on, timeout 0."""
+    sock = w.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    w.transport.abort()
 
 
 class ProxyHub:
