@@ -19,6 +19,7 @@ import redis
 from duetime.common import metrics
 from duetime.common import transitions as tr
 from duetime.common.connection import (
+    process_kw,
     sync_client,
 )
 from duetime.common.keys import Keyspace
@@ -110,7 +111,7 @@ class Evaluator:
         self.url, self.keys, self.lead_ms, self.tick_s = url, keys, lead_ms, tick_s
         # None: each schedule's own tolerance; a number overrides them all (`--miss-tolerance`)
         self.miss_tolerance_ms = miss_tolerance_ms
-        self.client = sync_client(url)
+        self.client = sync_client(url, **process_kw())  # bounded waits
         self.scripts = Scripts(self.client)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
         self.ownership = Ownership(self.client, keys, self.scripts, self.id, lease_ms)

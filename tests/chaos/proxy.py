@@ -48,8 +48,9 @@ CHUNK = 65536
 class Link:
     """One listening port forwarding to `target_port`; its connections obey one mode."""
 
-    def __init__(self, hub: ProxyHub, target_port: int, port: int) -> None:
-        self.hub, self.target_port, self.port = hub, target_port, port
+    def __init__(self, hub: ProxyHub, target_port: int, port: int,
+                 host: str = "127.0.0.1") -> None:
+        self.hub, self.target_port, self.port, self.host = hub, target_port, port, host
         self.mode, self.delay = "pass", 0.0
         self.changed: asyncio.Event | None = None  # set (and replaced) on every mode change
         self.conns: set[asyncio.StreamWriter] = set()
@@ -60,9 +61,13 @@ class Link:
         self.resets = 0  # connections `reset_reply` reset mid-reply
         self.dead: set[asyncio.StreamWriter] = set()  # half-open for good (their peer vanished)
         self._rnd = random.Random(port)
+        # half-open detection: when a client first sent bytes that went nowhere, per
+        # connection; and, once it gave the connection up, how long after that it took
+        self._unanswered: dict[asyncio.StreamWriter, float] = {}
+        self.detections: list[float] = []
 
     def url(self, db: int = 0) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
+        return f"redis://{self.host}:{self.port}/{db}"
 
     # -- control (any thread) ----------------------------------------------------------
     def set(self, mode: str, delay: float = 0.0) -> None:
@@ -113,7 +118,7 @@ class Link:
 
     async def _start(self) -> None:
         self.changed = asyncio.Event()
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", self.port,
+        self.server = await asyncio.start_server(self._accept, self.host, self.port,
                                                  reuse_address=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -132,8 +137,8 @@ class Link:
         pair = {writer, up_w}
         self.conns |= pair
         try:
-            await asyncio.gather(self._pump(reader, up_w, pair, False),
-                                 self._pump(up_r, writer, pair, True))
+            await asyncio.gather(self._pump(reader, up_w, pair, False, writer),
+                                 self._pump(up_r, writer, pair, True, writer))
         finally:
             for w in pair:
                 if w not in self.dead:
@@ -145,16 +150,15 @@ class Link:
         """Read and drop until the client closes; never answer, never close."""
         self.dead.add(writer)
         try:
-            while await reader.read(CHUNK):
-                pass
-        except OSError:
-            pass
+            await self._drain_forever(reader, writer)
         finally:
             self.dead.discard(writer)
+            self._given_up(writer)
             writer.transport.abort()
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                    pair: set[asyncio.StreamWriter], reply: bool) -> None:
+                    pair: set[asyncio.StreamWriter], reply: bool,
+                    client: asyncio.StreamWriter) -> None:
         """src → dst, chunk by chunk, through the link's mode; `reply`: server → client."""
         q: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
         sender = asyncio.ensure_future(self._send(q, dst, pair))
@@ -171,7 +175,9 @@ class Link:
                     break
                 if self.mode == "halfopen" or pair & self.dead:
                     self.dead |= pair  # this connection's peer vanished: for good
-                    await self._drain_forever(src)
+                    if not reply:
+                        self._unanswered.setdefault(client, time.monotonic())
+                    await self._drain_forever(src, None if reply else client)
                     return
                 if self.mode == "slow" and self.delay > 0:
                     await asyncio.sleep(self.delay)
@@ -196,6 +202,7 @@ class Link:
                     await sender
             if not reply:  # the client closed it (at last, if half-open): it is over
                 self.dead -= pair
+                self._given_up(client)
             if not pair & self.dead:
                 for w in pair:  # one side ended: end the other, as a real connection would
                     w.transport.abort()
@@ -215,11 +222,21 @@ class Link:
         except OSError:
             pass
 
-    async def _drain_forever(self, src: asyncio.StreamReader) -> None:
-        """A half-open connection: read what comes and drop it, until its side closes."""
+    async def _drain_forever(self, src: asyncio.StreamReader,
+                             client: asyncio.StreamWriter | None) -> None:
+        """A half-open connection: read what comes and drop it, until its side closes; what a
+        client sends is noted (`client`) as unanswered from then on."""
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while await src.read(CHUNK):
-                pass
+                if client is not None:
+                    self._unanswered.setdefault(client, time.monotonic())
+
+    def _given_up(self, client: asyncio.StreamWriter) -> None:
+        """The client closed a connection: if it had sent bytes that went nowhere, it found
+        the connection half-open this long after the first of them."""
+        t0 = self._unanswered.pop(client, None)
+        if t0 is not None:
+            self.detections.append(time.monotonic() - t0)
 
 
 def _rst(w: asyncio.StreamWriter) -> None:
@@ -245,8 +262,9 @@ class ProxyHub:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return fut.result(10)
 
-    def link(self, target_port: int) -> Link:
-        link = Link(self, target_port, free_port())
+    def link(self, target_port: int, host: str = "127.0.0.1") -> Link:
+        """A new listener on `host` (a free port) forwarding to the server on loopback."""
+        link = Link(self, target_port, free_port(), host)
         self.call(link._start())
         self.links.append(link)
         return link

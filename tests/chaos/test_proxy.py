@@ -14,6 +14,7 @@ from redis.retry import Retry
 
 from duetime.embedded import EmbeddedServer
 from tests.chaos.proxy import ProxyHub
+from tests.conftest import wait_for
 
 
 @pytest.fixture
@@ -105,6 +106,9 @@ def test_half_open_drops_silently_and_its_connections_stay_dead_after_heal(
         c.ping()
     with pytest.raises(redis.TimeoutError):  # a new connection is accepted, then silent too
         client(link.port).ping()
+    # each client gave its connection up after its 0.5 s socket timeout: the link saw it
+    wait_for(lambda: len(link.detections) >= 2, 5, what="the clients closing")
+    assert all(d >= 0.4 for d in link.detections), link.detections
     link.heal()
     raw.sendall(b"PING\r\n")  # the old connection's peer is gone for good
     raw.settimeout(0.3)
