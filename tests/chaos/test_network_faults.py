@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 import redis
-
 from duetime.common.connection import REPLY_TIMEOUT_S
+
 from duetime.embedded import EmbeddedServer
 from tests.apps import chaos as chaos_app
 from tests.chaos import journal, netns
