@@ -300,6 +300,9 @@ class Evaluator:
         created = 0
         for (p, name, version), res in zip(calls, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(res, Exception):
+                if str(res).startswith("PAYLOAD_TOO_LARGE"):  # over the namespace's cap
+                    self._quarantine(p, name, version, str(res))
+                    continue
                 if not _about_the_record(res):
                     raise res  # the server, not this schedule: the loop backs off
                 self._quarantine(p, name, version, f"materialize.lua failed on it: {res}")
