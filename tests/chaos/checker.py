@@ -479,7 +479,9 @@ class Checker:
                     cause = ("no attempt entry" if e is None else "release at shutdown"
                              if e.outcome == "released" else
                              f"lease expiry after {self.explaining(e) or 'no fault'}"
-                             if e.outcome == "unknown" else f"attempt {e.outcome}")
+                             if e.outcome == "unknown" else
+                             f"earlier attempt {e.outcome}{' (a late result accepted)' if e.late else ''}"
+                             f"{', its lease expired' if e.error == 'lease expired' else ''}")
                     causes[cause] = causes.get(cause, 0) + 1
         self.report.counts["duplicate executions (each after an explained expiry or release)"] = dup
         self.report.counts["duplicate executions by cause"] = causes
