@@ -27,8 +27,8 @@ from duetime.worker.errors import ANY_REDIS_ERROR
 
 log = get_logger("duetime.worker")
 
-WARN_EVERY_S = 60.0
-PING_EVERY_S = 2.0  # of silence on the subscription before it is asked for a PONG  # unreadable notices: one warning, then at most one a minute
+WARN_EVERY_S = 60.0  # unreadable notices: one warning, then at most one a minute
+PING_EVERY_S = 2.0  # of silence on the subscription before it is asked for a PONG
 
 
 class WakeListener:

@@ -91,6 +91,7 @@ def test_a_schedule_over_the_cap_is_quarantined_and_creates_no_run(app, r, url):
     from datetime import timedelta
 
     from duetime.scheduler.evaluator import Evaluator
+
     from tests.integration.test_schedules import runs_of
 
     noop = app.task(name="cap.snoop")(lambda text="": None)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import socket
 
 import pytest
-
 from duetime.common import connection
 from duetime.common.durability import Durability
 
