@@ -475,7 +475,10 @@ class Checker:
                 before = [p for p in xs[:i] if p.outcome != "raised"]
                 if before:
                     dup += 1
-                    e = r.entry(before[-1].fence) if r else None
+                    # the attempt displaced: the lower fence of the two (a stale holder's
+                    # body may start after a newer attempt's, when its start was delayed)
+                    lower = min(before[-1].fence, xs[i].fence)
+                    e = r.entry(lower) if r else None
                     cause = ("no attempt entry" if e is None else "release at shutdown"
                              if e.outcome == "released" else
                              f"lease expiry after {self.explaining(e) or 'no fault'}"
