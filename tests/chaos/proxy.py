@@ -136,6 +136,8 @@ class Link:
             return
         pair = {writer, up_w}
         self.conns |= pair
+        if self.mode == "halfopen":  # the link went half-open while the upstream connected
+            self.dead |= pair
         try:
             await asyncio.gather(self._pump(reader, up_w, pair, False, writer),
                                  self._pump(up_r, writer, pair, True, writer))
