@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -27,6 +28,46 @@ from redis.cluster import RedisCluster
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 META_VERSION = "1"
+
+
+# How a connection whose peer vanished (no FIN, no RST: a host that lost power, a partition, a
+# NAT that forgot the flow) is found out, rather than waited on for ever (docs/operations.md,
+# "Half-open connections"). Every TCP connection duetime opens gets kernel keepalive: an idle
+# connection whose peer is gone fails after KEEPIDLE + KEEPINTVL * KEEPCNT = 8 s, and one
+# with data sent but not acknowledged fails after TCP_USER_TIMEOUT (8 s) rather than after
+# Linux's ~15 minutes of retransmissions. The worker's and the scheduler's clients also wait
+# at most REPLY_TIMEOUT_S for a reply (`process_kw`): a peer whose kernel still acknowledges
+# but never answers (a frozen server, a stuck proxy) is caught by that alone.
+KEEPIDLE_S, KEEPINTVL_S, KEEPCNT = 5, 1, 3
+USER_TIMEOUT_MS = 8000
+REPLY_TIMEOUT_S = 5.0
+
+
+def keepalive_kw() -> dict[str, Any]:
+    """redis-py's keepalive settings for a TCP connection (the options Linux has; others keep
+    what their platform has)."""
+    opts: dict[int, int] = {}
+    for name, value in (("TCP_KEEPIDLE", KEEPIDLE_S), ("TCP_KEEPINTVL", KEEPINTVL_S),
+                        ("TCP_KEEPCNT", KEEPCNT), ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS)):
+        if hasattr(socket, name):
+            opts[getattr(socket, name)] = value
+    return {"socket_keepalive": True, "socket_keepalive_options": opts}
+
+
+def process_kw(durability: Durability | None = None) -> dict[str, Any]:
+    """The client settings of a long-running process (worker, scheduler): no call waits more
+    than REPLY_TIMEOUT_S for a reply that does not come (plus the WAIT of replicated
+    durability, which the server itself may take that long to answer). Not for producers:
+    `wait`'s BLPOP blocks for longer on purpose."""
+    d = Durability.from_env() if durability is None else durability
+    return {"socket_timeout": REPLY_TIMEOUT_S + (d.timeout_ms / 1000 if d.on else 0.0)}
+
+
+def _tcp_defaults(url: str, kw: dict[str, Any]) -> None:
+    """Keepalive on a TCP URL unless the caller chose (a unix socket takes no such options)."""
+    if urlsplit(url).scheme in ("redis", "rediss"):
+        for k, v in keepalive_kw().items():
+            kw.setdefault(k, v)
 
 
 _SECRET_PARAMS = ("password", "pass", "pwd", "auth", "token", "ssl_password", "ssl_keyfile_password")
@@ -190,6 +231,7 @@ def _sync_client(url: str, **kw: Any) -> redis.Redis:
         return memory.sync_client(url)  # type: ignore[no-any-return]
     real, cluster = _split(url)
     kw.setdefault("socket_connect_timeout", 5)
+    _tcp_defaults(real, kw)
     if cluster:  # the cluster client runs its own handshake, then calls ours
         ssl = urlsplit(real).scheme == "rediss"
         return _Cluster.from_url(  # type: ignore[return-value]
@@ -244,6 +286,7 @@ def _async_client(url: str, **kw: Any) -> aredis.Redis:
     real, cluster = _split(url)
     client: aredis.Redis | AsyncRedisCluster
     kw.setdefault("socket_connect_timeout", 5)
+    _tcp_defaults(real, kw)
     if cluster:
         # No retries inside redis-py: on a connection error its cluster pipeline closes every
         # connection of the client (and sleeps) before it retries, which broke the claims

@@ -48,6 +48,7 @@ class Attempt:
     error: str | None = None
     late: bool = False
     late_outcome: str | None = None
+    report_fault: str | None = None  # a fault the worker's report met in transit (resent)
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Attempt:
@@ -62,6 +63,7 @@ class Attempt:
             error=a.get("error") or a.get("late_error"),
             late=bool(a.get("late", False)),
             late_outcome=a.get("late_outcome"),
+            report_fault=a.get("report_fault"),
         )
 
 

@@ -128,13 +128,15 @@ def parse_claim(res: list[Any]) -> ClaimReply:
 
 
 def complete(k: Keyspace, p: int, done: list[tuple[str, int]] | list[tuple[str, int, bytes]]
-             ) -> Call:
-    """done: (run id, fence) or (run id, fence, result as msgpack) of one partition,
-    acknowledged in one call."""
+             | list[tuple[str, int, bytes, str]]) -> Call:
+    """done: (run id, fence), (run id, fence, result as msgpack) or (..., the fault an earlier
+    send of this report met, recorded on the attempt) of one partition, acknowledged in one
+    call."""
     keys = [k.leases(p), k.done(p), k.uncertain(p), k.events(p)]
     args: list[Any] = [k.prefix(p), k.wake_channel, p]
     for item in done:
-        args += [item[0], item[1], item[2] if len(item) > 2 else b""]
+        args += [item[0], item[1], item[2] if len(item) > 2 else b"",
+                 item[3] if len(item) > 3 else ""]
     return keys, args
 
 

@@ -5,7 +5,9 @@
 -- instead of letting a retry run the work again. Anything else is recorded as a late result.
 -- Finished records stay until the reaper's retention sweep of the done set. The same report
 -- sent twice (the client retries a call whose reply a broken connection lost) gets the same
--- answer the second time and changes nothing.
+-- answer the second time and changes nothing but this: a report sent again because the first
+-- send failed in transit (the connection dropped, maybe after this script committed) carries
+-- that fault, and it is recorded on the attempt's entry (`report_fault`), decided or not.
 -- Tested by: tests/integration/test_scripts.py, tests/integration/test_worker_inprocess.py,
 --   tests/limits/test_concurrency.py, tests/integration/test_guardrails.py
 -- KEYS[1] leases zset   KEYS[2] done zset   KEYS[3] uncertain zset   KEYS[4] events
@@ -13,7 +15,8 @@
 --         the run's queue) and schedule keys are built from it; they share this partition's
 --         hash tag (a batch of hundreds of runs would otherwise send three key names per run)
 -- ARGV[2] wake channel   ARGV[3] partition index
--- ARGV[4..] per run, 3 values: run id, fence, result (msgpack; '' = none stored)
+-- ARGV[4..] per run, 4 values: run id, fence, result (msgpack; '' = none stored), the fault
+--         an earlier send of this report met ('' = none)
 -- Returns (each) per run: 'succeeded' (accepted), 'late_succeeded' (a late success finished
 -- the run), 'stale' (refused: another attempt owns the run, or it finished) or 'missing'.
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -26,8 +29,8 @@ local now_s = int_s(now)  -- one number-to-string per call, not per run
 local out, finished, unleased = {}, {}, {}
 local freed = {}  -- queues where a limit slot was freed: their workers are woken once
 
-for i = 4, #ARGV, 3 do
-  local run_id, fence, result_value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+for i = 4, #ARGV, 4 do
+  local run_id, fence, result_value, fault = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local run_key = prefix .. K.run .. run_id
   local attempts_key = prefix .. K.attempts .. run_id
   -- a record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
@@ -39,6 +42,7 @@ for i = 4, #ARGV, 3 do
     result = 'missing'
   elseif state == 'succeeded' and f[2] == fence then
     result = 'succeeded'  -- this very report, sent again
+    if fault and fault ~= '' then set_attempt(attempts_key, fence, {report_fault = fault}) end
   elseif f[2] ~= fence or not (state == 'running' or state == 'retrying' or state == 'uncertain') then
     set_attempt(attempts_key, fence, {late = true, late_outcome = 'succeeded', late_at = now})
     emit(events_key, run_id, 'late_result_rejected', 'succeeded:' .. fence)
@@ -48,6 +52,7 @@ for i = 4, #ARGV, 3 do
     -- success (its effect happened), and the events say so
     local damaged = push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now_s, nil)
     if damaged then emit(events_key, run_id, 'attempt_not_recorded', damaged) end
+    if fault and fault ~= '' then set_attempt(attempts_key, fence, {report_fault = fault}) end
     unleased[#unleased + 1] = run_id
     if result_value ~= '' then
       redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s, 'result', result_value)

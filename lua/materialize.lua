@@ -7,8 +7,14 @@
 -- trigger-now) only the runs are created, without a starting deadline, and the cursor is
 -- left alone. `last_ms` keeps the newest occurrence that has a run. Guardrails: an
 -- occurrence after `end_ms`, or past `max_runs` runs, gets no run and ends the schedule.
+-- The namespace's payload cap (T:caps 'max_payload', as enqueue.lua checks it) holds for the
+-- runs of schedules too: a schedule whose payload is longer creates no run and the call is
+-- refused before anything is written, with a PAYLOAD_TOO_LARGE error naming the schedule, its
+-- size and the cap (the evaluator quarantines the schedule with it; backfill and trigger-now
+-- raise it).
 -- Tested by: tests/integration/test_schedules.py, tests/integration/test_cluster.py,
---   tests/integration/test_calendars.py, tests/integration/test_guardrails.py
+--   tests/integration/test_calendars.py, tests/integration/test_guardrails.py,
+--   tests/integration/test_payload_cap.py
 -- KEYS[1] sched_due zset  T:sched_due      KEYS[2] due zset  T:due:<queue>
 -- KEYS[3] deadlines zset  T:deadlines      KEYS[4] events
 -- KEYS[5] done zset  T:done (the skipped runs of occurrences a calendar excluded)
@@ -35,7 +41,7 @@ local sched_key = prefix .. K.sched .. name
 -- checked before the first write: a key of the wrong type refuses the call (the evaluator
 -- quarantines the schedule with this reason), never a run left in no index
 local bad = damaged_index({sched_due_key, 'zset', due_key, 'zset', deadlines_key, 'zset',
-  events_key, 'stream', sched_key, 'hash', KEYS[5], 'zset'})
+  events_key, 'stream', sched_key, 'hash', KEYS[5], 'zset', prefix .. K.caps, 'hash'})
 if bad then return bad end
 
 local s = redis.call('HMGET', sched_key, 'version', 'next_ms', 'paused', 'task', 'queue',
@@ -45,6 +51,14 @@ if not s[1] then return {'missing', 0} end
 if expected ~= '' then
   if s[1] ~= expected or s[2] ~= ARGV[4] then return {'conflict', 0} end
   if s[3] == '1' then return {'paused', 0} end
+end
+
+local cap = #ARGV >= 11 and tonumber(redis.call('HGET', prefix .. K.caps, 'max_payload'))
+if cap and s[6] and #s[6] > cap then
+  return redis.error_reply('PAYLOAD_TOO_LARGE schedule ' .. name .. ': payload of ' .. #s[6]
+    .. ' bytes is over the namespace cap of ' .. int_s(cap) .. ' bytes (max_payload in '
+    .. '<ns>:meta); no run was created: register it again with a smaller payload, or raise '
+    .. 'the cap')
 end
 
 local now = now_ms()

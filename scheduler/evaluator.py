@@ -19,6 +19,7 @@ import redis
 from duetime.common import metrics
 from duetime.common import transitions as tr
 from duetime.common.connection import (
+    process_kw,
     sync_client,
 )
 from duetime.common.keys import Keyspace
@@ -114,7 +115,7 @@ class Evaluator:
         self.url, self.keys, self.lead_ms, self.tick_s = url, keys, lead_ms, tick_s
         # None: each schedule's own tolerance; a number overrides them all (`--miss-tolerance`)
         self.miss_tolerance_ms = miss_tolerance_ms
-        self.client = sync_client(url)
+        self.client = sync_client(url, **process_kw())  # bounded waits
         self.scripts = Scripts(self.client)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
         self.ownership = Ownership(self.client, keys, self.scripts, self.id, lease_ms)
@@ -311,6 +312,9 @@ class Evaluator:
         created = 0
         for (p, name, version), res in zip(calls, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(res, Exception):
+                if str(res).startswith("PAYLOAD_TOO_LARGE"):  # over the namespace's cap
+                    self._quarantine(p, name, version, str(res))
+                    continue
                 if not _about_the_record(res):
                     raise res  # the server, not this schedule: the loop backs off
                 self._quarantine(p, name, version, f"materialize.lua failed on it: {res}")

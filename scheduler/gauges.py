@@ -15,7 +15,7 @@ import threading
 
 import redis
 from duetime.common import metrics
-from duetime.common.connection import sync_client
+from duetime.common.connection import process_kw, sync_client
 from duetime.common.errors import RedisUnavailable
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
@@ -32,7 +32,7 @@ IDLE_S = 60.0  # an idle namespace's gauges are recomputed at most this far apar
 class Gauges:
     def __init__(self, url: str, keys: Keyspace, interval_s: float = 5.0) -> None:
         self.url, self.keys = url, keys
-        self.client = sync_client(url)
+        self.client = sync_client(url, **process_kw())  # bounded waits
         self.inspector = NamespaceReader(self.client, keys, url)
         self.interval_s = interval_s
         self.series = SeriesWriter(self.inspector)

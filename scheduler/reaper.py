@@ -16,6 +16,7 @@ from duetime.common import metrics
 from duetime.common import retention as retention_mod
 from duetime.common import transitions as tr
 from duetime.common.connection import (
+    process_kw,
     server_time_ms,
     sync_client,
 )
@@ -55,7 +56,7 @@ class Reaper:
         self._swept_ms = 0
         self._read_all_at = 0.0
         self._offset_ms: float | None = None  # server clock - local monotonic clock
-        self.client = sync_client(url)
+        self.client = sync_client(url, **process_kw())  # bounded waits
         self.scripts = Scripts(self.client)
         self.stopping = threading.Event()
         self.outage = Outage("reaper", log, cap_s=None)

@@ -63,6 +63,7 @@ class Execution:
     body_ok: bool | None = None  # the body returned (True) or raised (False)
     body_done: asyncio.Event | None = None  # made when a later attempt waits for this body
     result: bytes = b""  # the task's return value, packed to be stored on the run ('' = none)
+    report_fault: str = ""  # what the first failed send of its report met ('' = none)
     # monotonic time its lease was last known good: the claim, then each heartbeat's sending.
     # A lease not renewed for a whole lease length may have expired (leases.py)
     renewed_at: float = field(default_factory=time.monotonic)

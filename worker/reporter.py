@@ -223,8 +223,8 @@ class Reporter:
                 pipe.pexpire(record, self.record_ttl_ms)
                 n_record = 2
             for p, exs in successes.items():
-                keys, args = tr.complete(self.keys, p, [(ex.ctx.run_id, ex.ctx.fence, ex.result)
-                                                        for ex in exs])
+                keys, args = tr.complete(self.keys, p, [
+                    (ex.ctx.run_id, ex.ctx.fence, ex.result, ex.report_fault) for ex in exs])
                 await self.scripts.complete(keys=keys, args=args, client=pipe)
             for item in others:
                 await self._call(pipe, item)
@@ -236,7 +236,16 @@ class Reporter:
             self._cost_at = time.monotonic()
             results = await pipe.execute(raise_on_error=False)
         except REDIS_ERRORS as exc:
-            # keep the outcomes: a late report is still judged by its fence
+            # keep the outcomes: a late report is still judged by its fence. The scripts may
+            # have committed before the connection failed: the resent success records the
+            # fault on its attempt (complete.lua), so it is not only in this process's log
+            fault = f"the report was sent again after {type(exc).__name__}: {str(exc)[:200]}"
+            for kind, ex, _ in batch:
+                if kind == "complete" and not ex.report_fault:
+                    ex.report_fault = fault
+            log.warning("outcome reports not acknowledged; sending them again",
+                        runs=[ex.ctx.run_id for _, ex, _ in batch][:20], count=len(batch),
+                        error=f"{type(exc).__name__}: {str(exc)[:200]}", worker_id=self.worker_id)
             self.ledger.give_back(cost)
             self._pause = self._outage.failed(exc)
             await arefresh_topology(self.client)  # a dead primary: find its promoted replica

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from duetime.common import metrics
-from duetime.common.connection import async_client, unavailable
+from duetime.common.connection import async_client, process_kw, unavailable
 from duetime.common.context import set_worker_context
 from duetime.common.errors import WorkerStartFailed
 from duetime.common.keys import Keyspace
@@ -56,7 +56,7 @@ class Worker:
         config.validate()  # the config may have been changed since it was made
         self.registry, self.url, self.keys, self.cfg = registry, url, keys, config
         self.id = config.worker_id
-        self.client: aredis.Redis = async_client(url)
+        self.client: aredis.Redis = async_client(url, **process_kw())  # bounded waits
         self.scripts = Scripts(self.client)
         self.clock = ServerClock()
         self._wake = asyncio.Event()  # something for the claim loop to look at

@@ -3,6 +3,11 @@
 It reconnects forever (with back-off while Redis is away) and reads the heads after each
 (re)subscription, so a notice sent while unsubscribed is made up for. A message it cannot
 read is counted and skipped: anyone may PUBLISH on the channel.
+
+A subscription has nothing to say while nobody publishes, so silence alone proves nothing:
+after PING_EVERY_S of it the listener PINGs, and a connection that answers neither a notice
+nor the PING within REPLY_TIMEOUT_S more is taken for half-open (its peer vanished without a
+FIN or an RST) and replaced -- within PING_EVERY_S + REPLY_TIMEOUT_S (7 s) of the last word.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import asyncio
 import contextlib
 import time
 
+import redis
 import redis.asyncio as aredis
+from duetime.common.connection import REPLY_TIMEOUT_S
 from duetime.common.logs import get as get_logger
 from duetime.common.outage import Outage, bounded
 from duetime.common.wake import parse_worker_wake
@@ -21,6 +28,7 @@ from duetime.worker.errors import ANY_REDIS_ERROR
 log = get_logger("duetime.worker")
 
 WARN_EVERY_S = 60.0  # unreadable notices: one warning, then at most one a minute
+PING_EVERY_S = 2.0  # of silence on the subscription before it is asked for a PONG
 
 
 class WakeListener:
@@ -39,10 +47,20 @@ class WakeListener:
             pubsub = self.client.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
+                heard = pinged = time.monotonic()
                 while True:
                     msg = await pubsub.get_message(timeout=1.0)
+                    now = time.monotonic()
                     if msg is None:
+                        if now - heard >= PING_EVERY_S + REPLY_TIMEOUT_S:
+                            raise redis.ConnectionError(
+                                f"no word on the wake subscription for {now - heard:.0f}s, a "
+                                "PING unanswered: the connection is taken for half-open")
+                        if now - heard >= PING_EVERY_S and now - pinged >= PING_EVERY_S:
+                            await pubsub.ping()
+                            pinged = now
                         continue
+                    heard = now
                     if msg["type"] == "subscribe":
                         await self.due.refresh(self.client)
                         self.subscribed.set()

@@ -7,11 +7,35 @@
 -- (lanes_past_shares): a run a limit holds never hides the runs of its lane behind it (another
 -- task of the tenant, say), within the claim's bound of HELD_SCAN held runs (docs/fairness.md).
 -- Read only then: a claim whose limits hold nothing pays nothing for it.
+-- A lane key of the wrong type (edited by hand) affects only itself: the claim that meets it
+-- renames it aside to '<lane>#damaged' (kept for the operator), takes the tenant out of the
+-- lane index, and un-lanes that tenant's waiting runs (out of T:laned:<queue>, at most
+-- LANE_REPAIR_SCAN of its entries read), so they keep their due order on the due-order path
+-- instead of waiting for a lane that cannot serve them; a 'lane_damaged' event names the key.
+-- Nothing is dead-lettered; the other lanes, and the partition's other queues, go on.
 -- Tested by: tests/limits/test_fairness.py, tests/limits/test_admission.py,
---   tests/limits/test_tenants.py
+--   tests/limits/test_tenants.py, tests/integration/test_damaged_lane.py
 
 -- How many tenants of the lane index one claim serves (the next ones wait for later claims).
 local LANES_PER_CLAIM = 32
+local LANE_REPAIR_SCAN = 100000  -- laned entries read when a damaged lane is set aside
+
+local function set_lane_aside(c, lane, tenant)
+  local why = wrong_type(lane, 'zset') or ('key ' .. lane .. ' cannot be read as a zset')
+  local aside = lane .. '#damaged'
+  redis.call('RENAME', lane, aside)
+  local laned = redis.call('ZRANGE', c.keys.laned, 0, LANE_REPAIR_SCAN - 1)
+  local drop = {}
+  for _, id in ipairs(laned) do
+    local t = redis.pcall('HGET', c.prefix .. K.run .. id, 'tenant')
+    if type(t) ~= 'table' and (t or '') == tenant then drop[#drop + 1] = id end
+  end
+  for x = 1, #drop, 5000 do
+    redis.call('ZREM', c.keys.laned, unpack(drop, x, math.min(x + 4999, #drop)))
+  end
+  emit(c.events_key, '', 'lane_damaged', why .. ': set aside as ' .. aside .. '; ' .. #drop
+    .. ' waiting runs of its tenant keep their due order')
+end
 
 -- Adds the lanes' candidates; returns the set of runs the due-order path passes by (`d`: the
 -- due window, flat id/score pairs).
@@ -30,8 +54,12 @@ local function lane_candidates(c, d)
   for x, t in ipairs(tenants) do
     local lane = c.prefix .. K.lane .. c.queue .. '|' .. t
     local quantum = math.max(1, math.ceil(want * weights[x] / total))
-    local got = redis.call('ZRANGE', lane, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, quantum,
+    local got = redis.pcall('ZRANGE', lane, '-inf', horizon, 'BYSCORE', 'LIMIT', 0, quantum,
       'WITHSCORES')
+    if got.err then  -- not a zset: set aside, its runs un-laned (see the top)
+      set_lane_aside(c, lane, t)
+      got = {}
+    end
     if #got == 0 then
       if redis.call('EXISTS', lane) == 0 then redis.call('ZREM', keys.lanes, t) end
     else

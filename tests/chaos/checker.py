@@ -260,6 +260,10 @@ class Checker:
 
     # -- 5: expiries are explained -----------------------------------------------------------
     def explained(self, e: Entry, kinds: frozenset[str] = LEASE_BREAKERS) -> bool:
+        return self.explaining(e, kinds) is not None
+
+    def explaining(self, e: Entry, kinds: frozenset[str] = LEASE_BREAKERS) -> str | None:
+        """The kind of the first fault that explains an attempt's end, or None."""
         pid = _pid_of(e.worker)
         name = self.pid_names.get(pid) if pid is not None else None
         t0, t1 = e.start or 0.0, e.end or self.snap.now
@@ -268,14 +272,14 @@ class Checker:
                 continue
             if f.target == "server":
                 if f.covers(t0, t1, after=self.lease_s + 2.0):
-                    return True
+                    return f.kind
             elif f.target == name and f.detail.get("pid") in (None, pid):
                 if f.kind in ("sigkill", "sigterm"):
                     if f.start <= t1 + TOL:
-                        return True
+                        return f.kind
                 elif f.covers(t0, t1, after=self.lease_s + 2.0):
-                    return True
-        return False
+                    return f.kind
+        return None
 
     def check_expiries(self) -> None:
         expired = shutdown = 0
@@ -464,20 +468,37 @@ class Checker:
         """Duplicate executions (a run's body run again after an execution that did not fail)
         and how soon a killed or frozen worker's runs started again."""
         dup = 0
-        for xs in self.by_run.values():
+        causes: dict[str, int] = {}
+        for rid, xs in self.by_run.items():
+            r = self.snap.runs.get(rid)
             for i in range(1, len(xs)):
-                if any(p.outcome != "raised" for p in xs[:i]):
+                before = [p for p in xs[:i] if p.outcome != "raised"]
+                if before:
                     dup += 1
+                    # the attempt displaced: the lower fence of the two (a stale holder's
+                    # body may start after a newer attempt's, when its start was delayed)
+                    lower = min(before[-1].fence, xs[i].fence)
+                    e = r.entry(lower) if r else None
+                    cause = ("no attempt entry" if e is None else "release at shutdown"
+                             if e.outcome == "released" else
+                             f"lease expiry after {self.explaining(e) or 'no fault'}"
+                             if e.outcome == "unknown" else
+                             f"earlier attempt {e.outcome}{' (a late result accepted)' if e.late else ''}"
+                             f"{', its lease expired' if e.error == 'lease expired' else ''}")
+                    causes[cause] = causes.get(cause, 0) + 1
         self.report.counts["duplicate executions (each after an explained expiry or release)"] = dup
+        self.report.counts["duplicate executions by cause"] = causes
         gaps: dict[str, list[float]] = {}
-        for f in self.faults.of("sigkill", "sigstop"):
+        for f in self.faults.of("sigkill", "sigstop", "halfopen", "partition"):
             pid = f.detail.get("pid")
+            pids = {pid} if pid else {q for q, n in self.pid_names.items() if n == f.target}
             kind = f"{f.kind} with a backlog of {f.detail['backlog']} runs" if f.detail.get(
                 "backlog") else f.kind
             held = {x.run for x in self.execs
-                    if x.pid == pid and x.start <= f.start and (x.end is None or x.end > f.start)}
+                    if x.pid in pids and x.start <= f.start and (x.end is None or x.end > f.start)}
             for rid in held:
-                later = [x.start for x in self.by_run[rid] if x.start > f.start and x.pid != pid]
+                later = [x.start for x in self.by_run[rid] if x.start > f.start
+                         and x.pid not in pids]
                 if later:
                     # a server outage or OOM meanwhile holds the reaper back: counted apart
                     during = any(g.kind in ("server_sigkill", "server_shutdown", "oom")

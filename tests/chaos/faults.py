@@ -25,7 +25,7 @@ EVERYSEC_LOSS_S = 2.0
 
 # Faults after which a lease may expire, and a run be retried, legitimately.
 LEASE_BREAKERS = frozenset({"sigkill", "sigstop", "sigterm", "cut", "stall", "server_sigkill",
-                            "server_shutdown"})
+                            "server_shutdown", "halfopen", "reset", "partition"})
 SERVER_WIDE = frozenset({"server_sigkill", "server_shutdown", "oom"})
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tests.chaos.faults import FaultLog
 from tests.chaos.journal import ENV as JOURNAL_ENV
+from tests.chaos.netns import Netns
 from tests.chaos.proxy import Link, ProxyHub
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +50,7 @@ class Member:
     stopped: bool = False
     held_down: bool = False  # killed or stopping on purpose: the supervisor leaves it
     started_at: float = 0.0
+    netns: Netns | None = None  # runs inside it, its link on the host end of the veth pair
 
     @property
     def pid(self) -> int | None:
@@ -60,9 +62,10 @@ class Member:
 
 class Fleet:
     def __init__(self, server_port: int, namespace: str, workdir: Path, faults: FaultLog,
-                 hub: ProxyHub) -> None:
+                 hub: ProxyHub, latency: tuple[float, float] | None = None) -> None:
         self.server_port, self.namespace, self.workdir = server_port, namespace, workdir
         self.faults, self.hub = faults, hub
+        self.latency = latency  # s: (lo, hi) on every link, every connection, both ways
         self.members: list[Member] = []
         self.logs = workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -76,9 +79,14 @@ class Fleet:
         return {**os.environ, "DUETIME_REDIS_URL": link.url(), "DUETIME_NAMESPACE": self.namespace,
                 "PYTHONPATH": str(ROOT), JOURNAL_ENV: str(self.journal)}
 
-    def add(self, role: str, *args: str) -> Member:
+    def add(self, role: str, *args: str, netns: Netns | None = None) -> Member:
+        """A process of `role`; with `netns`, it runs inside that namespace and reaches the
+        server through a link on the host end of its veth pair."""
         n = sum(1 for m in self.members if m.role == role) + 1
-        m = Member(role, f"{role[0]}{n}", self.hub.link(self.server_port), list(args))
+        link = self.hub.link(self.server_port, netns.host_ip if netns else "127.0.0.1")
+        if self.latency is not None:
+            link.latency(*self.latency)
+        m = Member(role, f"{role[0]}{n}", link, list(args), netns=netns)
         self.members.append(m)
         self.start(m)
         return m
@@ -112,7 +120,8 @@ class Fleet:
             self._start(m)
 
     def _start(self, m: Member) -> None:
-        cmd = [sys.executable, "-m", "duetime", "--log-level", "INFO", m.role]
+        cmd = [*(m.netns.prefix() if m.netns else []),
+               sys.executable, "-m", "duetime", "--log-level", "INFO", m.role]
         if m.role == "worker":
             cmd += ["--app", APP]
         cmd += m.args

@@ -25,7 +25,7 @@ from duetime.common.keys import Keyspace
 from duetime.embedded import EmbeddedServer
 from duetime.ops.inspect import Inspector
 from tests.apps import chaos as chaos_app
-from tests.chaos import journal, snapshot
+from tests.chaos import journal, netns, snapshot
 from tests.chaos.checker import Checker, Report
 from tests.chaos.faults import FaultLog, ServerControl
 from tests.chaos.fleet import Fleet, Member
@@ -37,6 +37,10 @@ from tests.chaos.proxy import ProxyHub
 EPISODES = ("worker_kill", "worker_kill_backlog", "worker_stop", "worker_term", "scheduler_kill",
             "scheduler_stop", "link_cut", "link_stall", "link_slow", "server_sigkill_everysec",
             "server_sigkill_always", "server_shutdown", "oom")
+# what a network does beyond that (bench/chaos.py --net): a peer that vanishes without a FIN
+# or an RST, resets in the middle of a reply, and a partition by the kernel of a worker that
+# runs in a network namespace (needs `ip netns`: root or CAP_NET_ADMIN)
+NET_EPISODES = ("link_halfopen", "link_reset", "partition")
 
 
 @dataclass
@@ -56,6 +60,8 @@ class ChaosConfig:
     workdir: Path | None = None  # kept if given; a temporary one is removed when the run passes
     idle_cpu_s: float = 0.0  # > 0: measure idle workers' CPU while the server is down this long
     backlog: int = 1500  # runs enqueued at once just before the backlog episode's kill
+    latency_ms: tuple[float, float] | None = None  # on every connection of every process
+    netns_workers: int = 0  # workers in a network namespace each (the `partition` episode)
 
 
 @dataclass
@@ -68,6 +74,7 @@ class Outcome:
     refusals: dict[str, int]
     idle_cpu: dict[str, float] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    network: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         cfg = asdict(self.config)
@@ -76,6 +83,7 @@ class Outcome:
                 "allowed": self.report.allowed, "counts": self.report.counts, "config": cfg,
                 "submitted": self.submitted, "executions": self.executions,
                 "refusals": self.refusals, "idle_cpu_percent": self.idle_cpu,
+                "network": self.network,
                 "elapsed_s": round(self.elapsed_s, 1), "workdir": str(self.workdir)}
 
 
@@ -164,6 +172,32 @@ class Chaos:
             time.sleep(secs)
             m.link.heal()
             f.faults.end(mode, m.name)
+        elif kind == "link_halfopen":  # the peer vanishes, longer than a lease
+            m = self.busy_worker() if self.rnd.random() < 0.7 else self.pick()
+            f.faults.begin("halfopen", m.name)
+            m.link.half_open()
+            time.sleep(lease * r.uniform(1.3, 2.5))
+            m.link.heal()
+            f.faults.end("halfopen", m.name)
+        elif kind == "link_reset":  # replies cut short by an RST
+            m = self.busy_worker() if self.rnd.random() < 0.7 else self.pick()
+            f.faults.begin("reset", m.name)
+            m.link.reset_reply(cut_at=r.randint(1, 200))
+            time.sleep(r.uniform(0.3, 1.5))
+            m.link.heal()
+            f.faults.end("reset", m.name)
+        elif kind == "partition":  # the kernel drops a namespaced worker's packets
+            members = [m for m in f.members if m.netns is not None]
+            if not members:
+                self.log("partition: no worker in a network namespace (netns_workers=0)")
+                return
+            m = self.rnd.choice(members)
+            assert m.netns is not None
+            f.faults.begin("partition", m.name)
+            m.netns.partition()
+            time.sleep(lease * r.uniform(2.0, 4.0))
+            m.netns.heal()
+            f.faults.end("partition", m.name)
         elif kind.startswith("server_sigkill_"):
             self.control.sigkill_restart(kind.rsplit("_", 1)[1], r.uniform(0.2, 1.5))
         elif kind == "server_shutdown":
@@ -268,6 +302,31 @@ def judge_exits(report: Report, fleet: Fleet) -> None:
     report.counts["process exits at start-up, server unreachable (restarted)"] = refused
 
 
+def network_stats(cfg: ChaosConfig, faults: FaultLog, fleet: Fleet,
+                  executions: list[journal.Execution], detections: list[float],
+                  resets: int) -> dict[str, Any]:
+    """What the network faults did: how soon a client gave a half-open connection up (from
+    the first bytes it sent into the silence), how many replies were reset, and, per
+    partition, how soon after the heal its worker started a run again."""
+    names = fleet.pid_names()
+    recoveries = []
+    for f in faults.of("partition"):
+        if f.end is None:
+            continue
+        after = [x.start for x in executions if names.get(x.pid) == f.target and x.start >= f.end]
+        recoveries.append(round(min(after) - f.end, 3) if after else None)
+    det = sorted(detections)
+    return {
+        "latency_ms": cfg.latency_ms,
+        "half_open_given_up": len(det),
+        "half_open_detection_s": None if not det else {
+            "median": round(det[len(det) // 2], 3), "max": round(det[-1], 3)},
+        "replies_reset": resets,
+        "partitions": len(faults.of("partition")),
+        "partition_recovery_s": recoveries,
+    }
+
+
 def run_chaos(cfg: ChaosConfig, log: Callable[[str], None] = lambda s: None) -> Outcome:
     t_start = time.monotonic()
     workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix="duetime-chaos-"))
@@ -278,7 +337,9 @@ def run_chaos(cfg: ChaosConfig, log: Callable[[str], None] = lambda s: None) -> 
     server.start()
     control = ServerControl(server, faults)
     hub = ProxyHub()
-    fleet = Fleet(server.port, namespace, workdir, faults, hub)
+    lat = None if cfg.latency_ms is None else (cfg.latency_ms[0] / 1000, cfg.latency_ms[1] / 1000)
+    fleet = Fleet(server.port, namespace, workdir, faults, hub, latency=lat)
+    spaces: list[netns.Netns] = []
     app = chaos_app.app
     app.configure(redis_url=server.url, namespace=namespace)
     keys = app.keys
@@ -289,9 +350,17 @@ def run_chaos(cfg: ChaosConfig, log: Callable[[str], None] = lambda s: None) -> 
         for _ in range(cfg.schedulers):
             fleet.add("scheduler", "--retention", "1h", "--reap-tick", "200ms")
         lease = f"{int(cfg.lease_s * 1000)}ms"
-        for _ in range(cfg.workers):
+        if cfg.netns_workers:
+            why = netns.available()
+            if why is not None:
+                raise RuntimeError(f"netns_workers needs network namespaces: {why}")
+        for i in range(cfg.workers):
+            ns = None
+            if i < cfg.netns_workers:
+                ns = netns.Netns().__enter__()
+                spaces.append(ns)
             fleet.add("worker", "--lease", lease, "--concurrency", str(cfg.concurrency),
-                      "--grace", f"{int(cfg.grace_s * 1000)}ms")
+                      "--grace", f"{int(cfg.grace_s * 1000)}ms", netns=ns)
         fleet.supervise()
         ready(client := sync_client(server.url), keys, cfg)
         client.close()
@@ -299,6 +368,8 @@ def run_chaos(cfg: ChaosConfig, log: Callable[[str], None] = lambda s: None) -> 
         episodes = Chaos(cfg, fleet, control, load, log).run(cfg.duration_s)
         log(f"episodes done: {len(episodes)}")
         # heal: every process up and running, every link clear, memory unlimited
+        for ns in spaces:
+            ns.heal()
         for m in fleet.members:
             fleet.cont(m)
             m.link.heal()
@@ -329,15 +400,20 @@ def run_chaos(cfg: ChaosConfig, log: Callable[[str], None] = lambda s: None) -> 
     finally:
         load.stop()
         fleet.close()
+        detections = [d for link in hub.links for d in link.detections]
+        resets = sum(link.resets for link in hub.links)
         hub.close()
+        for ns in spaces:
+            ns.remove()
         app.close()
         server.stop()
     executions = journal.read(fleet.journal)
+    network = network_stats(cfg, faults, fleet, executions, detections, resets)
     report = Checker(snap, executions, faults, load.submitted, schedules(), cfg.lease_s,
                      fleet.pid_names(), paused_at).run()
     judge_exits(report, fleet)
     out = Outcome(report, cfg, workdir, len(load.submitted), len(executions), load.refusals,
-                  idle, time.monotonic() - t_start)
+                  idle, time.monotonic() - t_start, network)
     (workdir / "report.json").write_text(json.dumps(out.to_json(), indent=2, default=str))
     (workdir / "faults.json").write_text(json.dumps(
         [asdict(f) for f in faults.faults], indent=1, default=str))

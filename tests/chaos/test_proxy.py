@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from redis.retry import Retry
 
 from duetime.embedded import EmbeddedServer
 from tests.chaos.proxy import ProxyHub
+from tests.conftest import wait_for
 
 
 @pytest.fixture
@@ -73,3 +75,66 @@ def test_a_cut_resets_open_connections(servers: dict[str, EmbeddedServer], hub: 
         c.ping()
     link.heal()
     assert c.ping()
+
+
+def test_latency_delays_every_chunk_both_ways_in_order(
+        servers: dict[str, EmbeddedServer], hub: ProxyHub) -> None:
+    link = hub.link(servers["redis"].port)
+    c = redis.Redis(port=link.port, socket_timeout=5)
+    c.ping()
+    link.latency(0.05, 0.1)
+    t = time.monotonic()
+    assert c.ping()
+    assert time.monotonic() - t >= 0.1  # 50 ms at least each way
+    pipe = c.pipeline(transaction=False)
+    for i in range(200):  # many chunks in flight, each with its own delay: order is kept
+        pipe.rpush("chaos:proxy:order", i)
+    pipe.lrange("chaos:proxy:order", 0, -1)
+    assert [int(x) for x in pipe.execute()[-1]] == list(range(200))
+    c.delete("chaos:proxy:order")
+    link.latency(0.0)
+
+
+def test_half_open_drops_silently_and_its_connections_stay_dead_after_heal(
+        servers: dict[str, EmbeddedServer], hub: ProxyHub) -> None:
+    link = hub.link(servers["redis"].port)
+    c = client(link.port)
+    c.ping()
+    raw = socket.create_connection(("127.0.0.1", link.port))
+    link.half_open()
+    with pytest.raises(redis.TimeoutError):  # no FIN, no RST: only silence
+        c.ping()
+    with pytest.raises(redis.TimeoutError):  # a new connection is accepted, then silent too
+        client(link.port).ping()
+    # each client gave its connection up after its 0.5 s socket timeout: the link saw it
+    wait_for(lambda: len(link.detections) >= 2, 5, what="the clients closing")
+    assert all(d >= 0.4 for d in link.detections), link.detections
+    link.heal()
+    raw.sendall(b"PING\r\n")  # the old connection's peer is gone for good
+    raw.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        raw.recv(10)
+    raw.close()
+    assert client(link.port).ping()  # new connections work again
+
+
+def test_reset_mid_reply_forwards_part_of_it_then_resets(
+        servers: dict[str, EmbeddedServer], hub: ProxyHub) -> None:
+    link = hub.link(servers["redis"].port)
+    direct = redis.Redis(port=servers["redis"].port)
+    direct.set("chaos:proxy:big", b"x" * 100_000)
+    raw = socket.create_connection(("127.0.0.1", link.port))
+    raw.settimeout(5)
+    link.reset_reply(cut_at=10)
+    raw.sendall(b"GET chaos:proxy:big\r\n")
+    got = b""
+    with pytest.raises(ConnectionResetError):
+        while chunk := raw.recv(65536):
+            got += chunk
+    assert 0 < len(got) <= 10 and got.startswith(b"$100000")
+    assert link.resets == 1
+    raw.close()
+    link.heal()
+    assert client(link.port).get("chaos:proxy:big") == b"x" * 100_000
+    direct.delete("chaos:proxy:big")
+    direct.close()

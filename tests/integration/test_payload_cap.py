@@ -83,3 +83,33 @@ def test_sizes_parse_with_units():
     for bad in ("", "1.5MB", "12 parsecs", "0"):
         with pytest.raises(InvalidInput):
             parse_size(bad)
+
+
+def test_a_schedule_over_the_cap_is_quarantined_and_creates_no_run(app, r, url):
+    """The cap holds for the runs schedules create too (materialize.lua): the schedule over
+    it is set aside with the reason, the others go on; backfill and trigger-now refuse."""
+    from datetime import timedelta
+
+    from duetime.scheduler.evaluator import Evaluator
+
+    from tests.integration.test_schedules import runs_of
+
+    noop = app.task(name="cap.snoop")(lambda text="": None)
+    app.schedule("cap-big", duetime.Every(timedelta(seconds=1)), noop, args=["x" * 2000])
+    app.schedule("cap-small", duetime.Every(timedelta(seconds=1)), noop, args=["ok"])
+    set_payload_cap(app.store.ready(), app.keys, app.redis_url, 1024)
+    ev = Evaluator(url, app.keys, lead_ms=1500)
+    try:
+        ev.tick()
+        big = app.get_schedule("cap-big")
+        assert big.quarantined and "PAYLOAD_TOO_LARGE schedule cap-big" in big.quarantined
+        assert "namespace cap of 1024 bytes" in big.quarantined, big.quarantined
+        assert runs_of(app, "cap-big") == []
+        assert runs_of(app, "cap-small")  # the other schedule goes on
+        with pytest.raises(RedisRefused) as err:
+            app.trigger("cap-big")
+        assert err.value.code == "PAYLOAD_TOO_LARGE"
+        assert runs_of(app, "cap-big") == []
+    finally:
+        ev.client.close()
+        set_payload_cap(r, app.keys, app.redis_url, None)
