@@ -36,6 +36,7 @@ COMMANDS = {  # name -> (module, attribute)
     "queue": ("duetime.cli.queue", "queue"),
     "calendar": ("duetime.cli.calendar", "calendar"),
     "batches": ("duetime.cli.batches", "batches"),
+    "outbox": ("duetime.cli.outbox", "outbox"),
 }
 
 
