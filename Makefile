@@ -38,14 +38,20 @@ soak: venv
 
 # The declared lower bounds are true: one fresh venv with every dependency at the lowest
 # version pyproject.toml allows (constraints/floors.txt), duetime installed there, and the fast
-# lane run in it (pip's cache keeps this to a few seconds after the first time).
+# lane run in it (pip's cache keeps this to a few seconds after the first time). The outbox's
+# tests run here but its worker-process one (`duetime worker` at the structlog and click floors
+# does not start: a floor of the core dependencies to raise, outside the outbox extra).
 FLOORS_VENV := .venv-floors
 FLOORS_TESTS ?= tests/unit tests/integration/test_scripts.py tests/client/test_reload.py \
 	tests/property/test_calendars.py tests/integration/test_calendars.py \
+	$(addprefix tests/outbox/test_outbox.py::test_,committed_rows_become_one_run_each_rolled_back_ones_none_psycopg \
+	  sqlalchemy_connection_and_session bad_arguments_are_refused_before_anything_is_written \
+	  two_relays_at_once_never_double_a_row a_relay_sigkilled_between_enqueue_and_commit_loses_and_doubles_nothing \
+	  once_answers_by_the_committed_record) \
 	tests/packaging/test_floors.py::test_floors_match_pyproject
 test-floors:
 	$(PY) -m venv --clear $(FLOORS_VENV)
-	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing,calendars,docs,dev]' 'pytest>=8' 'hypothesis>=6.100'
+	$(FLOORS_VENV)/bin/pip install -q -c constraints/floors.txt -e '.[embedded,testing,calendars,docs,dev,outbox]' 'pytest>=8' 'hypothesis>=6.100'
 	$(FLOORS_VENV)/bin/python -m pip check
 	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
 	NO_MKDOCS_2_WARNING=1 $(FLOORS_VENV)/bin/mkdocs build --strict -q -d .cache/site-floors

@@ -178,8 +178,12 @@ def test_once_skips_the_effect_an_attempt_committed_before_its_worker_was_killed
     first = procs.worker("--lease", "1s", app="tests.apps.outbox_app:app")
     procs.reaper()
     run_id = outbox_app.credit.enqueue(1, 500)
-    wait_for(lambda: r.lrange(attempts, 0, -1) == [b"1:applied"], timeout=60,
-             what="the first attempt's commit")
+    try:
+        wait_for(lambda: r.lrange(attempts, 0, -1) == [b"1:applied"], timeout=60,
+                 what="the first attempt's commit")
+    except AssertionError:
+        first.kill()
+        raise AssertionError(first.communicate()[1].decode()[-3000:]) from None
     first.send_signal(signal.SIGKILL)
     first.wait()
     procs.worker("--lease", "1s", app="tests.apps.outbox_app:app")

@@ -36,9 +36,9 @@ def _floors() -> dict[str, str]:
     return pins
 
 
-# the extras whose floors the floors lane installs and uses (docs: it builds the site; dev and
-# calendars: it runs their tests)
-FLOORED_EXTRAS = ("docs", "dev", "calendars")
+# the extras whose floors the floors lane installs and uses (docs: it builds the site; dev,
+# calendars and outbox: it runs their tests)
+FLOORED_EXTRAS = ("docs", "dev", "calendars", "outbox")
 
 
 def test_floors_match_pyproject():
