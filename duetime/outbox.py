@@ -196,22 +196,29 @@ def relay_once(conn: Any, app: App, batch: int = 100,
 def relay(dsn: str, app: App, batch: int = 100, interval: float = 0.5, once_only: bool = False,
           stop: Callable[[], bool] = lambda: False) -> int:
     """The relay loop of `duetime outbox relay`: batches while rows are waiting, else a pause
-    of `interval` seconds; `once_only` stops when the table is empty. Returns the rows moved."""
+    of `interval` seconds; `once_only` stops when the table is empty (and raises what failed).
+    A failed batch (Redis or the database unreachable) rolls back, is logged, and is tried
+    again after `interval`, on a new database connection if the old one broke. Returns the
+    rows moved."""
     import psycopg
     import structlog
 
     log = structlog.get_logger("duetime.outbox")
     total = 0
-    with psycopg.connect(dsn) as conn:
+    conn: psycopg.Connection[Any] | None = None
+    try:
         while not stop():
             try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(dsn)
                 n = relay_once(conn, app, batch)
-            except psycopg.OperationalError:
-                raise
-            except Exception as exc:  # Redis down, a bad row: the rows stay, try again later
-                log.error("outbox_relay_failed", error=str(exc), error_type=type(exc).__name__)
+            except Exception as exc:  # the rows stay where they are: try again later
+                log.error("outbox_relay_failed", error=str(exc).splitlines()[0] if str(exc) else "",
+                          error_type=type(exc).__name__)
                 if once_only:
                     raise
+                if isinstance(exc, psycopg.OperationalError) and conn is not None:
+                    conn.close()
                 time.sleep(interval)
                 continue
             total += n
@@ -221,6 +228,9 @@ def relay(dsn: str, app: App, batch: int = 100, interval: float = 0.5, once_only
                 break
             else:
                 time.sleep(interval)
+    finally:
+        if conn is not None:
+            conn.close()
     return total
 
 

@@ -205,3 +205,21 @@ def test_once_answers_by_the_committed_record(db):
             raise RuntimeError
         with conn.transaction():
             assert outbox.once(conn, "e2") is True  # the rolled-back record does not count
+
+
+def test_a_batch_whose_enqueue_fails_rolls_back_and_its_rows_wait(db, namespace):
+    import socket
+
+    import duetime
+
+    with socket.socket() as s:  # a port nothing listens on: Redis is down
+        s.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+    down = duetime.App(redis_url=dead, namespace=namespace)
+    with psycopg.connect(db) as conn, conn.transaction():
+        for i in range(3):
+            outbox.enqueue(conn, "outbox.count", [i])
+    with pytest.raises(Exception):  # noqa: B017 - whatever the client raises for a refused connection
+        outbox.relay(db, down, once_only=True)
+    down.close()
+    assert _rows(db) == 3
