@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import click
 
-from duetime.cli.common import app_for, fail_cleanly
+from duetime.cli.common import EXIT_FAILED, announce, app_for, fail_cleanly
+
+
+@contextmanager
+def _db_errors() -> Iterator[None]:
+    """A database error is one `error:` line and exit 1, like a Redis one."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.Error as exc:
+        click.echo(f"error: postgresql: {' '.join(str(exc).split())}", err=True)
+        sys.exit(EXIT_FAILED)
 
 
 @click.group()
@@ -30,7 +46,9 @@ def relay(ctx: click.Context, dsn: str, batch: int, interval: float, once_only: 
     from duetime import outbox as ob
 
     app = app_for(ctx, app_ref)
-    moved = ob.relay(dsn, app, batch=batch, interval=interval, once_only=once_only)
+    announce(ctx, app, "outbox-relay")  # which Redis it fills (never the DSN: it may hold a password)
+    with _db_errors():
+        moved = ob.relay(dsn, app, batch=batch, interval=interval, once_only=once_only)
     if once_only:
         click.echo(f"relayed {moved} rows")
 
@@ -45,6 +63,6 @@ def create_table(dsn: str) -> None:
 
     from duetime import outbox as ob
 
-    with psycopg.connect(dsn) as conn:
+    with _db_errors(), psycopg.connect(dsn) as conn:
         ob.create_table(conn)
     click.echo("ok")

@@ -223,3 +223,17 @@ def test_a_batch_whose_enqueue_fails_rolls_back_and_its_rows_wait(db, namespace)
         outbox.relay(db, down, once_only=True)
     down.close()
     assert _rows(db) == 3
+
+
+def test_the_relay_command_says_in_one_line_that_the_database_is_unreachable(url, namespace):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.run([sys.executable, "-m", "duetime", "--redis-url", url, "--namespace", namespace,
+                        "outbox", "relay", "--dsn", f"postgresql://postgres@127.0.0.1:{port}/x", "--once"],
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert p.returncode == 1
+    assert "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("error: postgresql: connection failed")
