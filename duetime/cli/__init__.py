@@ -37,6 +37,7 @@ COMMANDS = {  # name -> (module, attribute)
     "calendar": ("duetime.cli.calendar", "calendar"),
     "batches": ("duetime.cli.batches", "batches"),
     "retention": ("duetime.cli.retention", "retention"),
+    "outbox": ("duetime.cli.outbox", "outbox"),
 }
 
 

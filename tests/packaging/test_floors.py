@@ -48,7 +48,7 @@ def test_floors_match_pyproject():
 # extras whose floors `make test-floors` installs and uses too (docs: it builds the site; the
 # others: their tests run there): each of their dependencies is pinned in
 # constraints/floors.txt at its declared bound
-FLOORED_EXTRAS = ("docs", "dev", "calendars", "otel", "sentry")
+FLOORED_EXTRAS = ("docs", "dev", "calendars", "otel", "sentry", "outbox")
 
 
 def _bound(dep: str) -> tuple[str, Version]:

@@ -1,0 +1,1 @@
+"""The tiny Django app of the Django how-to's test (docs/howto/django.md)."""
