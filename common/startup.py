@@ -31,8 +31,9 @@ NOT_UP = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClust
 
 
 def answers(client: Any) -> None:
-    """The probe: TIME, which every documented ACL role allows (PING is not in the worker's or
-    the scheduler's role, docs/operations.md) and which every duetime process sends anyway."""
+    """The probe: TIME, which every documented ACL role allows (PING is not in the scheduler's
+    role, docs/operations.md; the worker's has it for its wake subscription's health checks)
+    and which every duetime process sends anyway."""
     client.time()
 
 
