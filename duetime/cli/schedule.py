@@ -148,6 +148,12 @@ def schedule() -> None:
 @instant_option("--end", default=None, help="Guardrail: no occurrence after this.")
 @click.option("--max-runs", type=click.IntRange(1, 1_000_000_000), default=None,
               help="Guardrail: stop after this many runs.")
+@click.option("--calendar", default=None, metavar="NAME",
+              help="A business calendar (`duetime calendar add`): occurrences on its excluded "
+              "days follow --on-excluded.")
+@click.option("--on-excluded", type=click.Choice(("skip", "next", "previous")), default="skip",
+              show_default=True, help="With --calendar: skip an occurrence on an excluded day, "
+              "or move it to the same local time on the next or previous business day.")
 @click.option("--paused", is_flag=True, help="Create it paused.")
 @click.pass_context
 @fail_cleanly
@@ -157,8 +163,11 @@ def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str | None
                  lateness: timedelta | None, overlap: str, jitter: timedelta | None,
                  owner: str | None, stagger: str | None, dst_gap: str, dst_fold: str,
                  pause_after_failures: int | None, start: datetime | None, end: datetime | None,
-                 max_runs: int | None, paused: bool) -> None:
+                 max_runs: int | None, calendar: str | None, on_excluded: str,
+                 paused: bool) -> None:
     """Create or update schedule NAME (the same definition again changes nothing)."""
+    if calendar is None and on_excluded != "skip":
+        raise click.UsageError("--on-excluded needs --calendar")
     trigger = _trigger(cron, tz, every, at, dst_gap, dst_fold)
     _stagger_ms(stagger)  # a bad value is refused before the app is loaded
     args, kwargs = parse_payload(args_json, kwargs_json)
@@ -168,7 +177,7 @@ def schedule_add(ctx: click.Context, name: str, cron: str | None, tz: str | None
                           overlap=overlap, jitter=jitter, owner=owner, paused=paused,
                           miss_tolerance=miss_tolerance, stagger=stagger,
                           pause_after_failures=pause_after_failures, start=start, end=end,
-                          max_runs=max_runs)
+                          max_runs=max_runs, calendar=calendar, on_excluded=on_excluded)
     info = app.get_schedule(name)
     nxt = (f"next fire {when(info.next_fire, server_now(app))}" if info.next_fire
            else "no further fire time")

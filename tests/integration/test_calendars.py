@@ -206,6 +206,26 @@ def test_calendar_cli_add_show_list_delete(app, url, tmp_path):
     assert gone.exit_code != 0 and "no calendar" in gone.output
 
 
+def test_schedule_add_takes_a_calendar_and_show_honours_it(app, url):
+    runner = CliRunner()
+    env = {"DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": app.keys.namespace}
+    app.calendar("cli-cal", weekdays="mon-fri")
+    res = runner.invoke(main, ["schedule", "add", "weekday-9", "--cron", "0 9 * * *", "--tz",
+                               "Europe/Paris", "--task", "noop", "--app",
+                               "tests.apps.basic:app", "--calendar", "cli-cal",
+                               "--on-excluded", "next"], env=env)
+    assert res.exit_code == 0, res.output
+    info = app.get_schedule("weekday-9")
+    assert (info.calendar, info.on_excluded) == ("cli-cal", "next")
+    shown = runner.invoke(main, ["schedule", "show", "weekday-9", "--json"], env=env)
+    fires = [datetime.fromisoformat(f["utc"].replace("Z", "+00:00"))
+             for f in json.loads(shown.output)["next_fires"]]
+    assert fires and all(f.astimezone(ZoneInfo("Europe/Paris")).weekday() < 5 for f in fires)
+    bad = runner.invoke(main, ["schedule", "add", "x", "--every", "1h", "--task", "noop",
+                               "--app", "tests.apps.basic:app", "--on-excluded", "next"], env=env)
+    assert bad.exit_code == 2 and "--on-excluded needs --calendar" in bad.output
+
+
 def test_a_task_reads_its_data_interval_from_current_run(app):
     app.calendar("wk2")  # Monday-Friday
     app.schedule("ctx", duetime.Cron("0 0 * * *"), basic.interval, calendar="wk2")
