@@ -232,3 +232,28 @@ def test_an_unlaned_run_behind_laned_ones_is_claimed(prop_r: redis.Redis, url: s
     finally:
         for key in prop_r.scan_iter(f"{ns}:*", count=1000):
             prop_r.delete(key)
+
+
+def test_a_claim_with_room_reads_the_lanes_past_their_shares(prop_r: redis.Redis,
+                                                            url: str) -> None:
+    """No limit holds anything, yet a lane's share can run short of the batch: a priority run,
+    taken first, is also the head of its lane (its share spent on it), or a lane has fewer
+    runs than its share. A claim with room left reads the lanes past their shares, so it is
+    full while runs are due."""
+    ns = f"adm{uuid.uuid4().hex[:8]}"
+    papp.configure(redis_url=url, namespace=ns)
+    k, scripts = papp.keys, Scripts(prop_r)
+    try:
+        ids = papp.enqueue_many([{"task": pa, "tenant": "ta"}, {"task": pa, "tenant": "ta"},
+                                 {"task": pa, "priority": 50}])  # the last laned in '|'
+        keys, args = tr.claim(k, 0, "default", "w1", 3, 60_000)
+        got = [c.run_id for c in tr.parse_claim(scripts.claim(keys=keys, args=args)).runs]
+        assert got[0] == ids[2] and sorted(got) == sorted(ids)
+        # a lane short of its share (ta: 1 run, '': 3, a claim of 4 gives each a share of 2)
+        more = papp.enqueue_many([{"task": pa, "tenant": "ta"}] + [{"task": pa}] * 3)
+        keys, args = tr.claim(k, 0, "default", "w1", 4, 60_000)
+        got = [c.run_id for c in tr.parse_claim(scripts.claim(keys=keys, args=args)).runs]
+        assert sorted(got) == sorted(more)
+    finally:
+        for key in prop_r.scan_iter(f"{ns}:*", count=1000):
+            prop_r.delete(key)
