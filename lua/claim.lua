@@ -139,8 +139,9 @@ repeat
     end
   end
   first = last + 1
-  -- held runs and room left: once, the lanes past their shares (claim/lanes.lua)
-until held == 0 or taken >= limit or held >= HELD_SCAN
+  -- room left (runs held, lanes short of their shares, runs that did not start): once, the
+  -- lanes past their shares (claim/lanes.lua)
+until taken >= limit or held >= HELD_SCAN
   or not lanes_past_shares(c, (limit - taken) + (HELD_SCAN - held))
 c.taken = taken
 

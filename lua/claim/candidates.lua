@@ -67,16 +67,52 @@ local function priority_candidates(c)
   if #stale > 0 then redis.call('ZREM', c.keys.prio, unpack(stale)) end
 end
 
+-- How many laned runs the due-order path reads past, per call, to the unlaned runs behind them
+-- (retries are in their own set; releases, replays, schedule runs share the due set with the
+-- laned runs): past the first window it reads the due set on, a window at a time.
+local LANED_PASS = 256
+
+-- The next window of the due set, after `offset` entries, and its laned runs marked in `skip`
+-- (a fresh table: the lanes' own `seen` is not written to).
+local function due_window_after(c, offset, skip)
+  local d = redis.call('ZRANGE', c.due_key, '-inf', c.horizon, 'BYSCORE', 'LIMIT', offset,
+    c.scan, 'WITHSCORES')
+  if #d > 0 then
+    local ds = {}
+    for x = 1, #d, 2 do ds[#ds + 1] = d[x] end
+    local sc = redis.call('ZMSCORE', c.keys.laned, unpack(ds))
+    for x = 1, #ds do if sc[x] then skip[ds[x]] = true end end
+  end
+  return d
+end
+
 -- The due and retry windows merged, earliest first, after the runs taken already; runs in
--- `skip` (taken, or waiting in a lane) are passed by.
+-- `skip` (taken, or waiting in a lane) are passed by. With lanes, a window whose laned runs
+-- were passed by does not end the due order: the next window is read (up to LANED_PASS laned
+-- runs passed in all), so an unlaned run behind laned ones (a release, say, due in the same
+-- millisecond as a tenant's runs) is not left out of a claim that is not full.
 local function due_order_candidates(c, d, r, skip)
   local ids, froms, scores, scan = c.ids, c.froms, c.scores, c.scan
   local check = c.prio or c.lanes
-  local i, j = 1, 1
-  while #ids < scan and (i <= #d or j <= #r) do
+  local i, j, offset, passed = 1, 1, #d / 2, 0
+  while #ids < scan do
+    if i > #d and c.lanes and #d == 2 * c.scan and passed > 0 and passed < LANED_PASS then
+      if skip == c.seen then  -- never written to: a set of its own
+        local own = {}
+        for id in pairs(skip) do own[id] = true end
+        skip = own
+      end
+      d, i = due_window_after(c, offset, skip), 1
+      offset = offset + #d / 2
+    end
+    if i > #d and j > #r then break end
     local n = #ids + 1
     if j > #r or (i <= #d and tonumber(d[i + 1]) <= tonumber(r[j + 1])) then
-      if not (check and skip[d[i]]) then ids[n], froms[n], scores[n] = d[i], true, d[i + 1] end
+      if not (check and skip[d[i]]) then
+        ids[n], froms[n], scores[n] = d[i], true, d[i + 1]
+      elseif c.lanes then
+        passed = passed + 1
+      end
       i = i + 2
     else
       ids[n], froms[n], scores[n] = r[j], false, r[j + 1]; j = j + 2

@@ -3,10 +3,12 @@
 -- tenant first, each a share of the batch by its weight, interleaved; the due-order path then
 -- passes laned runs by (retries, releases, replays and schedule runs are not laned and keep
 -- their due order). c.lane_of[id] is the lane a candidate was taken from.
--- When a limit held runs and the batch is not full, the lanes are read again past their shares
--- (lanes_past_shares): a run a limit holds never hides the runs of its lane behind it (another
--- task of the tenant, say), within the claim's bound of HELD_SCAN held runs (docs/fairness.md).
--- Read only then: a claim whose limits hold nothing pays nothing for it.
+-- When the batch is not full after the candidates were read, the lanes are read again past
+-- their shares (lanes_past_shares): a run a limit holds never hides the runs of its lane behind
+-- it (another task of the tenant, say), within the claim's bound of HELD_SCAN held runs
+-- (docs/fairness.md); nor does a share spent on runs taken first (a priority run is also the
+-- head of its lane) or left unused (a lane with fewer runs than its share). Read only then: a
+-- claim that fills its batch pays nothing for it.
 -- A lane key of the wrong type (edited by hand) affects only itself: the claim that meets it
 -- renames it aside to '<lane>#damaged' (kept for the operator), takes the tenant out of the
 -- lane index, and un-lanes that tenant's waiting runs (out of T:laned:<queue>, at most
@@ -96,7 +98,7 @@ local function lane_candidates(c, d)
   return skip
 end
 
--- Once per call, after a limit held runs and the batch is not full: the runs of each lane past
+-- Once per call, when the batch is not full after its candidates: the runs of each lane past
 -- the share it was read for (a lane whose share was all there), interleaved, at most `room`
 -- in all and HELD_SCAN per lane. Returns true when it added candidates.
 local function lanes_past_shares(c, room)
