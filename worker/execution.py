@@ -194,6 +194,7 @@ class Executor:
         mode: FailMode = "error"
         err, exc_type, delay_ms, frames = "", "", 0, ""
         limited: RateLimited | None = None
+        not_started = False  # Redis did not answer before the body started (_NotStarted)
         continued: Continue | None = None
         ran = False
         started = time.perf_counter()
@@ -235,7 +236,9 @@ class Executor:
             if value is not None and spec.store_result:
                 ex.result = self._pack(ex, value)
         except _NotStarted as exc:  # nothing ran: back to its queue, no attempt spent
-            report = "release"
+            # handback.lua, not release.lua: the body never started, so a non-idempotent run
+            # goes back too (a release would make it uncertain), and no attempt entry is written
+            report, not_started = "handback", True
             log.warning("run given back: redis did not answer before its body started",
                         run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
                         worker_id=self.worker_id, error=str(exc)[:300])
@@ -290,10 +293,12 @@ class Executor:
                 del self._waiting[ctx.run_id]
             self._on_free()
         if report == "handback":  # nothing ran: no attempt, no cost
-            assert self.unknown is not None
-            self.unknown.handed_back += 1
-            log.info("run of a task this worker does not know handed back", run_id=ctx.run_id,
-                     task=ctx.task, worker_id=self.worker_id, queue=ctx.queue)
+            if not not_started:
+                assert self.unknown is not None
+                self.unknown.handed_back += 1
+                log.info("run of a task this worker does not know handed back",
+                         run_id=ctx.run_id, task=ctx.task, worker_id=self.worker_id,
+                         queue=ctx.queue)
             self.reporter.hand_back(ex)
             return
         try:

@@ -91,7 +91,8 @@ class Reporter:
         self._queue.put_nowait(("release", ex, _NO_ARGS))
 
     def hand_back(self, ex: Execution) -> None:
-        """A run of a task this worker does not know, unstarted (worker/unknown.py)."""
+        """A run given back before its body started (handback.lua): of a task this worker does
+        not know (worker/unknown.py), or one whose start Redis did not answer."""
         self.unsent[ex.key] = ex
         self._queue.put_nowait(("handback", ex, _NO_ARGS))
 
@@ -99,6 +100,7 @@ class Reporter:
         """A run whose task raised RateLimited: given back, `scope` held (rate_limited.lua)."""
         self.unsent[ex.key] = ex
         self._queue.put_nowait(("rate_limited", ex, (retry_after_ms, scope)))
+
     def continue_run(self, ex: Execution, state: bytes | None, delay_ms: int) -> None:
         """The task raised Continue: the same run again after delay_ms, from `state` (None:
         the checkpoint it has), the attempt not counted (continue_run.lua)."""

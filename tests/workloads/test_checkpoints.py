@@ -126,6 +126,13 @@ def test_a_checkpoint_redis_cannot_read_gives_the_run_back_without_spending_an_a
 
     monkeypatch.setattr(Checkpoints, "prepare", flaky)
     run_id = longruns.fail_once.enqueue()
+    burst(lapp)  # attempt 1 fails; its retry's start meets the lost read and is handed back
+    assert failed == [run_id] and lapp.get_run(run_id).state == "scheduled"
+    # the hand-back's short delay, advanced instead of slept through: due at the server's now
+    r, k = lapp.store.client, lapp.keys
+    sec, usec = r.time()
+    assert r.zadd(k.due(k.partition_of_run(run_id), lapp.get_run(run_id).queue),
+                  {run_id: sec * 1000 + usec // 1000}, xx=True, ch=True)
     burst(lapp)
     assert lapp.wait(run_id, timeout=10) == {"step": 7}
     run = lapp.get_run(run_id)
