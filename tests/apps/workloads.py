@@ -57,7 +57,9 @@ def spawner(n: int) -> None:
     app.batch_add(bid, [(member, [1000 + i]) for i in range(n)])
 
 
-@app.task(name="w.callback", retries=0)
+# retried like any run: a SIGKILL may land while a callback runs (its lease then expires and
+# the reaper retries it); the callback is still created and released once
+@app.task(name="w.callback", retries=5, backoff=(0.05, 0.1))
 def callback(role: str) -> None:
     run = duetime.current_run()
     r().hincrby(ran_key(), run.run_id, 1)
