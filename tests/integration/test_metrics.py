@@ -79,10 +79,19 @@ def test_worker_and_scheduler_metrics_after_known_work(app, procs):
     assert value(w, "duetime_dead_letters_total", task="fatal", owner="") == 1
     assert value(w, "duetime_execution_duration_seconds_count", task="noop") == 5
     assert value(w, "duetime_execution_duration_seconds_bucket", task="noop", le="+Inf") == 5
-    # first attempts: 5 noop + fatal + flaky + retry_later + the schedule's anoop runs
-    lateness = value(w, "duetime_start_lateness_seconds_count", queue="default")
+    # first attempts: 5 noop + fatal + flaky + retry_later + the schedule's anoop runs. The
+    # schedule keeps firing: paused, its last run started may still be running, so the two
+    # counters agree once it finished (read again until then, from one scrape each time)
+    app.pause("metrics-every-second")
+
+    def first_attempts_agree() -> bool:
+        s = scrape(worker_port)
+        anoops = value(s, "duetime_runs_finished_total", task="anoop", outcome="succeeded") or 0
+        return value(s, "duetime_start_lateness_seconds_count", queue="default") == 8 + anoops
+
+    wait_for(first_attempts_agree, 20, what="first attempts = 8 + the schedule's runs")
+    w = scrape(worker_port)
     anoops = value(w, "duetime_runs_finished_total", task="anoop", outcome="succeeded") or 0
-    assert lateness == 8 + anoops
     assert value(w, "duetime_start_lateness_seconds_sum", queue="default") >= 0
     # the retries waited their backoff before they were claimed, not since the due time
     retry_delay_sum = (value(w, "duetime_queue_delay_seconds_sum", queue="default")
