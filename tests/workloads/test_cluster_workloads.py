@@ -58,9 +58,10 @@ def test_a_dependency_on_another_shard_releases_its_dependent(capp, cluster):
     assert capp.get_run(b).state == "waiting" and capp.get_run(c).state == "waiting"
     with reaper_thread(capp):
         burst(capp)
-        wait_for(lambda: capp.get_run(b).state == "scheduled")
+        # the reaper's relay carries the notice across shards: a deadline for a busy machine
+        wait_for(lambda: capp.get_run(b).state == "scheduled", 90, what="b released by the relay")
         burst(capp)  # b dies: c, on a third shard, is cancelled naming it
-        wait_for(lambda: capp.get_run(c).state == "cancelled")
+        wait_for(lambda: capp.get_run(c).state == "cancelled", 90, what="c cancelled by the relay")
     assert capp.get_run(b).state == "dead"
     assert capp.get_run(c).reason == f"dependency {b} ended dead"
 
