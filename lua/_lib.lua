@@ -95,11 +95,21 @@ local function push_attempt(attempts_key, n, fence, worker, start, outcome, now,
   return nil
 end
 
--- Merge fields into attempt entry number `fence` (1-based), if it was pushed already.
-local function set_attempt(attempts_key, fence, fields)
+-- Merge fields into attempt entry number `fence` (1-based), if it was pushed already. The
+-- attempt that succeeded a run is inline (complete.lua pushes no entry for it: the run
+-- hash's attempt, fence, worker, started and finished are its entry); given `run_key`, that
+-- inline entry is pushed first when it is the one to merge into (a late report about it).
+local function set_attempt(attempts_key, fence, fields, run_key)
   local idx = (tonumber(fence) or 0) - 1
   if idx < 0 then return end
   local raw = redis.pcall('LINDEX', attempts_key, idx)
+  if run_key and raw == false and redis.pcall('LLEN', attempts_key) == idx then
+    local h = redis.pcall('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
+      'finished')
+    if h.err or h[1] ~= 'succeeded' or h[2] ~= fence then return end
+    if push_attempt(attempts_key, h[3], fence, h[4], h[5], 'succeeded', h[6], nil) then return end
+    raw = redis.call('LINDEX', attempts_key, idx)
+  end
   if type(raw) ~= 'string' then return end  -- none, or a damaged key: nothing to merge into
   local ok, a = pcall(cjson.decode, raw)
   if not ok or type(a) ~= 'table' then return end

@@ -13,7 +13,6 @@ ones that finished the work (they followed MOVED/ASK, nobody restarted them).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import redis
 from duetime.common import transitions as tr
 from duetime.common.connection import sync_client
 from duetime.common.errors import DuetimeError, EnqueueIncomplete, RedisRefused
+from duetime.common.models import Run, to_ms
 from duetime.common.scripts import Scripts, sha
 from redis.crc import key_slot
 
@@ -168,22 +168,23 @@ def occurrences(k, p: int, node: EmbeddedServer, name: str = "tick") -> list[int
 
 
 def final_states(capp, ids: list[str]) -> dict[str, tuple[str, list[str]]]:
-    """run id -> (state, attempt outcomes), read in one pipeline."""
+    """run id -> (state, attempt outcomes), read in one pipeline (the history as readers see
+    it: the attempt that succeeded is inline in the run hash, docs/keys.md)."""
     k = capp.keys
     pipe = basic.r().pipeline(transaction=False)
     for run_id in ids:
         p = k.partition_of_run(run_id)
-        pipe.hget(k.run(p, run_id), "state")
+        pipe.hgetall(k.run(p, run_id))
         pipe.lrange(k.attempts(p, run_id), 0, -1)
     res = pipe.execute()
-    return {run_id: ((res[2 * i] or b"").decode(), [json.loads(a)["outcome"] for a in res[2 * i + 1]])
-            for i, run_id in enumerate(ids)}
+    runs = [Run.decode(run_id, res[2 * i], res[2 * i + 1]) for i, run_id in enumerate(ids)]
+    return {r.id: (r.state, [a.outcome for a in r.attempts]) for r in runs}
 
 
 def attempts(capp, run_id: str) -> list[dict]:
-    k = capp.keys
-    raw = basic.r().lrange(k.attempts(k.partition_of_run(run_id), run_id), 0, -1)
-    return [json.loads(a) for a in raw]
+    run = capp.get_run(run_id)
+    return [{"start": to_ms(a.started), "end": to_ms(a.ended), "outcome": a.outcome}
+            for a in run.attempts]
 
 
 def wait_succeeded(capp, ids: list[str], timeout: float, what: str) -> None:

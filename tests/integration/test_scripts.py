@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 from duetime.common import transitions as tr
+from duetime.common.models import to_ms
 from duetime.common.scripts import Scripts
 from duetime.common.wake import parse_worker_wake, worker_wake
 
@@ -332,7 +333,6 @@ def test_a_buffered_run_claimed_ahead_is_never_made_due_before_its_time(app, r, 
 def test_times_fences_and_attempt_entries_are_stored_as_plain_integers(app, r, lc):
     """The scripts format numbers themselves (once per call, as integers); what `redis-cli`
     and the inspect code read must stay plain decimal integers, consistent with each other."""
-    import json
     import re
 
     sec, usec = r.time()
@@ -364,10 +364,11 @@ def test_times_fences_and_attempt_entries_are_stored_as_plain_integers(app, r, l
     rec = r.hgetall(app.keys.run(p, c.run_id))
     assert digits.fullmatch(rec[b"finished"])
     assert r.zscore(app.keys.done(p), c.run_id) == int(rec[b"finished"])
-    [raw] = r.lrange(app.keys.attempts(p, c.run_id), 0, -1)
-    entry = json.loads(raw)
-    assert entry == {"n": 1, "fence": 1, "worker": "w1", "outcome": "succeeded",
-                     "start": int(rec[b"started"]), "end": int(rec[b"finished"])}
+    # the attempt that succeeded is inline (docs/keys.md): no attempts key, the run hash is it
+    assert r.exists(app.keys.attempts(p, c.run_id)) == 0
+    [a] = app.get_run(c.run_id).attempts
+    assert (a.number, a.fence, a.worker, a.outcome) == (1, 1, "w1", "succeeded")
+    assert (to_ms(a.started), to_ms(a.ended)) == (int(rec[b"started"]), int(rec[b"finished"]))
 
 
 # -- errors name the script and line; the server's memory limit; damaged records -------------
@@ -525,7 +526,8 @@ def test_a_call_sent_again_after_a_lost_reply_changes_nothing(app, r, lc):
     # complete: twice, one attempt entry, the same answer
     assert lc.complete(p, c) == "succeeded"
     assert lc.complete(p, c) == "succeeded"
-    assert r.llen(app.keys.attempts(p, rid)) == 1
+    assert r.llen(app.keys.attempts(p, rid)) == 0  # inline: the run hash holds it
+    assert [a.outcome for a in app.get_run(rid).attempts] == ["succeeded"]
     # fail: twice, the same state and retry time, one attempt entry
     other = app.enqueue(basic.always_fails)
     po = app.keys.partition_of_run(other)
