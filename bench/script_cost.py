@@ -29,11 +29,11 @@ from typing import Any
 import redis
 from duetime.common import scripts
 from duetime.common import transitions as tr
-from duetime.client.runs import task_fields
 from duetime.common.codec import pack_payload, pack_result
 
 from bench.apps import app, noop
 from bench.drive import claim_all, fences, parser
+from duetime.client.runs import task_fields
 from duetime.embedded import EmbeddedServer
 
 LUA = Path(__file__).resolve().parent.parent / "lua"
