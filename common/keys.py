@@ -58,7 +58,8 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "leases": KeyKind("leases", "zset", "running run id -> lease expiry (ms): the lease itself "
                       "(owner and fence are the run's worker and fence fields)"),
     "run": KeyKind("run:", "hash", "the run record (plain fields; payload is msgpack)", "run"),
-    "attempts": KeyKind("attempts:", "list", "one JSON entry per finished attempt", "run"),
+    "attempts": KeyKind("attempts:", "list", "one JSON entry per ended attempt that did not "
+                        "succeed (the succeeded one is inline in the run hash)", "run"),
     "notify": KeyKind("notify:", "list", "a run's final state, pushed for each client waiting on "
                       "it (exists briefly, only while someone waits)", "run"),
     "sched": KeyKind("sched:", "hash", "schedule definition and evaluation state", "name"),
