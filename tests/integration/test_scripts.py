@@ -698,3 +698,32 @@ def test_quarantine_sets_a_schedule_aside_unless_it_changed_meanwhile(app, r, lc
     assert r.zscore(app.keys.quarantine(p), "q1") is not None
     assert r.hget(app.keys.sched(p, "q1"), "quarantined") == b"unreadable trigger"
     assert quarantine("gone", "") == "missing"
+
+
+def test_an_enqueue_is_fresh_only_for_random_ids_never_sent(app, r, monkeypatch):
+    """enqueue.lua looks no run up in a call marked fresh (create-once without an EXISTS per
+    run): only random ids sent for the first time may be marked; an id with a key, or one a
+    pass already sent (its reply lost), is looked up."""
+    from duetime.client import runs as client_runs
+
+    marks: list[bool] = []
+    real = client_runs.tr.enqueue
+
+    def spy(*a, fresh=False, **kw):
+        marks.append(fresh)
+        return real(*a, fresh=fresh, **kw)
+
+    monkeypatch.setattr(client_runs.tr, "enqueue", spy)
+    store = app.store
+    prepared = store._prepare_all([client_runs.EnqueueRequest(basic.noop.spec, [], {})])
+    keyed = store._prepare_all([client_runs.EnqueueRequest(basic.noop.spec, [], {}, key="k1")])
+    sent: set[str] = set()
+    for pipe, _ in store._pipelines(store.ready(), prepared, sent=sent):
+        assert pipe.execute() == [1]
+    for pipe, _ in store._pipelines(store.ready(), prepared, sent=sent):  # a resend
+        assert pipe.execute() == [0]  # looked up: the run exists, nothing is created again
+    for pipe, _ in store._pipelines(store.ready(), keyed, sent=sent):
+        pipe.execute()
+    assert marks == [True, False, False]
+    [rid] = [p.run_id for p in prepared]
+    assert app.get_run(rid).state == "scheduled"
