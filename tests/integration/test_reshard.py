@@ -183,8 +183,9 @@ def final_states(capp, ids: list[str]) -> dict[str, tuple[str, list[str]]]:
 
 def attempts(capp, run_id: str) -> list[dict]:
     run = capp.get_run(run_id)
-    return [{"start": to_ms(a.started), "end": to_ms(a.ended), "outcome": a.outcome}
-            for a in run.attempts]
+    return [{"start": to_ms(a.started) if a.started else None,
+             "end": to_ms(a.ended) if a.ended else None, "outcome": a.outcome,
+             "worker": a.worker, "fence": a.fence} for a in run.attempts]
 
 
 def wait_succeeded(capp, ids: list[str], timeout: float, what: str) -> None:
