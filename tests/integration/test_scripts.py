@@ -727,3 +727,25 @@ def test_an_enqueue_is_fresh_only_for_random_ids_never_sent(app, r, monkeypatch)
     assert marks == [True, False, False]
     [rid] = [p.run_id for p in prepared]
     assert app.get_run(rid).state == "scheduled"
+
+
+def test_a_late_report_about_an_inline_success_is_recorded_on_its_entry(app, r, lc):
+    """The attempt that succeeded is inline in the run hash (no attempts key); a report about
+    it that arrives later (sent again after a fault in transit, or a failure of the same
+    fence) pushes its entry from the hash first and is recorded there, once."""
+    scripts = Scripts(r)
+    rid = app.enqueue(basic.noop)
+    [(p, c)] = lc.claim()
+    assert lc.complete(p, c) == "succeeded"
+    assert r.exists(app.keys.attempts(p, rid)) == 0
+    keys, args = tr.complete(app.keys, p, [(rid, c.fence, b"", "ConnectionError: reset")])
+    assert scripts.complete(keys=keys, args=args) == [b"succeeded"]
+    keys, args = tr.fail(app.keys, p, "default", rid, c.fence, "late boom", "error", 0, 0.5)
+    assert scripts.fail(keys=keys, args=args)[0] == b"stale"
+    assert r.llen(app.keys.attempts(p, rid)) == 1  # pushed once, then merged into
+    run = app.get_run(rid)
+    [a] = run.attempts
+    assert (a.outcome, a.fence, a.worker, a.report_fault) == ("succeeded", 1, "w",
+                                                              "ConnectionError: reset")
+    assert a.late and a.late_outcome == "failed" and a.error == "late boom"
+    assert (a.started, a.ended) == (run.started, run.finished)
