@@ -76,3 +76,20 @@ def busy(i: int, fail: bool = False) -> int:
     if fail:
         raise duetime.Fatal(f"member {i} fails")
     return i
+
+
+@app.task(name="w.busy_spawner", retries=5, backoff=(0.05, 0.1))
+def busy_spawner(i: int, children: list[bool]) -> int:
+    """A member that adds one busy member per entry of `children` (True: it fails for good) to
+    its own batch, with ids fixed by keys: an attempt killed after its batch_add and run again
+    adds the same runs, which exist already (create-once), so the batch's size is known."""
+    import time
+
+    run = duetime.current_run()
+    bid = run.batch_id
+    assert bid is not None
+    app.batch_add(bid, [{"task": busy, "args": [100_000 * (i + 1) + j, fail],
+                         "key": f"{run.run_id}.{j}"} for j, fail in enumerate(children)])
+    time.sleep(0.02)
+    r().hincrby(ran_key(), run.run_id, 1)
+    return i
