@@ -145,7 +145,8 @@ def chaos(args: argparse.Namespace) -> int:
                 p.wait()
             w.app.close()
     print(f"members {rep.members} (planned {rep.planned}), kills {rep.kills}, "
-          f"{rep.seconds:.0f} s, {rep.retried} members took more than one attempt, batch counts {rep.counts}, member states {rep.states}")
+          f"{rep.seconds:.0f} s, {rep.retried} members took more than one attempt, "
+          f"batch counts {rep.counts}, member states {rep.states}")
     for role, info in rep.callbacks.items():
         print(f"{role}: {info}")
     print("problems: " + ("; ".join(rep.problems) if rep.problems else "none"))
