@@ -24,6 +24,10 @@ from tests.workloads.longrun_kit import Scripted
 from tests.workloads.test_isolation import aio, ended, iso, pids, settings
 
 __all__ = ["iso"]
+# real servers, both kinds (checkpoint.lua's fence check is what is crossed); not the memory
+# backend (a child process cannot reach it); slow: each test starts task processes
+pytestmark = [pytest.mark.scripts(memory="task processes cannot reach this process's memory"),
+              pytest.mark.slow]
 
 
 def entries(run_id: str) -> list[list[Any]]:
