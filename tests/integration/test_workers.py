@@ -314,7 +314,7 @@ def test_worker_carries_on_after_a_redis_restart(namespace):
             await asyncio.sleep(0.5)  # the length of the outage, not a wait for an outcome
             server.start()
             app.close()
-            basic._client.clear()  # the tasks' own client: connections to the old process
+            basic.r.clear()  # the tasks' own client: connections to the old process
             second = app.enqueue(basic.anoop)
             await until(lambda: app.get_run(second).state == "succeeded", 30,
                         what="a run after the restart")
