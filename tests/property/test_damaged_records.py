@@ -9,7 +9,6 @@ scheduler processes keep serving throughout.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -147,7 +146,6 @@ def test_a_run_forced_to_running_without_a_lease_is_dead_lettered(fleet: Fleet) 
     r = app.store.ready()
     run_id = chaos_app.quick.options(delay=0.4).enqueue(0.0)
     r.hset(run_key(run_id), "state", "running")
-    time.sleep(0.2)
     wait_for(lambda: r.hget(run_key(run_id), "state") != b"running", 10,
              what="the run to leave a state no lease backs")
     h = r.hgetall(run_key(run_id))

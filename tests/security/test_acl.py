@@ -22,6 +22,7 @@ from duetime.common import scripts
 import duetime
 from duetime.embedded import EmbeddedServer
 from tests.apps import chaos as chaos_app
+from tests.conftest import wait_for
 from tests.integration.opkit import Driver, cli
 from tests.security.roles import Role, documented, install, refusals, remove, roles
 
@@ -247,7 +248,12 @@ def test_the_read_only_operator_waits_for_a_run_by_polling(acl, namespace: str) 
     got: list[object] = []
     waiter = threading.Thread(target=lambda: got.append(reader.wait(run_id, timeout=10)))
     waiter.start()
-    time.sleep(0.5)
+    admin = redis.Redis.from_url(server.url)
+    # the waiter is under way (the read-only user is connected) before the run is finished
+    ro = rs["operator-ro"].user
+    wait_for(lambda: any(c.get("user") == ro for c in admin.client_list()), 10,
+             what="the read-only waiter to connect")
+    admin.close()
     assert waiter.is_alive() and not got  # still waiting: the run has not run
     d = Driver(admin_app)
     from duetime.common import transitions as tr
