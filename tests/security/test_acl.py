@@ -10,8 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,11 +18,10 @@ import redis
 from duetime.common import scripts
 
 import duetime
-from duetime.embedded import EmbeddedServer
 from tests.apps import chaos as chaos_app
 from tests.conftest import wait_for
 from tests.integration.opkit import Driver, cli
-from tests.security.roles import Role, documented, install, refusals, remove, roles
+from tests.security.roles import Role, documented, refusals
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.chaos:app"
@@ -46,20 +43,6 @@ SCRIPTS = {
 # doctor tries CONFIG GET (refused: it reads persistence from INFO alone); `runs wait` by the
 # read-only operator tries the notify script once (refused: it polls); nothing else may be
 ALLOWED_REFUSALS = {("command", "config|get"), ("command", "evalsha", "operator-ro")}
-
-
-@pytest.fixture
-def acl(server: EmbeddedServer, namespace: str) -> Iterator[tuple[EmbeddedServer, dict[str, Role]]]:
-    admin = redis.Redis(port=server.port)
-    rs = roles(namespace, uuid.uuid4().hex[:6])
-    install(admin, rs)
-    admin.acl_log_reset()
-    try:
-        yield server, rs
-    finally:
-        remove(admin, rs)
-        admin.close()
-        chaos_app.app.close()
 
 
 def lua_commands(name: str) -> set[str]:
