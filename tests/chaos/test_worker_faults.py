@@ -12,10 +12,8 @@ import pytest
 from duetime.embedded import EmbeddedServer
 from tests.apps import chaos as chaos_app
 from tests.chaos import journal
-from tests.chaos.faults import FaultLog
-from tests.chaos.fleet import Fleet, Member
+from tests.chaos.fleet import Fleet, Member, chaos_fleet
 from tests.chaos.harness import cpu_seconds
-from tests.chaos.proxy import ProxyHub
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
@@ -24,15 +22,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def fleet(servers: dict[str, EmbeddedServer], namespace: str, tmp_path: Path) -> Iterator[Fleet]:
     server = servers["redis"]
-    hub = ProxyHub()
-    f = Fleet(server.port, namespace, tmp_path, FaultLog(), hub)
-    chaos_app.app.configure(redis_url=server.url, namespace=namespace)
-    try:
+    with chaos_fleet(server.port, server.url, namespace, tmp_path) as f:
         yield f
-    finally:
-        f.close()
-        hub.close()
-        chaos_app.app.close()
 
 
 def registered(fleet: Fleet, n: int) -> None:

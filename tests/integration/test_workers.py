@@ -72,18 +72,24 @@ def test_concurrency_caps_runs_executing_at_once(app, r):
     assert int(r.get(f"{app.keys.namespace}:test:max_running")) == 7
 
 
-def test_sigkill_mid_run_reruns_after_lease_expiry(app, r, procs):
-    """A worker process SIGKILLed mid-run; its lease is made to expire now (rather than
-    slept through), the reaper retries the run and another worker runs it. How soon a killed
-    worker's run is recovered in real time is measured in bench/chaos.py."""
-    run_id = app.enqueue(basic.slow, [2.0])
+def _killed_mid_run_and_reaped(app, r, procs, run_id: str, state: str) -> None:
+    """A worker process runs `run_id` and is SIGKILLed mid-run; its lease is made to expire
+    now (not slept through) and the reaper moves the run to `state`."""
     victim = procs.worker("--lease", "1s")
     wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     expire_lease(app, r, run_id)
     with reaper_thread(app):
-        wait_for(lambda: app.get_run(run_id).state == "retrying", 15, what="the lease reaped")
+        wait_for(lambda: app.get_run(run_id).state == state, 15, what=f"the lease reaped: {state}")
+
+
+def test_sigkill_mid_run_reruns_after_lease_expiry(app, r, procs):
+    """A worker process SIGKILLed mid-run; its lease is made to expire now (rather than
+    slept through), the reaper retries the run and another worker runs it. How soon a killed
+    worker's run is recovered in real time is measured in bench/chaos.py."""
+    run_id = app.enqueue(basic.slow, [2.0])
+    _killed_mid_run_and_reaped(app, r, procs, run_id, "retrying")
     burst(app, claim_ahead_ms=1000)  # the reaper's backoff is within claim-ahead
     run = app.get_run(run_id)
     assert run.state == "succeeded"
@@ -157,13 +163,7 @@ def test_explicit_retry_delay(app, r):
 
 def test_non_idempotent_lease_expiry_goes_uncertain_and_is_not_rerun(app, r, procs):
     run_id = app.enqueue(basic.nonidem, [3.0])
-    victim = procs.worker("--lease", "1s")
-    wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    expire_lease(app, r, run_id)
-    with reaper_thread(app):
-        wait_for(lambda: app.get_run(run_id).state == "uncertain", 15, what="uncertain")
+    _killed_mid_run_and_reaped(app, r, procs, run_id, "uncertain")
     # a second worker finds nothing to run: it looked at every set and stopped, idle
     assert burst(app, claim_ahead_ms=5000).processed == 0
     run = app.get_run(run_id)

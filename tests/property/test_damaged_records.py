@@ -22,9 +22,7 @@ from hypothesis import strategies as st
 import duetime
 from duetime.embedded import EmbeddedServer
 from tests.apps import chaos as chaos_app
-from tests.chaos.faults import FaultLog
-from tests.chaos.fleet import Fleet
-from tests.chaos.proxy import ProxyHub
+from tests.chaos.fleet import Fleet, chaos_fleet
 from tests.conftest import SERVER_KINDS, wait_for
 
 pytestmark = [pytest.mark.scripts, pytest.mark.slow]
@@ -53,19 +51,13 @@ def fleet(request: pytest.FixtureRequest, servers: dict[str, EmbeddedServer],
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     server = servers[request.param]
     namespace = f"dmg{uuid.uuid4().hex[:8]}"
-    hub = ProxyHub()
-    f = Fleet(server.port, namespace, Path(tmp_path_factory.mktemp("damaged")), FaultLog(), hub)
-    chaos_app.app.configure(redis_url=server.url, namespace=namespace)
-    f.add("scheduler", "--tick", "100ms", "--reap-tick", "100ms")
-    f.add("worker", "--lease", "1s", "--concurrency", "8")
-    r = chaos_app.app.store.ready()
-    wait_for(lambda: r.zcard(chaos_app.app.keys.workers) >= 1, 30, what="the worker")
-    try:
+    workdir = Path(tmp_path_factory.mktemp("damaged"))
+    with chaos_fleet(server.port, server.url, namespace, workdir) as f:
+        f.add("scheduler", "--tick", "100ms", "--reap-tick", "100ms")
+        f.add("worker", "--lease", "1s", "--concurrency", "8")
+        r = chaos_app.app.store.ready()
+        wait_for(lambda: r.zcard(chaos_app.app.keys.workers) >= 1, 30, what="the worker")
         yield f
-    finally:
-        f.close()
-        hub.close()
-        chaos_app.app.close()
 
 
 def still_serving(fleet: Fleet) -> None:
