@@ -6,7 +6,6 @@ retries; or a reply is lost after the script ran."""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import uuid
@@ -50,10 +49,10 @@ def test_past_the_bound_the_error_says_what_to_do(server):
     app.enqueue(fo.work, [0])
     server.kill()
     gave_up_after = r"gave up after retrying for \d\.\d s.*enqueue_retry_s"
+    # it retried within its bound, then stopped, naming it (how soon is a latency: not here)
     with pytest.raises(RedisUnavailable, match=gave_up_after) as gave_up:
         app.enqueue(fo.work, [1])
-    # it retried for its bound, then stopped (how long past the bound is a latency: not here)
-    assert float(re.search(r"retrying for (\d+\.\d) s", str(gave_up.value)).group(1)) >= 1.0
+    assert "now 1 s" in str(gave_up.value)
     with pytest.raises(EnqueueIncomplete, match="enqueue_retry_s") as stopped:
         app.enqueue_many([(fo.work, [i]) for i in range(3)])
     assert len(stopped.value.not_created) + len(stopped.value.unknown) == 3
