@@ -34,7 +34,8 @@ def free_port() -> int:
         return port
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Whether `port` on 127.0.0.1 is free to bind now."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -47,7 +48,7 @@ def cluster_port() -> int:
     """A free port whose cluster bus port (+10000) is free too and below 65536."""
     while True:
         port = random.randint(20000, 45000)
-        if _bindable(port) and _bindable(port + 10000):
+        if bindable(port) and bindable(port + 10000):
             return port
 
 
