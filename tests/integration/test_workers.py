@@ -173,30 +173,31 @@ def test_non_idempotent_lease_expiry_goes_uncertain_and_is_not_rerun(app, r, pro
     assert "not idempotent" in run.reason
 
 
-@pytest.mark.parametrize("task", ["slow", "aslow"])
-def test_sigterm_lets_a_run_finish_within_grace(app, r, procs, task):
-    run_id = app.enqueue(task, [1.0])
-    w = procs.worker("--grace", "10s")
+def _sigtermed_mid_run(app, r, procs, task: str, seconds: float, grace: str):
+    """A run of `task` taking `seconds`, on a worker process with `--grace`, which gets
+    SIGTERM once the run started and exits 0: the run as it was left."""
+    run_id = app.enqueue(task, [seconds])
+    w = procs.worker("--grace", grace)
     wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
     w.send_signal(signal.SIGTERM)
     assert w.wait(20) == 0
-    run = app.get_run(run_id)
+    return app.get_run(run_id)
+
+
+@pytest.mark.parametrize("task", ["slow", "aslow"])
+def test_sigterm_lets_a_run_finish_within_grace(app, r, procs, task):
+    run = _sigtermed_mid_run(app, r, procs, task, 1.0, "10s")
     assert run.state == "succeeded" and run.attempt == 1
 
 
 @pytest.mark.parametrize("task", ["slow", "aslow"])
 def test_sigterm_releases_an_unfinished_run_without_burning_an_attempt(app, r, procs, task):
-    run_id = app.enqueue(task, [4.0])
-    w = procs.worker("--grace", "300ms")
-    wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
-    w.send_signal(signal.SIGTERM)
-    assert w.wait(20) == 0
-    run = app.get_run(run_id)
+    run = _sigtermed_mid_run(app, r, procs, task, 4.0, "300ms")
     assert run.state == "scheduled"
     assert run.attempt == 0  # the interrupted attempt is not counted
     assert [a.outcome for a in run.attempts] == ["released"]
     burst(app)
-    run = app.get_run(run_id)
+    run = app.get_run(run.id)
     assert run.attempt == 1 and [a.outcome for a in run.attempts] == ["released", "succeeded"]
 
 
