@@ -3,19 +3,11 @@ executions (callbacks exactly once) independently of duetime's own bookkeeping."
 
 from __future__ import annotations
 
-import redis
-from duetime.common.connection import sync_client
-
 import duetime
+from tests.apps import OwnClient
 
 app = duetime.App()
-_client: dict[str, redis.Redis] = {}
-
-
-def r() -> redis.Redis:
-    if app.redis_url not in _client:
-        _client[app.redis_url] = sync_client(app.redis_url)
-    return _client[app.redis_url]
+r = OwnClient(app)  # the tasks' own client: r()
 
 
 def ran_key() -> str:
