@@ -440,6 +440,27 @@ local function free_limits(prefix, run_key, run_id, held)
   return was_full
 end
 
+-- A running attempt is given back by its holder without ending the run (release.lua,
+-- handback.lua, rate_limited.lua): reads the run's state, fence and the caller's fields (one
+-- HMGET: f[1] state, f[2] fence, then the fields in the order given), and when `fence` still
+-- holds it drops the lease and frees its limit slots, waking the workers a full limit held
+-- back. Returns the fields, or nil and the status to reply ('missing', 'stale').
+local function take_back(prefix, leases_key, run_key, run_id, fence, channel, partition, queue,
+                         now, ...)
+  local f = redis.call('HMGET', run_key, 'state', 'fence', ...)
+  if not f[1] then return nil, 'missing' end
+  if f[2] ~= fence or f[1] ~= 'running' then return nil, 'stale' end
+  redis.call('ZREM', leases_key, run_id)
+  if free_limits(prefix, run_key, run_id) then wake_workers(channel, partition, queue, now) end
+  return f
+end
+
+-- It will run again: the run leaves its schedule's running set (field value `sched`) without
+-- promoting a buffered run (leave_running does that when a run ends).
+local function step_out_of_schedule(prefix, sched, run_id)
+  if sched and sched ~= '' then redis.call('SREM', prefix .. K.sched_running .. sched, run_id) end
+end
+
 -- Guardrails (pause_after_failures): a run of a schedule ended dead. Its schedule's hash lives
 -- in the run's partition (scheduled run ids are '<schedule>@<ms>', common/keys.py), so the
 -- consecutive-failure count (`fail_streak`) is kept in the same atomic step as the dead

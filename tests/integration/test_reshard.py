@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +35,7 @@ import duetime
 from duetime.client.runs import keyed_run_id
 from duetime.embedded import EmbeddedCluster, EmbeddedServer, valkey_available
 from tests.apps import basic
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, configured, wait_for
 
 KINDS = ["redis"] + (["valkey"] if valkey_available() else [])
 MIGRATE_BATCH = 10  # keys per MIGRATE, as `redis-cli --cluster reshard` pipelines them
@@ -54,9 +53,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
 
 @pytest.fixture
 def capp(cluster: EmbeddedCluster):
-    basic.app.configure(redis_url=cluster.url, namespace=f"rs{uuid.uuid4().hex[:8]}")
-    yield basic.app
-    basic.app.close()
+    with configured(basic.app, cluster.url, "rs") as a:
+        yield a
 
 
 class FileProcs:

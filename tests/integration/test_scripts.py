@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 from duetime.common import transitions as tr
+from duetime.common.connection import server_time_ms
 from duetime.common.models import to_ms
 from duetime.common.scripts import Scripts
 from duetime.common.wake import parse_worker_wake, worker_wake
@@ -211,7 +212,9 @@ def test_retention_sweep_deletes_old_finished_runs_only(app, r, lc):
     waiting = app.enqueue(basic.noop, delay=60)
     [(p, c)] = lc.claim()
     assert lc.complete(p, c) == "succeeded"
-    time.sleep(0.05)
+    finished = int(r.hget(app.keys.run(p, done_id), "finished"))
+    wait_for(lambda: server_time_ms(r) > finished + 10, 10,
+             what="the server's clock past the 10 ms retention")
     lc.reap(retention_ms=10)
     with pytest.raises(duetime.RunNotFound):
         app.get_run(done_id)
