@@ -130,7 +130,8 @@ def materialize(url: str, n: int) -> None:
 
 
 def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int,
-         worker_args: tuple[str, ...] = (), own_start: bool = False) -> None:
+         worker_args: tuple[str, ...] = (), own_start: bool = False, lead: str = "2s",
+         herd_in: float = 8.0) -> None:
     """Start lateness as the claim recorded it (the run's `started`, on the server clock:
     max(claim time, due)) and, with `own_start`, as the task saw it (its own first instant,
     same machine clock); also how late the evaluator created the runs (`created` - due)."""
@@ -138,14 +139,14 @@ def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int,
     task = mark if own_start else noop
     r = redis.Redis.from_url(url)
     sec, _ = r.time()
-    at = datetime.fromtimestamp(sec + 8, tz=UTC)
+    at = datetime.fromtimestamp(sec + herd_in, tz=UTC)
     for i in range(0, n, CHUNK):
         app.schedule_many([app.schedule_def(f"h-{j:06d}", duetime.At(at), task,
                                             jitter=timedelta(seconds=jitter_s) if jitter_s else None)
                            for j in range(i, min(n, i + CHUNK))])
     env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns}
     cmd = [sys.executable, "-m", "duetime", "--log-level", "WARNING"]
-    procs = [subprocess.Popen([*cmd, "scheduler", "--lead", "2s"], env=env)]
+    procs = [subprocess.Popen([*cmd, "scheduler", "--lead", lead], env=env)]
     procs += [subprocess.Popen([*cmd, "worker", "--app", "bench.apps:app",
                                 "--concurrency", str(args_concurrency), *worker_args], env=env)
               for _ in range(workers)]
@@ -200,6 +201,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=2000)
     ap.add_argument("--worker-args", default="", help="extra worker options, e.g. '--claim-ahead 50ms'")
+    ap.add_argument("--lead", default="2s", help="herd: the scheduler's --lead (how far ahead "
+                    "it creates runs; a herd of 10,000 takes it seconds to create)")
+    ap.add_argument("--herd-in", type=float, default=8.0,
+                    help="herd: its instant this many seconds after registration begins")
     ap.add_argument("--own-start", action="store_true",
                     help="herd: also the task's own first instant (a buffered stamp)")
     ap.add_argument("--idle", type=float, default=0, help="seconds of idle measurement (0: none)")
@@ -213,10 +218,11 @@ def main() -> None:
             materialize(server.url, args.materialize)
         for n in [int(x) for x in args.herd.split(",") if x]:
             extra = tuple(args.worker_args.split())
-            herd(server.url, n, 0, args.workers, args.concurrency, extra, args.own_start)
+            herd(server.url, n, 0, args.workers, args.concurrency, extra, args.own_start,
+                 args.lead, args.herd_in)
             if args.jitter:
                 herd(server.url, n, args.jitter, args.workers, args.concurrency, extra,
-                     args.own_start)
+                     args.own_start, args.lead, args.herd_in)
 
 
 if __name__ == "__main__":
