@@ -121,12 +121,15 @@ def materialize(url: str, n: int) -> None:
         app.schedule_many([app.schedule_def(f"m-{j:06d}", duetime.At(at), noop)
                            for j in range(i, min(n, i + CHUNK))])
     ev = Evaluator(url, app.keys, lead_ms=10_000)
+    cpu0, rcpu0 = time.process_time(), _commands(r)[1]
     t0 = time.perf_counter()
     created = 0
     while created < n:
         created += ev.tick()
     dt = time.perf_counter() - t0
-    print(f"materialize: {created} runs in {dt:.2f} s = {created / dt:,.0f} runs/s (one evaluator)")
+    cpu, rcpu = time.process_time() - cpu0, _commands(r)[1] - rcpu0
+    print(f"materialize: {created} runs in {dt:.2f} s = {created / dt:,.0f} runs/s (one evaluator); "
+          f"evaluator CPU {cpu / created * 1e6:.0f} µs/run, Redis CPU {rcpu / created * 1e6:.0f} µs/run")
 
 
 def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int,
