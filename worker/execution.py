@@ -199,8 +199,8 @@ class Executor:
         ran = False
         started = time.perf_counter()
         try:
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)
+            if wait_s > 0:  # claimed ahead: held to its due time (sub-ms, worker/clock.py)
+                await self.clock.wait_until(c.ready_ms)
             if ex.after is not None and await self._after_previous(ex):
                 return  # the earlier attempt's success stands for this one (reported there)
             started = time.perf_counter()

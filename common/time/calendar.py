@@ -31,7 +31,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from duetime.common.errors import InvalidSchedule
-from duetime.common.time.spec import Cron, Trigger
+from duetime.common.time.spec import At, Cron, Trigger
 
 WEEKDAY_NAMES = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 DEFAULT_WEEKDAYS = frozenset(range(5))  # Monday to Friday
@@ -334,8 +334,12 @@ class Calendared(Trigger):
 def previous_before(trigger: Trigger, t: datetime, horizon: timedelta = timedelta(days=366 * 50)
                     ) -> datetime | None:
     """The latest instant of `trigger` strictly before `t` (None within `horizon`): triggers
-    only step forwards, so a window before t is widened until it holds one."""
+    only step forwards, so a window before t is widened until it holds one. A one-time
+    trigger has its one instant or none: answered at once (the widening search would step
+    through every window out to the horizon, ~17 calls, for each run of a herd of them)."""
     t = t.astimezone(UTC)
+    if isinstance(trigger, At):
+        return trigger.instant if trigger.instant < t else None
     width = timedelta(seconds=1)
     while width <= horizon * 2:
         try:
