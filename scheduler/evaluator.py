@@ -122,7 +122,7 @@ class Ownership:
 
     def refresh(self) -> set[int]:
         """Every node's table (a plain server's one) renewed now; → the partitions owned."""
-        self.read_legacy()
+        self.read_legacy(force=True)
         for node, ps in by_node(self.client, self.keys, range(self.keys.partitions)).items():
             self.refresh_node(node, ps)
         return self.owned
@@ -148,13 +148,13 @@ class Ownership:
         metrics.PARTITIONS_OWNED.set(len(self.owned))
         return mine
 
-    def read_legacy(self) -> None:
+    def read_legacy(self, force: bool = False) -> None:
         """Cluster only, at most once a renewal period: the partitions an older scheduler holds
         in `<ns>:owners` (a live lease of another scheduler: no scheduler of this version
         writes partitions there), left to it; while there are some, this scheduler says it is
         alive there too, so the older ones shrink their share and give partitions back. The
         table lost (its node dead), the partitions known to be foreign stay so."""
-        if not self.cluster or time.monotonic() - self._legacy_at < self.ttl_ms / 3000:
+        if not self.cluster or (not force and time.monotonic() - self._legacy_at < self.ttl_ms / 3000):
             return
         self._legacy_at = time.monotonic()
         try:
