@@ -96,23 +96,28 @@ class Ownership:
         self.offset_ms: float | None = None  # server clock - local monotonic clock
         self.foreign: set[int] = set()  # held by an older scheduler in <ns>:owners
         self._legacy_at = -1e9  # monotonic time <ns>:owners was last read (cluster)
+        self._lock = threading.Lock()  # nodes are renewed side by side (scheduler/shards.py)
 
     @property
     def owned(self) -> set[int]:
-        return set().union(*self.by_node.values())
+        with self._lock:
+            return set().union(*self.by_node.values())
 
     @property
     def next_ms(self) -> int:
         """The earliest renewal due (0 before the first)."""
-        return min(self.next_by_node.values(), default=0)
+        with self._lock:
+            return min(self.next_by_node.values(), default=0)
 
     @next_ms.setter
     def next_ms(self, ms: int) -> None:
-        for node in self.next_by_node:
-            self.next_by_node[node] = ms
+        with self._lock:
+            for node in self.next_by_node:
+                self.next_by_node[node] = ms
 
     def next_of(self, node: str) -> int:
-        return self.next_by_node.get(node, 0)
+        with self._lock:
+            return self.next_by_node.get(node, 0)
 
     def now_ms(self) -> int:
         """The server's clock, from the offset measured at the last call (one before any)."""
@@ -137,14 +142,15 @@ class Ownership:
         now, takeover, *owned = tr.counts(self.scripts.partition_owners(keys=keys, args=args))
         self.offset_ms = now - time.monotonic() * 1000
         mine = set(owned)
-        for other, held in self.by_node.items():  # a slot moved: it is this node's table's now
-            if other != node:
-                held -= set(partitions)
-        self.by_node[node] = mine
         nxt = now + self.ttl_ms // 3
         if takeover >= 0:  # another scheduler lapses, or a lease to take over runs out, then
             nxt = min(nxt, takeover)
-        self.next_by_node[node] = nxt
+        with self._lock:
+            for other, held in self.by_node.items():  # a slot moved: this node's table has it
+                if other != node:
+                    held -= set(partitions)
+            self.by_node[node] = mine
+            self.next_by_node[node] = nxt
         metrics.PARTITIONS_OWNED.set(len(self.owned))
         return mine
 
@@ -188,7 +194,8 @@ class Ownership:
             except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError):
                 if node == PLAIN:
                     raise
-        self.by_node = {}
+        with self._lock:
+            self.by_node = {}
         if self.cluster:
             with contextlib.suppress(redis.RedisError, OSError):
                 self.client.hdel(self.keys.owners, f"s:{self.id}")
@@ -345,10 +352,12 @@ class Evaluator:
         the next safety read, whichever is first; a notice wakes the loop sooner. A node
         backing off counts by the end of its back-off, not by its partitions' heads."""
         now = self._now_ms()
-        live_nodes = [n for n in self.ownership.next_by_node if not self.shards.is_held(n)]
-        wake = min([self.ownership.next_by_node[n] for n in live_nodes]
+        with self.ownership._lock:
+            renewals = dict(self.ownership.next_by_node)
+        wake = min([ms for n, ms in renewals.items() if not self.shards.is_held(n)]
                    or [now + int(SAFETY_S * 1000)])
-        read_at = min(self._read_all_at.values(), default=-SAFETY_S)
+        read_at = min([t for n, t in dict(self._read_all_at).items() if not self.shards.is_held(n)],
+                      default=time.monotonic())
         wake = min(wake, now + int((SAFETY_S - (time.monotonic() - read_at)) * 1000))
         head = self.heads.earliest(self.shards.live(self.ownership.owned))
         if head is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import redis
@@ -77,17 +77,25 @@ class Shards:
         self.held: dict[str, float] = {}  # node -> monotonic time its back-off ends
         self.errors: dict[str, BaseException] = {}  # node -> the error holding it back
         self._pool: ThreadPoolExecutor | None = None
+        # node -> its call still running, sent while the node was in an incident: not waited
+        # for (a dead host's connect timeout must not delay the live nodes), taken in later
+        self._out: dict[str, Future[tuple[bool, Any]]] = {}
 
     def groups(self, partitions: Iterable[int]) -> dict[str, list[int]]:
         return by_node(self.client, self.keys, partitions)
 
     def is_held(self, node: str) -> bool:
+        """Backing off, or a call to it still out from an earlier pass."""
+        if node in self._out:
+            return True
         until = self.held.get(node)
         return until is not None and self._clock() < until
 
     def next_release(self) -> float | None:
-        """When the earliest held node is tried again (monotonic s), None when none is held."""
-        return min(self.held.values()) if self.held else None
+        """When the earliest held node is tried again (monotonic s), None when none is held
+        (a node whose call is still out is not tried again before it comes back)."""
+        times = [t for node, t in self.held.items() if node not in self._out]
+        return min(times) if times else None
 
     def live(self, partitions: Iterable[int]) -> set[int]:
         """The partitions whose node is not backing off."""
@@ -114,36 +122,50 @@ class Shards:
 
     def run(self, partitions: Iterable[int], fn: Callable[[str, list[int]], T]) -> dict[str, T]:
         """`fn(node, partitions of the node)` for each node not backing off; → node -> result
-        of those that went through. On a plain server `fn` runs inline and its errors reach
-        the caller (the loop's own back-off)."""
+        of those that went through. A node in an incident (its last call failed) is tried in
+        the background: its call is not waited for, and what it returns is taken in by a
+        later pass. On a plain server `fn` runs inline and its errors reach the caller (the
+        loop's own back-off)."""
         groups = self.groups(partitions)
         if not self.cluster:
             return {node: fn(node, ps) for node, ps in groups.items()}
-        todo = [(node, ps) for node, ps in groups.items() if not self.is_held(node)]
-        if not todo:
-            return {}
-        if len(todo) == 1:
-            outcomes = [self._call(fn, *todo[0])]
-        else:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix=f"{self.loop}-node")
-            futures = [self._pool.submit(self._call, fn, node, ps) for node, ps in todo]
-            outcomes = [f.result() for f in futures]
         out: dict[str, T] = {}
         moving = False
-        for (node, _), (ok, value) in zip(todo, outcomes, strict=True):
+
+        def take(node: str, ok: bool, value: Any) -> None:
+            nonlocal moving
             if ok:
                 self._ok(node)
-                out[node] = value  # type: ignore[assignment]
+                out[node] = value
             else:
-                moving |= self._failed(node, value)  # type: ignore[arg-type]
+                moving |= self._failed(node, value)
+
+        for node, fut in list(self._out.items()):  # background calls that came back
+            if fut.done():
+                del self._out[node]
+                take(node, *fut.result())
+        todo = [(node, ps) for node, ps in groups.items()
+                if not self.is_held(node) and node not in out]
+        probes = [(node, ps) for node, ps in todo if node in self.errors]
+        healthy = [(node, ps) for node, ps in todo if node not in self.errors]
+        if probes or len(healthy) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix=f"{self.loop}-node")
+            for node, ps in probes:
+                self._out[node] = self._pool.submit(self._call, fn, node, ps)
+        if len(healthy) == 1:
+            take(healthy[0][0], *self._call(fn, *healthy[0]))
+        elif healthy:
+            assert self._pool is not None
+            futures = [(node, self._pool.submit(self._call, fn, node, ps)) for node, ps in healthy]
+            for node, f in futures:
+                take(node, *f.result())
         if moving:
             refresh_topology(self.client)
         return out
 
     @staticmethod
-    def _call(fn: Callable[[str, list[int]], T], node: str, ps: list[int]
-              ) -> tuple[bool, T | BaseException]:
+    def _call(fn: Callable[[str, list[int]], T], node: str, ps: list[int]) -> tuple[bool, Any]:
         try:
             return True, fn(node, ps)
         except (redis.RedisError, OSError) as exc:

@@ -45,9 +45,9 @@ LEASE_MS = 1000
 MORE_OCCURRENCES = 3  # each live schedule moves on by this many during the outage
 
 
-@pytest.fixture(scope="module")
-def scluster() -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster("redis", n=3, replicas=1, node_timeout_ms=NODE_TIMEOUT_MS) as c:
+@pytest.fixture(scope="module", params=["redis", "valkey"])
+def scluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster(request.param, n=3, replicas=1, node_timeout_ms=NODE_TIMEOUT_MS) as c:
         for node in c.nodes:  # the live shards serve while a slot range has no node
             redis.Redis(port=node.port).config_set("cluster-require-full-coverage", "no")
         yield c
@@ -111,6 +111,8 @@ def _marked_failed(cluster: EmbeddedCluster, port: int) -> bool:
 def _still_down(victim: EmbeddedServer, replica_port: int) -> None:
     proc = victim.process
     assert proc is None or proc.poll() is not None, "the killed primary is running again"
+    with pytest.raises(redis.ConnectionError), redis.Redis(port=victim.port, socket_timeout=1) as c:
+        c.ping()  # nothing answers on its port
     assert not _is_primary(replica_port), "its replica was promoted: the outage is over"
 
 
@@ -205,8 +207,8 @@ def test_a_dead_primary_holds_back_only_its_own_partitions(scluster: EmbeddedClu
         for ms in range(dead_last, _last_ms(app, name) + 1, 1000):  # caught up, nothing lost
             app.get_run(run_id_for(name, ms))
         with capsys.disabled():
-            print(f"\n[shard outage] marked failed {t_failed - t_kill:.1f}s after the kill; live "
-                  f"leases reaped {t_reaped - t_failed:.1f}s and {MORE_OCCURRENCES} more "
+            print(f"\n[{victim.kind} shard outage] marked failed {t_failed - t_kill:.1f}s after "
+                  f"the kill; live leases reaped {t_reaped - t_failed:.1f}s and {MORE_OCCURRENCES} more "
                   f"occurrences per live schedule {t_sched - t_failed:.1f}s after that, the dead "
                   f"node still down; dead shard resumed after the promotion at "
                   f"+{t_promo - t_kill:.1f}s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -65,8 +66,38 @@ def test_a_failing_node_is_backed_off_alone_and_tried_again_after_its_back_off()
     now[0] = shards.next_release() or 0.0
     calls.clear()
     shards.run(range(6), work)
-    assert "n1" in calls  # its back-off over: tried again
+    shards._out["n1"].result(10)  # its back-off over: tried again, in the background
+    assert "n1" in calls
     assert shards.unready() is None  # other nodes answer: the loop is ready
+    shards.close()
+
+
+def test_a_node_that_hangs_in_an_incident_does_not_delay_the_others():
+    """A node whose last call failed is tried in the background: the live nodes' pass returns
+    without waiting for it (a dead host's connect timeout), and its answer counts later."""
+    keys = Keyspace("ns", 6)
+    now = [0.0]
+    shards = Shards(_Cluster(keys), keys, "reaper", _Log(), clock=lambda: now[0])
+    release = threading.Event()
+    down = [True]
+
+    def work(node: str, ps: list[int]) -> int:
+        if node == "n1":
+            if down[0]:
+                raise redis.ConnectionError("Connection refused")
+            assert release.wait(10)
+        return len(ps)
+
+    assert shards.run(range(6), work) == {"n0": 2, "n2": 2}
+    down[0] = False
+    now[0] = 100.0  # its back-off is over; the next call to it hangs until released
+    assert shards.run(range(6), work) == {"n0": 2, "n2": 2}  # without waiting for n1
+    assert shards.is_held("n1") and shards.next_release() is None
+    assert shards.run(range(6), work) == {"n0": 2, "n2": 2}  # still out: not sent again
+    release.set()
+    shards._out["n1"].result(10)
+    assert shards.run(range(6), work)["n1"] == 2  # its late answer is taken in
+    assert shards.down() == [] and not shards.errors
     shards.close()
 
 
