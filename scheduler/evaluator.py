@@ -67,6 +67,7 @@ N_TRIGGER = N_PLAIN + len(TRIGGER_FIELDS)  # the checked fields follow the trigg
 N_CAL = len(SCHED_FIELDS) - len(CALENDAR_FIELDS)  # the calendar's fields come last
 POLICY_EVERY_S = 5.0  # how often the namespace's stagger policy is read again
 BATCH = 200
+LEGACY_RETRY_S = 10.0  # <ns>:owners unreadable (cluster): read again this much later
 
 
 def _about_the_record(exc: Exception) -> bool:
@@ -166,6 +167,9 @@ class Ownership:
         try:
             table = self.client.hgetall(self.keys.owners)
         except (redis.RedisError, OSError):
+            # its node is down: asked again LEGACY_RETRY_S later, not every renewal (each try
+            # at a dead node costs the client's own retries)
+            self._legacy_at = time.monotonic() + LEGACY_RETRY_S
             return
         now = self.now_ms()
         foreign = set()
