@@ -5,6 +5,11 @@ claim + complete): INFO cpu (used_cpu_sys + used_cpu_user) deltas summed over ev
 divided by N. Medians over the rounds, rounds interleaved over the set-ups so the machine's
 noise hits each of them; then the sizing table that follows from the CPU per run.
 
+Per shard (`--per-shard`, on by default): each primary's own CPU delta, the runs of the
+partitions it serves, its runs/s over the drain and its CPU per run, and how busy its main
+thread was (CPU s / drain s): the figure that carries to bigger machines is a shard's CPU per
+run, since a shard's main thread does its scripts whatever the number of shards.
+
     .venv/bin/python -m bench.cluster --runs 20000 --repeat 3 [--processes 1,2,4] [--server redis]
 """
 
@@ -41,6 +46,33 @@ def cpu_us(ports: list[int]) -> float:
     return total
 
 
+def cpu_by_port(ports: list[int]) -> dict[int, float]:
+    """Server CPU so far per node, in µs."""
+    out = {}
+    for port in ports:
+        with redis.Redis(port=port) as c:
+            info = c.info("cpu")
+        out[port] = (info["used_cpu_sys"] + info["used_cpu_user"]) * 1e6
+    return out
+
+
+def partitions_by_port(ports: list[int], keys: object) -> dict[int, list[int]]:
+    """Which node serves which partition (one server: all of them)."""
+    from redis.crc import key_slot
+
+    parts = range(keys.partitions)  # type: ignore[attr-defined]
+    if len(ports) == 1:
+        return {ports[0]: list(parts)}
+    with redis.Redis(port=ports[0]) as c:
+        ranges = [(lo, hi, int(primary[1])) for lo, hi, primary, *_ in
+                  c.execute_command("CLUSTER SLOTS")]
+    out: dict[int, list[int]] = {port: [] for port in ports}
+    for p in parts:
+        slot = key_slot(keys.prefix(p).encode())  # type: ignore[attr-defined]
+        out[next(port for lo, hi, port in ranges if lo <= slot <= hi)].append(p)
+    return out
+
+
 def idle_cpu_us_per_s(ports: list[int], seconds: float = 1.0) -> float:
     """The nodes' background CPU with nothing to do (timers, the cluster bus), per second: how
     much of a round's CPU is not the runs'."""
@@ -57,6 +89,8 @@ def one_round(url: str, ports: list[int], n: int, processes: int,
     r = sync_client(url)  # standalone or cluster alike
     done_keys = [app.keys.done(p) for p in range(app.keys.partitions)]
     idle = idle_cpu_us_per_s(ports)
+    by_port = partitions_by_port(ports, app.keys)
+    n0 = cpu_by_port(ports)
     c0, t0 = cpu_us(ports), time.perf_counter()
     app.enqueue_many([(noop, [i]) for i in range(n)])
     t_enq = time.perf_counter() - t0
@@ -69,6 +103,15 @@ def one_round(url: str, ports: list[int], n: int, processes: int,
     t_wall = time.perf_counter() - t1
     t_drain = drain_s(r, done_keys)
     c1, t2 = cpu_us(ports), time.perf_counter()
+    n1 = cpu_by_port(ports)
+    shard: dict[str, float] = {}
+    for i, port in enumerate(sorted(ports)):
+        runs = sum(r.zcard(app.keys.done(p)) for p in by_port[port])
+        cpu = n1[port] - n0[port]
+        shard[f"shard{i}_runs"] = runs
+        shard[f"shard{i}_runs_per_s"] = runs / t_drain
+        shard[f"shard{i}_cpu_us_per_run"] = cpu / runs if runs else 0.0
+        shard[f"shard{i}_busy"] = cpu / 1e6 / (t2 - t0)  # of one core, enqueue to the end
     proc.terminate()
     proc.wait(30)
     r.close()
@@ -82,6 +125,7 @@ def one_round(url: str, ports: list[int], n: int, processes: int,
         "drain_incl_startup_per_s": n / t_wall,
         "redis_cpu_us_per_run": (c1 - c0) / n,
         "of_which_idle_us": idle * (t2 - t0) / n,
+        **shard,
     }
 
 
@@ -128,6 +172,16 @@ def main() -> None:
               f"| {med(name, p, 'drain_incl_startup_per_s'):,.0f} "
               f"| {med(name, p, 'enqueue_per_s'):,.0f} | {med(name, p, 'redis_cpu_us_per_run'):.1f} "
               f"| {med(name, p, 'of_which_idle_us'):.1f} |")
+    print("\n| Redis | worker processes | shard | runs | runs/s | Redis CPU µs/run on the shard "
+          "| its main thread busy |")
+    print("|---|---|---|---|---|---|---|")
+    for name, p in results:
+        shards = sorted({k.split("_")[0] for k in results[(name, p)][0] if k.startswith("shard")})
+        for sh in shards:
+            print(f"| {name} | {p} | {sh[5:]} | {med(name, p, sh + '_runs'):,.0f} "
+                  f"| {med(name, p, sh + '_runs_per_s'):,.0f} "
+                  f"| {med(name, p, sh + '_cpu_us_per_run'):.1f} "
+                  f"| {med(name, p, sh + '_busy'):.0%} |")
     print(f"\n| CPU per run from | µs/run | runs/s per shard at {CORE_SHARE:.0%} of a core | "
           + " | ".join(f"shards for {t:,} runs/s" for t in TARGETS) + " |")
     print("|---|---|---|" + "---|" * len(TARGETS))
@@ -136,6 +190,13 @@ def main() -> None:
         per_shard, shards = sizing(worst)
         print(f"| {name} (highest median over --processes {args.processes}) | {worst:.1f} "
               f"| {per_shard:,.0f} | " + " | ".join(str(s) for s in shards) + " |")
+        keys = sorted({k for p in counts for k in results[(name, p)][0]
+                       if k.startswith("shard") and k.endswith("_cpu_us_per_run")})
+        if len(keys) > 1:
+            worst = max(med(name, p, k) for p in counts for k in keys)
+            per_shard, shards = sizing(worst)
+            print(f"| {name}, its busiest shard's own CPU per run | {worst:.1f} "
+                  f"| {per_shard:,.0f} | " + " | ".join(str(s) for s in shards) + " |")
 
 
 if __name__ == "__main__":

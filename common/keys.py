@@ -134,6 +134,10 @@ PARTITION_KEYS: dict[str, KeyKind] = {
                     "(ms): runs it examined and kept longer than the shortest retention"),
     "swept": KeyKind("swept", "hash", "the retention sweep's watermark per finished-run index "
                      "(done, dead, uncertain) -> the score up to which it examined every run"),
+    "node_owners": KeyKind("owners", "hash", "cluster only, in the first partition a node serves: "
+                      "which scheduler evaluates which of that node's partitions, as <ns>:owners "
+                      "(p:<partition> -> '<scheduler id>|<lease expiry ms>', s:<scheduler id> "
+                      "-> last seen ms)"),
 }
 SUFFIX: dict[str, str] = {name: kind.suffix for name, kind in PARTITION_KEYS.items()}
 
@@ -145,7 +149,9 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
     "workers": KeyKind("workers", "zset", "worker id -> last heartbeat (ms)"),
     "worker": KeyKind("worker:", "hash", "a live worker: queues, concurrency, in-flight (expires)",
                       "worker"),
-    "owners": KeyKind("owners", "hash", "which scheduler evaluates which partition: "
+    "owners": KeyKind("owners", "hash", "which scheduler evaluates which partition (a plain "
+                      "server; a cluster keeps one table per node, T:node_owners, and reads this one "
+                      "only for partitions an older scheduler holds): "
                       "p:<partition> -> '<scheduler id>|<lease expiry ms>', "
                       "s:<scheduler id> -> last seen (ms)"),
     "sched_wake": KeyKind("sched_wake", "channel", "pub/sub: '<kind>|<partition>|<ms>' tells "
@@ -282,6 +288,10 @@ class Keyspace:
 
     def quarantine(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["quarantine"]
+
+    def node_owners(self, p: int) -> str:
+        """The owners table a cluster node's partitions share, in the slot of its first one."""
+        return self.prefix(p) + SUFFIX["node_owners"]
 
     def sched_due(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["sched_due"]

@@ -19,7 +19,7 @@ Replies come in four shapes, each read here by one decoder (see REPLY, and the `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,9 +324,16 @@ def schedule_quarantine(k: Keyspace, p: int, name: str, version: bytes | str, re
     return [k.sched_due(p), k.quarantine(p), k.events(p)], [k.prefix(p), name, version, reason]
 
 
-def partition_owners(k: Keyspace, scheduler_id: str, ttl_ms: int, mode: str = "hold") -> Call:
-    """mode: 'hold' (say alive, renew, rebalance, take free partitions) or 'release'."""
-    return [k.owners], [scheduler_id, ttl_ms, k.partitions, mode]
+def partition_owners(k: Keyspace, scheduler_id: str, ttl_ms: int, mode: str = "hold",
+                     partitions: list[int] | None = None, foreign: Iterable[int] = ()) -> Call:
+    """mode: 'hold' (say alive, renew, rebalance, take free partitions) or 'release'.
+    `partitions` None: the namespace's table `<ns>:owners`, over every partition (a plain
+    server); else the table of one cluster node's partitions, `T:node_owners` of the first, leaving
+    `foreign` (held by an older scheduler in `<ns>:owners`) alone."""
+    if partitions is None:
+        return [k.owners], [scheduler_id, ttl_ms, k.partitions, mode]
+    return ([k.node_owners(min(partitions))],
+            [scheduler_id, ttl_ms, k.partitions, mode, len(partitions), *partitions, *foreign])
 
 
 # -- replies --------------------------------------------------------------------------------

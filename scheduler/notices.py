@@ -103,12 +103,16 @@ def about_a_key(exc: BaseException) -> bool:
         text.startswith(("DAMAGED", "WRONGTYPE")) or ".lua:" in text))
 
 
-def report_health(part: str, listener: Listener) -> None:
+def report_health(part: str, listener: Listener, shards: Any = None) -> None:
     """A scheduler loop that just passed is ready if its wake channel is up too (an idle loop
-    may not send a command for a while; the subscription notices a lost server at once)."""
+    may not send a command for a while; the subscription notices a lost server at once), and,
+    on a cluster, if at least one node it works on is not backing off (`shards`)."""
     from duetime.common import metrics
 
-    if listener.subscribed.is_set():
+    reason = shards.unready() if shards is not None else None
+    if reason:
+        metrics.health.ready(part, False, reason)
+    elif listener.subscribed.is_set():
         metrics.health.ready(part)
     else:
         metrics.health.ready(part, False, listener.error or "subscribing to the wake channel")
@@ -144,12 +148,25 @@ class Listener(threading.Thread):
         self.subscribed = threading.Event()
         self.reread = threading.Event()
         self.error = ""  # why the subscription was lost, while it is
+        self._failures = 0  # subscriptions lost in a row
+
+    def _pubsub(self) -> Any:
+        """A subscription connection. On a cluster a PUBLISH reaches every node (the cluster
+        bus carries it), so after a lost subscription the next one goes to the next node in
+        the client's list, not again to the channel's node: a dead primary must not silence
+        the notices of the live shards until its promotion."""
+        nodes = getattr(self.client, "nodes_manager", None)
+        if nodes is None or not self._failures:
+            # redis-py leaves Redis.pubsub unannotated
+            return self.client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+        known = sorted(self.client.get_nodes(), key=lambda n: n.name)  # type: ignore[attr-defined]
+        node = known[self._failures % len(known)] if known else None
+        return self.client.pubsub(node=node, ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
 
     def run(self) -> None:
         delay = 0.1
         while not self.stopping.is_set():
-            # redis-py leaves Redis.pubsub unannotated
-            pubsub = self.client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+            pubsub = self._pubsub()
             try:
                 pubsub.subscribe(*self.channels)
                 while not self.stopping.is_set():
@@ -169,6 +186,7 @@ class Listener(threading.Thread):
                 if not isinstance(exc, redis.RedisError | OSError):
                     raise
                 self.subscribed.clear()
+                self._failures += 1
                 self.error = (str(unavailable(self.url, exc))
                               if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError)
                               else f"wake channel: {exc}")

@@ -1,6 +1,9 @@
 """The reaper: finds runs whose lease expired and hands them to `reap.lua` (retry with
 backoff, `uncertain` for non-idempotent tasks, or dead-letter), one call per partition.
 
+On a cluster each node's partitions are read, reaped and relayed on their own (scheduler/
+shards.py): a dead primary holds back only its own partitions' recovery.
+
 Several reapers may run at once: each transition is atomic and re-checked in the script,
 so a second reaper finds nothing left to do.
 """
@@ -34,6 +37,7 @@ from duetime.scheduler.notices import (
     head_ms,
     report_health,
 )
+from duetime.scheduler.shards import Shards, node_time_ms
 
 from duetime.client.workloads import relay_once
 
@@ -60,27 +64,37 @@ class Reaper:
         self.scripts = Scripts(self.client)
         self.stopping = threading.Event()
         self.outage = Outage("reaper", log, cap_s=None)
+        self.shards = Shards(self.client, keys, "reaper", log)
+        self.relays = Shards(self.client, keys, "dependency relay", log)
 
     def _now_ms(self) -> int:
         if self._offset_ms is None:
             self._sync_clock()
         return int(time.monotonic() * 1000 + (self._offset_ms or 0))
 
-    def _sync_clock(self) -> int:
-        now = server_time_ms(self.client)
+    def _sync_clock(self, node: str = "") -> int:
+        """The server's clock now (on a cluster, the clock of `node`, which is being acted on)."""
+        now = node_time_ms(self.client, node) if node else server_time_ms(self.client)
         self._offset_ms = now - time.monotonic() * 1000
         return now
 
     def _read_heads(self) -> None:
+        """Every partition's heads, each node's in its own pipeline (a dead node's are read
+        again after its back-off: its partitions keep the heads known before)."""
+        read = self.shards.run(range(self.keys.partitions), self._read_group_heads)
+        if read or not self.shards.cluster:
+            self._read_all_at = time.monotonic()
+
+    def _read_group_heads(self, node: str, partitions: list[int]) -> None:
         k = self.keys
         mark = self.heads.mark()
         pipe = self.client.pipeline(transaction=False)
-        for p in range(k.partitions):
+        for p in partitions:
             pipe.zrange(k.leases(p), 0, 0, withscores=True)
             pipe.zrange(k.deadlines(p), 0, 0, withscores=True)
         heads = pipe.execute(raise_on_error=False)
-        for p in range(k.partitions):
-            leases, deadlines = heads[2 * p], heads[2 * p + 1]
+        for i, p in enumerate(partitions):
+            leases, deadlines = heads[2 * i], heads[2 * i + 1]
             if isinstance(leases, Exception) or isinstance(deadlines, Exception):
                 # a damaged index: reap.lua names it (and refuses the call) without writing
                 # anything, so that partition is simply tried again soon
@@ -89,7 +103,6 @@ class Reaper:
             # a +-inf score is read as now: reap.lua repairs it
             times = [head_ms(score) or 0 for _, score in leases + deadlines]
             self.heads.set(p, min(times) if times else None, mark)
-        self._read_all_at = time.monotonic()
 
     def _damaged(self, p: int, exc: BaseException) -> None:
         """One partition's keys are damaged (a key of the wrong type): the others go on, this
@@ -101,9 +114,9 @@ class Reaper:
         self.heads.set(p, self._now_ms() + DAMAGED_RETRY_MS, self.heads.mark())
 
     def reap_once(self) -> int:
-        """One pass (pipelined) over the partitions with an expired lease or a passed deadline
-        (all of them for the retention sweep); returns how many runs were reaped. Nothing is
-        sent when nothing is due."""
+        """One pass (pipelined, per node) over the partitions with an expired lease or a passed
+        deadline (all of them for the retention sweep); returns how many runs were reaped.
+        Nothing is sent when nothing is due."""
         k = self.keys
         if time.monotonic() - self._read_all_at >= SAFETY_S:
             self._read_heads()
@@ -115,10 +128,20 @@ class Reaper:
             pending = self.heads.ready(now)
         if not pending:
             return 0
-        now = self._sync_clock()  # acting: judge by the server's clock itself
         if retention:
             self._swept_ms = now
             self.sync_retention()
+        done = self.shards.run(pending, lambda node, ps: self._reap_group(node, ps, retention))
+        total = sum(done.values())
+        if total:
+            metrics.REAPED.labels("recovered").inc(total)
+            log.info("reaped expired leases", count=total)
+        return total
+
+    def _reap_group(self, node: str, pending: list[int], retention: int) -> int:
+        """reap.lua for `pending` (partitions of one node), again for those that had more."""
+        k = self.keys
+        self._sync_clock(node)  # acting: judge by the server's clock itself
         total = 0
         while pending:
             mark = self.heads.mark()
@@ -147,16 +170,17 @@ class Reaper:
                 if n >= BATCH or missed >= BATCH or deleted >= BATCH or examined >= BATCH:
                     again.append(p)
             pending = again
-        if total:
-            metrics.REAPED.labels("recovered").inc(total)
-            log.info("reaped expired leases", count=total)
         return total
 
     def relay_once(self) -> int:
         """Carry dependency notices and link requests between partitions (client/workloads.py
         `relay_once`; docs/workloads.md): one pipelined read per tick when there are none."""
         try:
-            n = relay_once(self.client, self.keys, self.scripts)
+            # per node, backed off apart from the reaping: a notice for a partition of a dead
+            # node holds back only the relay of the node it waits on
+            done = self.relays.run(range(self.keys.partitions), lambda _node, ps: relay_once(
+                self.client, self.keys, self.scripts, partitions=ps))
+            n = sum(done.values())
         except redis.ResponseError as exc:  # a damaged notice list: the others go on
             log.error("dependency relay refused", error=str(exc))
             return 0
@@ -171,12 +195,33 @@ class Reaper:
         finished run (once, in batches). Checked at every sweep (a partition HGET each, once
         a minute): a copy lost (FLUSHDB, a failover) is written again. → partitions updated."""
         k = self.keys
-        t = retention_mod.table(self.client.hgetall(k.retention_config), self.client.hgetall(k.tasks))
+        try:
+            t = retention_mod.table(self.client.hgetall(k.retention_config),
+                                    self.client.hgetall(k.tasks))
+        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError) as exc:
+            if not self.shards.cluster:
+                raise
+            # the node holding the namespace's table is down: every partition keeps the copy
+            # it has (reap.lua applies it), and the next sweep copies again
+            log.warning("retention table unreadable; partitions keep their copies",
+                        error=str(exc)[:200])
+            return 0
         d = retention_mod.digest(t, self.retention_ms)
+        done = self.shards.run(range(k.partitions),
+                               lambda _node, ps: self._sync_retention_group(ps, t, d))
+        stale = [p for ps in done.values() for p in ps]
+        if stale:
+            log.info("retention by state copied into partitions", partitions=len(stale),
+                     overrides=len(t))
+        return len(stale)
+
+    def _sync_retention_group(self, partitions: list[int], t: dict[str, int], d: str) -> list[int]:
+        """`sync_retention` for the partitions of one node; → those updated."""
+        k = self.keys
         pipe = self.client.pipeline(transaction=False)
-        for p in range(k.partitions):
+        for p in partitions:
             pipe.hget(k.retention(p), retention_mod.DIGEST)
-        stale = [p for p, have in enumerate(pipe.execute(raise_on_error=False))
+        stale = [p for p, have in zip(partitions, pipe.execute(raise_on_error=False), strict=True)
                  if isinstance(have, Exception) or have is None or have.decode() != d]
         for p in stale:
             # the new fields first, then the stale ones go: reap.lua sees the old table or the
@@ -193,10 +238,7 @@ class Reaper:
                 self.client.delete(k.kept(p), k.swept(p))  # every finished run examined again
             except redis.ResponseError as exc:  # one damaged partition: the others go on
                 self._damaged(p, exc)
-        if stale:
-            log.info("retention by state copied into partitions", partitions=len(stale),
-                     overrides=len(t))
-        return len(stale)
+        return stale
 
     def run(self) -> None:
         log.info("reaper started", tick_s=self.tick_s, partitions=self.keys.partitions)
@@ -212,7 +254,7 @@ class Reaper:
                 self.heads.changed.clear()
                 self.reap_once()
                 self.relay_once()
-                report_health("reaper", listener)
+                report_health("reaper", listener, self.shards)
                 self.outage.ok()
                 metrics.REFUSING_WRITES.set(0)
                 self.heads.changed.wait(self._sleep_s())
@@ -232,16 +274,24 @@ class Reaper:
         now = self._now_ms()
         wake = min(self._swept_ms + SWEEP_MS,
                    now + int((SAFETY_S - (time.monotonic() - self._read_all_at)) * 1000))
-        head = self.heads.earliest()
+        # partitions of a node backing off wait for its back-off, not for their heads (due
+        # already: they would wake the loop at once, over and over)
+        head = self.heads.earliest(self.shards.live(range(self.keys.partitions)))
         if head is not None:
             wake = min(wake, head + 2)
-        return min(self.tick_s, max(0.002, (wake - now) / 1000))
+        sleep = max(0.002, (wake - now) / 1000)
+        release = self.shards.next_release()
+        if release is not None:
+            sleep = min(sleep, max(0.002, release - time.monotonic()))
+        return min(self.tick_s, sleep)
 
     def stop(self) -> None:
         self.stopping.set()
         self.heads.changed.set()
 
     def close(self) -> None:
+        self.shards.close()
+        self.relays.close()
         self.client.close()
 
 

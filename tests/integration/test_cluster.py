@@ -188,3 +188,41 @@ def test_a_queue_pause_holds_every_partition_of_a_cluster(capp):
     capp.resume_queue("default")
     assert burst(capp).processed == 64
     assert all(capp.get_run(i).state == "succeeded" for i in ids)
+
+
+def test_an_older_schedulers_partitions_are_left_to_it_during_a_rolling_upgrade(capp):
+    """On a cluster the owners table is one per node now; a scheduler of the version before
+    kept one, `<ns>:owners`, over every partition. While an older scheduler runs, a new one
+    leaves the partitions it holds there to it, and says it is alive there, so the older one
+    shrinks its share and the new one takes what it gives back: disjoint, all covered."""
+    from duetime.common import transitions as tr
+    from duetime.common.scripts import Scripts
+
+    keys = capp.keys
+    client = sync_client(capp.redis_url)
+    scripts = Scripts(client)
+
+    def older() -> set[int]:
+        # the call the version before makes: <ns>:owners, every partition, four arguments
+        ks, args = tr.partition_owners(keys, "older-scheduler", 30_000)
+        assert ks == [keys.owners] and len(args) == 4
+        return set(tr.counts(scripts.partition_owners(keys=ks, args=args))[2:])
+
+    assert older() == set(range(keys.partitions))
+    ev = Evaluator(capp.redis_url, keys, lease_ms=30_000)
+    try:
+        assert ev.ownership.refresh() == set()  # every partition is the older one's
+        theirs = older()  # it sees the new one alive in its table: half each
+        assert len(theirs) == keys.partitions // 2
+        mine = ev.ownership.refresh()
+        assert mine == set(range(keys.partitions)) - theirs
+        # the older one stops (its entries go): the new one takes every partition
+        ks, args = tr.partition_owners(keys, "older-scheduler", 30_000, "release")
+        scripts.partition_owners(keys=ks, args=args)
+        assert ev.ownership.refresh() == set(range(keys.partitions))
+        ev.ownership.release_all()
+        assert not any(f.startswith(b"p:") for p in range(keys.partitions)
+                       for f in client.hkeys(keys.node_owners(p)))
+    finally:
+        ev.client.close()
+        client.close()
