@@ -128,8 +128,8 @@ def test_aenqueue_many_never_holds_the_loop_for_more_than_a_slice(app, monkeypat
         done["validated"] += len(reqs)
         return real_prepare(self, reqs)
 
-    def pipelines(self, client, prepared, per_trip=runs_mod.PIPELINE_RUNS):
-        for pipe, chunks in real_pipelines(self, client, prepared, per_trip):
+    def pipelines(self, client, prepared, per_trip=runs_mod.PIPELINE_RUNS, **kw):
+        for pipe, chunks in real_pipelines(self, client, prepared, per_trip, **kw):
             done["pipelined"] += sum(len(c) for c in chunks)
             yield pipe, chunks
 

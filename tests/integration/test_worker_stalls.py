@@ -92,10 +92,10 @@ def test_a_stopped_worker_resumes_without_running_the_task_twice_at_once(app, r,
     run_id = app.enqueue(basic.journaled, [path, 3.0])
     worker = procs.worker("--lease", "1s")
     with reaper_thread(app, tick_s=0.1):
-        wait_for(lambda: basic.journal(path), 15, what="the run to start")
+        wait_for(lambda: basic.journal(path), 60, what="the run to start")
         worker.send_signal(signal.SIGSTOP)
         try:
-            wait_for(lambda: app.get_run(run_id).state == "retrying", 5,
+            wait_for(lambda: app.get_run(run_id).state == "retrying", 30,
                      what="the lease to be reaped")
         finally:
             worker.send_signal(signal.SIGCONT)

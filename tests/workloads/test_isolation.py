@@ -74,10 +74,14 @@ async def test_stuck_child_is_killed_at_the_timeout_and_retried_by_policy(iso: A
     assert [a.outcome for a in run.attempts] == ["failed", "failed"]
     for a in run.attempts:
         assert "HardTimeout: timed out after 0.5s" in (a.error or "")
-    both = pids(stuck)
-    assert len(both) == 2 and both[0] != both[1] and os.getpid() not in both
-    assert not any(alive(p) for p in both)  # killed, and reaped, before the attempt was recorded
+    # Each attempt had a child of its own, both killed: the pool counts two ended. The pids the
+    # bodies recorded (their first act, a Redis write from a fresh child) show they were other
+    # processes and are gone; a body the timeout struck before its write records none (a busy
+    # machine can take half a second to open a child's first connection).
     assert w.executor.processes is not None and w.executor.processes.ended == 2
+    both = pids(stuck)
+    assert len(set(both)) == len(both) <= 2 and os.getpid() not in both
+    assert not any(alive(p) for p in both)  # killed, and reaped, before the attempt was recorded
 
 
 @pytest.mark.parametrize("task", ["spin_forever", "c_sleep_forever"])
