@@ -52,9 +52,11 @@ _NEXT, _MISSED, _SKIPPED, _HELD_C, _HELD_R = _at(
     "tenant", "headers")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Claimed:
-    """One run handed to a worker by claim.lua."""
+    """One run handed to a worker by claim.lua (read-only by convention: not frozen, since a
+    frozen dataclass sets each of its fields through object.__setattr__, and a claim reply
+    makes one per run on the worker's hot path)."""
 
     run_id: str
     fence: int
@@ -103,18 +105,20 @@ def parse_claim(res: list[Any]) -> ClaimReply:
     for i in range(CLAIM_HEADER, len(res), CLAIM_FIELDS):
         f = res[i : i + CLAIM_FIELDS]
         # id, fence, attempt and the score come from the script; the rest is the run record,
-        # which an operator's HSET may have damaged: one bad run must not sink its batch
+        # which an operator's HSET may have damaged: one bad run must not sink its batch.
+        # Fields in Claimed's order, decoded inline (`b.decode() if b else ...`): per run
         run_id, fence, attempt = _s(f[_RUN_ID]), int(f[_FENCE]), int(f[_ATTEMPT])
         ready_ms = int(f[_READY])
         try:
+            task, key, schedule = f[_TASK], f[_KEY], f[_SCHEDULE]
+            limited_by, tenant = f[_LIMITED_BY], f[_TENANT]
             runs.append(Claimed(
-                run_id=run_id, fence=fence, attempt=attempt, task=_s(f[_TASK]),
-                payload=f[_PAYLOAD] or b"", due_ms=int(f[_DUE] or 0),
-                timeout_ms=int(f[_TIMEOUT] or 0), idempotent=f[_IDEMPOTENT] != b"0",
-                key=_s(f[_KEY]) or None, schedule=_s(f[_SCHEDULE]) or None,
-                ready_ms=ready_ms, limited_by=_s(f[_LIMITED_BY]),
-                interval_start=int(f[_IV_START] or 0), interval_end=int(f[_IV_END] or 0),
-                tenant=_s(f[_TENANT]), headers=f[_HEADERS] or b"",
+                run_id, fence, attempt, task.decode() if task else "", f[_PAYLOAD] or b"",
+                int(f[_DUE] or 0), int(f[_TIMEOUT] or 0), f[_IDEMPOTENT] != b"0",
+                key.decode() if key else None, schedule.decode() if schedule else None,
+                ready_ms, "", limited_by.decode() if limited_by else "",
+                int(f[_IV_START] or 0), int(f[_IV_END] or 0),
+                tenant.decode() if tenant else "", f[_HEADERS] or b"",
             ))
         except (ValueError, UnicodeDecodeError) as exc:
             runs.append(Claimed(

@@ -24,8 +24,8 @@ from duetime.common import metrics
 from duetime.common.codec import pack_not_stored, pack_result, unpack_payload
 from duetime.common.context import RunContext, set_current
 from duetime.common.errors import Continue, Fatal, InvalidInput, RateLimited, Retry, UnknownTask
-from duetime.common.logs import bind_run
 from duetime.common.logs import get as get_logger
+from duetime.common.logs import run_binder
 from duetime.common.models import from_ms
 from duetime.common.outcomes import FailMode, Outcome
 from duetime.common.retrycost import ATTEMPT_ENDINGS
@@ -44,6 +44,10 @@ from duetime.worker.unknown import UnknownTasks
 log = get_logger("duetime.worker")
 LEASE_LOST, UNRECORDED = Outcome.LEASE_LOST.value, Outcome.UNRECORDED.value
 SUCCEEDED, FAILED, INTERRUPTED = ATTEMPT_ENDINGS
+# the log fields of an attempt (structlog's context variables, common/logs.py): the worker's
+# once per claimed batch, the run's in the attempt's own task, as its body starts
+bind_worker = run_binder("worker_id")
+bind_run = run_binder("run_id", "task", "attempt", "schedule")
 
 
 @dataclass(slots=True, eq=False)
@@ -110,9 +114,56 @@ class Executor:
         self.checkpoints: Checkpoints | None = None
         # the app's middleware (worker/middleware.py); None without any: nothing of it runs
         self.hooks = attempt_hooks(registry, self.worker_id, _TimedOut, reporter)
+        # task -> the body seconds of its successful attempts not counted yet: counted in bulk
+        # as the reporter's next flush begins (count_successes), before their outcome is sent
+        self._succeeded: dict[str, list[float]] = {}
+        reporter.before_flush = self.count_successes
 
     # -- starting -------------------------------------------------------------------------
+    def start_batch(self, p: int, queue: str, runs: list[Claimed], now_ms: float) -> None:
+        """Start the runs of one claim reply, each in an asyncio task of its own: the task is
+        what cancellation, timeouts and a body's own `asyncio.timeout` act on. What is the same
+        for the whole batch is done once: the worker's log field (the runs' tasks inherit it),
+        the time the leases were taken, and the start delays of the runs that start at once,
+        observed in bulk (the others, held for their due time or an earlier attempt, observe
+        theirs when they start)."""
+        bind_worker(self.worker_id)
+        renewed = time.monotonic()
+        early_ms = self.clock.error_ms - now_ms  # + a run's ready time: how long it waits
+        new_task = asyncio.get_running_loop().create_task
+        hooks = self.hooks
+        delays: list[float] = []
+        limited: list[float] = []
+        firsts: list[float] = []
+        for c in runs:
+            ex = self._begin(p, queue, c, renewed)
+            # claimed ahead of its due time: it waits for it, plus the clock estimate's error
+            # bound, so it never starts before its due time on the server's clock
+            wait_s = (c.ready_ms + early_ms) / 1000
+            observed = wait_s <= 0 and ex.after is None
+            if observed:
+                delay = (now_ms - c.ready_ms) / 1000
+                if delay < 0:
+                    delay = 0.0
+                if c.limited_by:  # a limit held it back on purpose: not the queue's delay
+                    limited.append(delay)
+                else:
+                    delays.append(delay)
+                    if c.attempt == 1:  # claimable from its scheduled time: lateness = delay
+                        firsts.append(delay)
+            run = self._execute(ex, c, wait_s, observed)
+            ex.task = new_task(run if hooks is None else hooks.execute(ex, run))
+        for metric, values in ((metrics.QUEUE_DELAY, delays), (metrics.LIMITED_DELAY, limited),
+                               (metrics.START_LATENESS, firsts)):
+            if values:
+                metrics.observe_many(metrics.child(metric, queue), values)
+
     def start(self, p: int, queue: str, c: Claimed, now_ms: float) -> None:
+        """Start one claimed run (a batch of one)."""
+        self.start_batch(p, queue, [c], now_ms)
+
+    def _begin(self, p: int, queue: str, c: Claimed, renewed_at: float) -> Execution:
+        """The attempt's in-flight state, in `inflight` from its claim on."""
         ctx = RunContext(
             run_id=c.run_id, task=c.task, queue=queue, attempt=c.attempt, fence=c.fence,
             worker_id=self.worker_id, idempotency_key=c.key or c.run_id,
@@ -120,7 +171,7 @@ class Executor:
             interval_start=from_ms(c.interval_start) if c.interval_start else None,
             interval_end=from_ms(c.interval_end) if c.interval_end else None,
         )
-        ex = Execution(ctx, p, self._owner(c.task))
+        ex = Execution(ctx, p, self._owner(c.task), renewed_at=renewed_at)
         self.inflight[(c.run_id, c.fence)] = ex
         if self._bodies:
             prev = self._bodies.get(c.run_id)
@@ -129,11 +180,7 @@ class Executor:
         if self._debug:
             log.debug("run started", run_id=c.run_id, task=c.task, attempt=c.attempt,
                       worker_id=self.worker_id, schedule=c.schedule, queue=queue, fence=c.fence)
-        # claimed ahead of its due time: wait for it, plus the clock estimate's error bound, so
-        # it never starts before its due time on the server's clock
-        wait_s = (c.ready_ms + self.clock.error_ms - now_ms) / 1000
-        run = self._execute(ex, c, wait_s)
-        ex.task = asyncio.create_task(run if self.hooks is None else self.hooks.execute(ex, run))
+        return ex
 
     def _follow(self, ex: Execution, prev: Execution) -> None:
         """`ex` is a new attempt of a run whose older attempt `prev` still executes here: the
@@ -161,13 +208,13 @@ class Executor:
                     schedule=ctx.schedule, running_attempt=prev.ctx.attempt)
 
     # -- executing ------------------------------------------------------------------------
-    async def _execute(self, ex: Execution, c: Claimed, wait_s: float) -> None:
+    async def _execute(self, ex: Execution, c: Claimed, wait_s: float, observed: bool) -> None:
         """The attempt's task: nothing raised in it is ever lost. A failure of the worker's own
         code before the outcome was handed to the reporter is logged with the run id and
         reported as the attempt's failure (a retry, with that error on the attempt); after
         the hand-over, it is logged and the outcome handed over stands."""
         try:
-            await self._attempt(ex, c, wait_s)
+            await self._attempt(ex, c, wait_s, observed)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the worker's own failure: never unlogged
@@ -188,7 +235,10 @@ class Executor:
                           attempt=ctx.attempt, worker_id=self.worker_id,
                           error=f"{type(again).__name__}: {str(again)[:300]}")
 
-    async def _attempt(self, ex: Execution, c: Claimed, wait_s: float) -> None:
+    async def _attempt(self, ex: Execution, c: Claimed, wait_s: float, observed: bool) -> None:
+        """One attempt from its claim to its report: wait for its due time (or an earlier
+        attempt of the run still executing here), decode, run the body, then turn how it ended
+        into a report. `observed`: its start delay was observed with its batch's."""
         ctx = ex.ctx
         report: str | None = "complete"
         mode: FailMode = "error"
@@ -204,15 +254,8 @@ class Executor:
             if ex.after is not None and await self._after_previous(ex):
                 return  # the earlier attempt's success stands for this one (reported there)
             started = time.perf_counter()
-            delay = max(0.0, (self.clock.now_ms() - c.ready_ms) / 1000)
-            if c.limited_by:
-                # a limit held it back on purpose: its wait is not the queue's delay
-                metrics.child(metrics.LIMITED_DELAY, ctx.queue).observe(delay)
-            else:
-                metrics.child(metrics.QUEUE_DELAY, ctx.queue).observe(delay)
-            if ctx.attempt == 1 and not c.limited_by:
-                # a first attempt is claimable from its scheduled time: lateness = queue delay
-                metrics.child(metrics.START_LATENESS, ctx.queue).observe(delay)
+            if not observed:
+                self._observe_delay(c, ctx.queue)
             if c.damaged:
                 raise Fatal(c.damaged)
             spec = self.registry.get(ctx.task)
@@ -221,7 +264,11 @@ class Executor:
             except Exception as exc:  # noqa: BLE001 - it will never decode: no retry
                 raise Fatal(f"payload unreadable (not duetime's msgpack [args, kwargs]): "
                             f"{exc!r}") from None
-            if self.checkpoints is not None:  # current_run().checkpoint, checkpoint_state
+            if self.checkpoints is None:  # a bare Executor: its tasks cannot checkpoint
+                pass
+            elif ctx.fence == 1:  # a first claim: no checkpoint to read
+                self.checkpoints.bind(ex)
+            else:  # current_run().checkpoint_state: the run's checkpoint, read from Redis
                 try:
                     await self.checkpoints.prepare(ex)
                 except REDIS_ERRORS as exc:
@@ -304,9 +351,15 @@ class Executor:
         try:
             self.processed += 1
             elapsed = time.perf_counter() - started if ran else 0.0
-            if ran:
-                metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
-            self._cost(ex, report, mode, elapsed)
+            if report == "complete" and ran:  # counted in bulk (count_successes)
+                seconds = self._succeeded.get(ctx.task)
+                if seconds is None:
+                    seconds = self._succeeded[ctx.task] = []
+                seconds.append(elapsed)
+            else:
+                if ran:
+                    metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
+                self._cost(ex, report, mode, elapsed)
         except Exception as exc:  # noqa: BLE001 - counting must not change the outcome
             log.error("worker failed counting an attempt; its outcome is reported as decided",
                       run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
@@ -343,6 +396,19 @@ class Executor:
                         error_type=exc_type, **extra)
             self.reporter.fail(ex, err, mode, delay_ms)
 
+    def _observe_delay(self, c: Claimed, queue: str) -> None:
+        """The start delay of a run that waited before it started (start_batch observes the
+        others, in bulk)."""
+        delay = max(0.0, (self.clock.now_ms() - c.ready_ms) / 1000)
+        if c.limited_by:
+            # a limit held it back on purpose: its wait is not the queue's delay
+            metrics.child(metrics.LIMITED_DELAY, queue).observe(delay)
+        else:
+            metrics.child(metrics.QUEUE_DELAY, queue).observe(delay)
+        if c.attempt == 1 and not c.limited_by:
+            # a first attempt is claimable from its scheduled time: lateness = queue delay
+            metrics.child(metrics.START_LATENESS, queue).observe(delay)
+
     def _rate_limited(self, ex: Execution, exc: RateLimited | None) -> None:
         """RateLimited: the run given back and its scope held (rate_limited.lua)."""
         assert exc is not None
@@ -359,6 +425,19 @@ class Executor:
             spec = self.registry.find(task)
             owner = self._owners[task] = (spec.owner or "") if spec is not None else ""
         return owner
+
+    def count_successes(self) -> None:
+        """Count the successful attempts gathered since the last call, once per task: their
+        execution times (one bulk histogram observation), the succeeded attempts and the
+        retry-cost ledger, as `_cost` does for each other ending, one attempt at a time."""
+        if not self._succeeded:
+            return
+        done, self._succeeded = self._succeeded, {}
+        for task, seconds in done.items():
+            owner = self._owner(task)
+            metrics.observe_many(metrics.child(metrics.EXECUTION, task), seconds)
+            metrics.child(metrics.ATTEMPTS, task, owner, SUCCEEDED).inc(len(seconds))
+            self.reporter.ledger.add(task, owner, SUCCEEDED, 0.0, len(seconds))
 
     def _cost(self, ex: Execution, report: str | None, mode: FailMode, elapsed: float) -> None:
         """Count the attempt for the cost of retries (metrics, and `<ns>:cost` through the
@@ -411,10 +490,10 @@ class Executor:
         """Run the task body; → its return value. While it runs, `_bodies` names its attempt: a
         later attempt of the run claimed meanwhile waits for it (`_follow`)."""
         assert spec.fn is not None  # a task registered with this worker has its function
-        set_current(ex.ctx)
-        bind_run(ex.ctx.run_id, ex.ctx.task, ex.ctx.attempt, worker_id=self.worker_id,
-                 schedule=ex.ctx.schedule)
-        run_id = ex.ctx.run_id
+        ctx = ex.ctx
+        set_current(ctx)
+        bind_run(ctx.run_id, ctx.task, ctx.attempt, ctx.schedule)
+        run_id = ctx.run_id
         self._bodies[run_id] = ex
         ex.in_body = True
         if spec.isolation == "process":
