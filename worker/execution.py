@@ -12,6 +12,7 @@ instead of doing the work a second time. Otherwise the new attempt runs the task
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -39,6 +40,7 @@ from duetime.worker.errors import REDIS_ERRORS, frames_text, log_message, record
 from duetime.worker.isolation import ProcessPool
 from duetime.worker.middleware import attempt_hooks
 from duetime.worker.reporter import Reporter
+from duetime.worker.runners import Runners
 from duetime.worker.unknown import UnknownTasks
 
 log = get_logger("duetime.worker")
@@ -57,7 +59,9 @@ class Execution:
     ctx: RunContext
     partition: int
     owner: str = ""  # the task's owner as this worker's code declares it ('' if none)
-    task: asyncio.Task[None] | None = None
+    runner: asyncio.Task[None] | None = None  # the task executing it, while it does (runners.py)
+    cancels: int = 0  # cancellations sent to its runner for it (the runner takes them back)
+    stopped: bool = False  # interrupted before a runner started it: it stops as it starts
     released: bool = False  # given back at shutdown
     cancel_requested: bool = False
     lost: bool = False  # its lease is known lost: no more heartbeats for it
@@ -98,6 +102,7 @@ class Executor:
         self.worker_id = cfg.worker_id
         self._on_free = on_free  # a slot is free: the claim loop may claim again
         self.pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="duetime-task")
+        self.runners = Runners()  # the asyncio tasks attempts execute in (worker/runners.py)
         self.inflight: dict[tuple[str, int], Execution] = {}  # (run id, fence) -> attempt
         self._bodies: dict[str, Execution] = {}  # run id -> the attempt whose body runs here
         self._waiting: dict[str, Execution] = {}  # run id -> the attempt waiting for that body
@@ -121,16 +126,17 @@ class Executor:
 
     # -- starting -------------------------------------------------------------------------
     def start_batch(self, p: int, queue: str, runs: list[Claimed], now_ms: float) -> None:
-        """Start the runs of one claim reply, each in an asyncio task of its own: the task is
-        what cancellation, timeouts and a body's own `asyncio.timeout` act on. What is the same
-        for the whole batch is done once: the worker's log field (the runs' tasks inherit it),
-        the time the leases were taken, and the start delays of the runs that start at once,
-        observed in bulk (the others, held for their due time or an earlier attempt, observe
-        theirs when they start)."""
+        """Start the runs of one claim reply: each attempt is handed to the runners
+        (worker/runners.py), which execute it in a contextvars context of its own, as a task
+        of its own would, without making one per run. What is the same for the whole batch is
+        done once: the worker's log field (each run's context is a copy of this one), the time
+        the leases were taken, and the start delays of the runs that start at once, observed
+        in bulk (the others, held for their due time or an earlier attempt, observe theirs when
+        they start)."""
         bind_worker(self.worker_id)
         renewed = time.monotonic()
         early_ms = self.clock.error_ms - now_ms  # + a run's ready time: how long it waits
-        new_task = asyncio.get_running_loop().create_task
+        submit, context = self.runners.submit, contextvars.copy_context
         hooks = self.hooks
         delays: list[float] = []
         limited: list[float] = []
@@ -152,7 +158,7 @@ class Executor:
                     if c.attempt == 1:  # claimable from its scheduled time: lateness = delay
                         firsts.append(delay)
             run = self._execute(ex, c, wait_s, observed)
-            ex.task = new_task(run if hooks is None else hooks.execute(ex, run))
+            submit(ex, run if hooks is None else hooks.execute(ex, run), context())
         for metric, values in ((metrics.QUEUE_DELAY, delays), (metrics.LIMITED_DELAY, limited),
                                (metrics.START_LATENESS, firsts)):
             if values:
@@ -249,6 +255,8 @@ class Executor:
         ran = False
         started = time.perf_counter()
         try:
+            if ex.stopped:  # interrupted before it started: as if cancelled right away
+                raise asyncio.CancelledError
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
             if ex.after is not None and await self._after_previous(ex):
@@ -595,8 +603,17 @@ class Executor:
         """An attempt not yet in its body, or in an async body, is cancelled; a sync task's
         thread cannot be: it is told through lease_lost."""
         ex.ctx.mark_lost()
-        if ex.task is not None and not ex.task.done() and (not ex.in_body or self._is_async(ex)):
-            ex.task.cancel()
+        if not ex.in_body or self._is_async(ex):
+            self._cancel(ex)
+
+    def _cancel(self, ex: Execution) -> None:
+        """Cancel the attempt where it waits: its runner is only ever suspended inside it (one
+        not started yet stops as it starts; one ended is left alone)."""
+        if ex.runner is not None:
+            ex.cancels += 1
+            ex.runner.cancel()
+        else:
+            ex.stopped = True
 
     def _is_async(self, ex: Execution) -> bool:
         """An async body, or one in a child process (killed when cancelled): stoppable."""
@@ -606,21 +623,21 @@ class Executor:
     # -- shutdown -------------------------------------------------------------------------
     async def drain(self, grace_s: float) -> None:
         """Let in-flight attempts finish within the grace period, then release the rest."""
-        pending = [ex.task for ex in self.inflight.values() if ex.task is not None]
-        if pending:
-            log.info("waiting for in-flight runs", count=len(pending), grace_s=grace_s)
-            await asyncio.wait(pending, timeout=grace_s)
+        if self.inflight:
+            log.info("waiting for in-flight runs", count=len(self.inflight), grace_s=grace_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.runners.ended(), grace_s)
         leftovers = list(self.inflight.values())
         for ex in leftovers:
             ex.released = True
             ex.ctx.mark_lost()
-            if ex.task is not None:
-                ex.task.cancel()
+            self._cancel(ex)  # a sync body too: its attempt stops waiting for the thread
         if leftovers:
-            await asyncio.gather(*(ex.task for ex in leftovers if ex.task), return_exceptions=True)
+            await self.runners.ended()
             log.info("releasing unfinished runs", count=len(leftovers))
 
     def shutdown(self) -> None:
+        self.runners.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.processes is not None:
             self.processes.close()

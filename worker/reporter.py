@@ -211,7 +211,13 @@ class Reporter:
         """One pipeline for the batch (and the retry-cost counts, when due); returns the
         reports to send again."""
         if self.before_flush is not None:
-            self.before_flush()
+            try:
+                self.before_flush()
+            except Exception as exc:  # noqa: BLE001 - counting must not change an outcome
+                log.error("worker failed counting attempts; their outcomes are reported as "
+                          "decided", runs=[ex.ctx.run_id for _, ex, _ in batch][:20],
+                          worker_id=self.worker_id,
+                          error=f"{type(exc).__name__}: {str(exc)[:300]}")
         successes: dict[int, list[Execution]] = {}
         others: list[Item] = []
         for item in batch:
