@@ -10,7 +10,6 @@ import contextvars
 from typing import Any
 
 import pytest
-
 from duetime.worker.runners import InContext, Runners
 
 var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="")
