@@ -102,7 +102,8 @@ class Executor:
         self.worker_id = cfg.worker_id
         self._on_free = on_free  # a slot is free: the claim loop may claim again
         self.pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="duetime-task")
-        self.runners = Runners()  # the asyncio tasks attempts execute in (worker/runners.py)
+        # the asyncio tasks attempts execute in (worker/runners.py)
+        self.runners = Runners(on_error=self.failed)
         self.inflight: dict[tuple[str, int], Execution] = {}  # (run id, fence) -> attempt
         self._bodies: dict[str, Execution] = {}  # run id -> the attempt whose body runs here
         self._waiting: dict[str, Execution] = {}  # run id -> the attempt waiting for that body
@@ -157,8 +158,10 @@ class Executor:
                     delays.append(delay)
                     if c.attempt == 1:  # claimable from its scheduled time: lateness = delay
                         firsts.append(delay)
-            run = self._execute(ex, c, wait_s, observed)
-            submit(ex, run if hooks is None else hooks.execute(ex, run), context())
+            if hooks is None:
+                submit(ex, self._attempt(ex, c, wait_s, observed), context())
+            else:
+                submit(ex, hooks.execute(ex, self._execute(ex, c, wait_s, observed)), context())
         for metric, values in ((metrics.QUEUE_DELAY, delays), (metrics.LIMITED_DELAY, limited),
                                (metrics.START_LATENESS, firsts)):
             if values:
@@ -215,31 +218,35 @@ class Executor:
 
     # -- executing ------------------------------------------------------------------------
     async def _execute(self, ex: Execution, c: Claimed, wait_s: float, observed: bool) -> None:
-        """The attempt's task: nothing raised in it is ever lost. A failure of the worker's own
-        code before the outcome was handed to the reporter is logged with the run id and
-        reported as the attempt's failure (a retry, with that error on the attempt); after
-        the hand-over, it is logged and the outcome handed over stands."""
+        """With middleware: the attempt, a failure of the worker's own code handled (`failed`)
+        before the after_attempt hooks that wrap this see it ended. Without middleware, the
+        runner calls `failed` itself (worker/runners.py): one coroutine less per run."""
         try:
             await self._attempt(ex, c, wait_s, observed)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - the worker's own failure: never unlogged
-            ctx = ex.ctx
-            handed = ex.key in self.reporter.unsent
-            log.error("worker failed while executing an attempt", run_id=ctx.run_id,
-                      task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
-                      schedule=ctx.schedule, error=f"{type(exc).__name__}: {str(exc)[:300]}",
-                      outcome_reported=handed, traceback=frames_text(exc))
-            if handed or ex.lost or ex.superseded:
-                return
-            try:
-                self.reporter.fail(ex, f"worker error while executing the attempt: "
-                                       f"{type(exc).__name__}: {str(exc)[:500]}", "error", 0)
-            except Exception as again:  # noqa: BLE001 - the lease lapses; the reaper retries
-                log.error("attempt outcome could not be handed to the reporter; the run is "
-                          "retried when its lease expires", run_id=ctx.run_id, task=ctx.task,
-                          attempt=ctx.attempt, worker_id=self.worker_id,
-                          error=f"{type(again).__name__}: {str(again)[:300]}")
+            self.failed(ex, exc)
+
+    def failed(self, ex: Execution, exc: Exception) -> None:
+        """Nothing raised in an attempt is ever lost. A failure of the worker's own code
+        before the outcome was handed to the reporter is logged with the run id and reported
+        as the attempt's failure (a retry, with that error on the attempt); after the
+        hand-over, it is logged and the outcome handed over stands."""
+        ctx = ex.ctx
+        handed = ex.key in self.reporter.unsent
+        log.error("worker failed while executing an attempt", run_id=ctx.run_id,
+                  task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
+                  schedule=ctx.schedule, error=f"{type(exc).__name__}: {str(exc)[:300]}",
+                  outcome_reported=handed, traceback=frames_text(exc))
+        if handed or ex.lost or ex.superseded:
+            return
+        try:
+            self.reporter.fail(ex, f"worker error while executing the attempt: "
+                                   f"{type(exc).__name__}: {str(exc)[:500]}", "error", 0)
+        except Exception as again:  # noqa: BLE001 - the lease lapses; the reaper retries
+            log.error("attempt outcome could not be handed to the reporter; the run is "
+                      "retried when its lease expires", run_id=ctx.run_id, task=ctx.task,
+                      attempt=ctx.attempt, worker_id=self.worker_id,
+                      error=f"{type(again).__name__}: {str(again)[:300]}")
 
     async def _attempt(self, ex: Execution, c: Claimed, wait_s: float, observed: bool) -> None:
         """One attempt from its claim to its report: wait for its due time (or an earlier

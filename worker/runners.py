@@ -68,7 +68,9 @@ class InContext:
 class Runners:
     """The queue of attempts and the runners executing them (see the module's docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_error: Callable[[Any, Exception], None]) -> None:
+        # what an attempt raised (not a cancellation): the worker's own failure, never lost
+        self._on_error = on_error
         self._queue: collections.deque[tuple[Any, Attempt, contextvars.Context]] = \
             collections.deque()
         self._idle: list[asyncio.Future[None]] = []  # idle runners, each awaiting its wake-up
@@ -136,6 +138,8 @@ class Runners:
             except asyncio.CancelledError:
                 if not ex.cancels:  # not sent to the attempt: the runner itself is stopped
                     raise
+            except Exception as exc:  # noqa: BLE001 - handed on, with the attempt it ended
+                self._on_error(ex, exc)
             finally:
                 ex.runner = None
                 self.live -= 1

@@ -23,6 +23,10 @@ class Ex:
         self.cancels = 0
 
 
+def on_error(ex: Ex, exc: Exception) -> None:
+    raise AssertionError(f"an attempt raised {exc!r}")
+
+
 def cancel(ex: Ex) -> None:
     assert ex.runner is not None
     ex.cancels += 1
@@ -35,7 +39,7 @@ def run(coro: Any) -> Any:
 
 def test_attempts_that_never_wait_run_in_one_runner_each_in_its_own_context() -> None:
     async def main() -> None:
-        runners, seen, tasks = Runners(), [], set()
+        runners, seen, tasks = Runners(on_error), [], set()
 
         async def attempt(i: int) -> None:
             assert var.get() == ""  # nothing of another attempt's context
@@ -56,7 +60,7 @@ def test_attempts_that_never_wait_run_in_one_runner_each_in_its_own_context() ->
 
 def test_attempts_that_wait_run_side_by_side() -> None:
     async def main() -> None:
-        runners = Runners()
+        runners = Runners(on_error)
         started: list[int] = []
         gate = asyncio.Event()
 
@@ -80,7 +84,7 @@ def test_attempts_that_wait_run_side_by_side() -> None:
 
 def test_a_cancellation_reaches_its_attempt_only_and_the_runner_goes_on() -> None:
     async def main() -> None:
-        runners = Runners()
+        runners = Runners(on_error)
         a, b = Ex(), Ex()
         ended: dict[str, str] = {}
         waiting = asyncio.Event()
@@ -115,7 +119,7 @@ def test_a_cancellation_reaches_its_attempt_only_and_the_runner_goes_on() -> Non
 
 def test_a_cancellation_the_attempt_lets_through_ends_it_not_the_runner() -> None:
     async def main() -> None:
-        runners = Runners()
+        runners = Runners(on_error)
         a = Ex()
         waiting = asyncio.Event()
 
@@ -141,7 +145,7 @@ def test_a_cancellation_the_attempt_lets_through_ends_it_not_the_runner() -> Non
 
 def test_a_runner_cancelled_from_outside_stops() -> None:
     async def main() -> None:
-        runners = Runners()
+        runners = Runners(on_error)
         a = Ex()
         waiting, out = asyncio.Event(), []
 
@@ -160,6 +164,27 @@ def test_a_runner_cancelled_from_outside_stops() -> None:
         with pytest.raises(asyncio.CancelledError):
             await runner
         assert out == ["cancelled"]
+
+    run(main())
+
+
+def test_what_an_attempt_raises_is_handed_on_and_the_runner_goes_on() -> None:
+    async def main() -> None:
+        raised: list[Exception] = []
+        runners, a = Runners(lambda ex, exc: raised.append(exc)), Ex()
+
+        async def breaks() -> None:
+            await asyncio.sleep(0)
+            raise KeyError("the worker's own bug")
+
+        async def fine() -> None:
+            raised.append(ValueError("ran"))
+
+        runners.submit(a, breaks(), contextvars.copy_context())
+        runners.submit(Ex(), fine(), contextvars.copy_context())
+        await runners.ended()
+        assert sorted(type(e).__name__ for e in raised) == ["KeyError", "ValueError"]
+        runners.close()
 
     run(main())
 
