@@ -1,6 +1,11 @@
 """Execution: runs claimed attempts (async tasks on the loop, sync tasks in a thread pool),
 turns how each ended into a report, and stops attempts whose lease is lost.
 
+The life of one attempt: `start_batch` makes its Execution (`_begin`) and hands `_attempt` to
+the runners (worker/runners.py: reused asyncio tasks, the attempt in a contextvars context of
+its own); `_attempt` waits for its due time, decodes it, runs the body (`_call`), and turns
+how it ended into one report for the reporter. `interrupt` cancels it where it waits.
+
 In-flight state is kept per attempt, (run id, fence): a run can be claimed again while an
 older attempt of it still executes here (its lease lapsed while the worker was stalled, and
 the reaper retried it). Two attempts of one run never execute at once in one worker: the new
