@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # docs: the docs site into site/ (mkdocs build --strict; `make test` runs it through
 # tests/packaging/test_docs_site.py); docs-serve
 # previews it on http://127.0.0.1:8000
-.PHONY: docs docs-serve demo test test-floors test-scripts soak lint typecheck bench venv dist clean screenshots
+.PHONY: docs docs-serve demo test test-floors test-scripts soak soak-batches lint typecheck bench venv dist clean screenshots
 
 $(BIN)/duetime: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,12 @@ test-scripts: venv
 # (DUETIME_SOAK=1, docs/testing.md), for a quiet machine
 soak: venv
 	DUETIME_SOAK=1 $(BIN)/python -m pytest -q tests/integration/test_failover.py $(PYTEST_ARGS)
+
+# the batch chaos test at the issue's size: one batch of 10,000 members (200 of them added by
+# members with batch_add), 10% failing, workers SIGKILLed every 2-4 s; ~1 min, exit 1 when a
+# check failed (tests/workloads/batch_chaos_kit.py; result in bench/RESULTS.md)
+soak-batches: venv
+	$(BIN)/python -m bench.batches --chaos
 
 # The declared lower bounds are true: one fresh venv with every dependency at the lowest
 # version pyproject.toml allows (constraints/floors.txt), duetime installed there, and the fast

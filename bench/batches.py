@@ -10,15 +10,27 @@
    `finished` (server ms): the last member's end to the callback's start.
 
     .venv/bin/python -m bench.batches [--runs 10000] [--rounds 3] [--batches 200] [--members 10]
+
+3. `--chaos` (the soak of issue size, `make soak-batches`): one batch of 10,000 members
+   (9,800 created with it, 100 of them spawners that each `batch_add` 2 more from inside),
+   10% failing for good, on 3 worker processes of which one is SIGKILLed every 2-4 s and
+   replaced, a reaper recovering the leases: the checks of tests/workloads/batch_chaos_kit.py
+   (counts equal the members' final states, each callback created and released once).
+
+    .venv/bin/python -m bench.batches --chaos [--originals 9800] [--workers 3] [--seed 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import redis
 from duetime.worker.runtime import Worker, WorkerConfig
@@ -92,14 +104,69 @@ async def _latency(batches: int, members: int) -> list[float]:
     return out
 
 
+def chaos(args: argparse.Namespace) -> int:
+    """The 10,000-member batch under SIGKILL (see the module docstring); exit status 1 when a
+    check failed. Process logs go to /tmp/duetime-batch-chaos-<pid>/."""
+    from tests.apps import workloads as w
+    from tests.workloads import batch_chaos_kit as kit
+
+    out = Path(f"/tmp/duetime-batch-chaos-{os.getpid()}")
+    out.mkdir(parents=True, exist_ok=True)
+    root = Path(__file__).resolve().parent.parent
+    started: list[subprocess.Popen[bytes]] = []
+    with EmbeddedServer(args.server) as srv:
+        ns = f"bc{uuid.uuid4().hex[:6]}"
+        w.app.configure(redis_url=srv.url, namespace=ns)
+        env = {**os.environ, "DUETIME_REDIS_URL": srv.url, "DUETIME_NAMESPACE": ns,
+               "PYTHONPATH": str(root)}
+
+        def proc(*argv: str) -> subprocess.Popen[bytes]:
+            log = open(out / f"{argv[0]}-{len(started)}.log", "wb")  # noqa: SIM115 - the process's
+            p = subprocess.Popen([sys.executable, "-m", "duetime", "--log-level", "WARNING", *argv],
+                                 env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+            started.append(p)
+            return p
+
+        try:
+            proc("reaper", "--tick", "100ms")
+            the_plan = kit.plan(args.originals, seed=args.seed, spawn_every=98, per_spawn=2)
+            print(f"batch of {the_plan.total} members ({len(the_plan.spawns)} spawners adding "
+                  f"{the_plan.total - len(the_plan.fails)}), {the_plan.failed} fail for good; "
+                  f"{args.workers} workers, one SIGKILLed every 2-4 s", flush=True)
+            rep = kit.run(w.app, lambda: proc("worker", "--app", "tests.apps.workloads:app",
+                                              "--lease", "2s", "--concurrency", "16"),
+                          the_plan, workers=args.workers, kill_every=(2.0, 4.0), max_kills=None,
+                          deadline_s=1800, seed=args.seed, progress=print)
+        finally:
+            for p in started:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+            w.app.close()
+    print(f"members {rep.members} (planned {rep.planned}), kills {rep.kills}, "
+          f"{rep.seconds:.0f} s, {rep.retried} members took more than one attempt, "
+          f"batch counts {rep.counts}, member states {rep.states}")
+    for role, info in rep.callbacks.items():
+        print(f"{role}: {info}")
+    print("problems: " + ("; ".join(rep.problems) if rep.problems else "none"))
+    return 1 if rep.problems else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--chaos", action="store_true", help="the 10,000-member batch under SIGKILL")
+    ap.add_argument("--originals", type=int, default=9_800)
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runs", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--members", type=int, default=10)
     ap.add_argument("--server", default="redis")
     args = ap.parse_args()
+    if args.chaos:
+        sys.exit(chaos(args))
     with EmbeddedServer(args.server) as srv:
         rows: dict[str, list[dict[str, float]]] = {"plain": [], "batch": []}
         ratios: dict[str, list[float]] = {"cpu_us_per_run": [], "drain_per_s": []}

@@ -17,6 +17,13 @@ what comes due. Then the worker drains what is left. Reported per round:
         [--debounce-ms 500] [--max-wait-ms 2000] [--producers 2] [--rounds 3]
         [--server redis|valkey]
     .venv/bin/python -m bench.debounce --cost 20000 [--keys 1000] [--rounds 5]
+    .venv/bin/python -m bench.debounce --ceiling 5 [--batch 33,200,1000] [--rounds 3]
+
+`--ceiling S`: is the producer the bottleneck? One producer in this process enqueues
+coalescing events as fast as it can for S seconds (no worker, no ticks), in `enqueue_many`
+calls of each `--batch` size (interleaved rounds): events/s, the producer's own CPU per event
+(process time) and Redis's (INFO cpu of the server). One producer on one free core can send
+at most 1e6 / (its µs per event); Redis at most 1e6 / (its µs per event).
 """
 
 from __future__ import annotations
@@ -146,6 +153,35 @@ def cost_round(url: str, mode: str, events: int, keys: int) -> float:
     return (u1 - u0) / events
 
 
+def _server_cpu_us(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return (info["used_cpu_sys"] + info["used_cpu_user"]) * 1e6
+
+
+def ceiling_round(url: str, batch: int, keys: int, seconds: float, seed: int) -> dict[str, float]:
+    """One producer, flat out: `enqueue_many` of `batch` debounced events per call."""
+    ns = f"bdx{uuid.uuid4().hex[:6]}"
+    app.configure(redis_url=url, namespace=ns)
+    app.store.ready()
+    r = redis.Redis.from_url(url)
+    rng = random.Random(seed)
+    sent = 0
+    c0, p0, t0 = _server_cpu_us(r), time.process_time(), time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        app.enqueue_many([{"task": counted, "args": [sent + j],
+                           "key": f"key-{rng.randrange(keys)}", "debounce": 0.5,
+                           "max_wait": 2.0} for j in range(batch)])
+        sent += batch
+    wall, cpu = time.monotonic() - t0, time.process_time() - p0
+    server = _server_cpu_us(r) - c0
+    for k in r.scan_iter(f"{ns}:*", count=5000):
+        r.unlink(k)
+    r.close()
+    app.close()
+    return {"events_per_s": sent / wall, "producer_us_per_event": cpu * 1e6 / sent,
+            "redis_us_per_event": server / sent}
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--produce"]:
         url, ns, rate, keys, seconds, deb, mw, seed = sys.argv[2:10]
@@ -158,7 +194,23 @@ def main() -> None:
     ap.add_argument("--max-wait-ms", type=int, default=2000)
     ap.add_argument("--cost", type=int, default=0, help="instead: enqueue.lua's Redis CPU per "
                     "event over this many events per mode, interleaved rounds")
+    ap.add_argument("--ceiling", type=float, default=0.0)
+    ap.add_argument("--batch", default="33,200,1000")
     args = ap.parse_args()
+    if args.ceiling:
+        batches = [int(b) for b in args.batch.split(",")]
+        got: dict[int, list[dict[str, float]]] = {b: [] for b in batches}
+        with EmbeddedServer(args.server) as server:
+            for n in range(args.rounds):
+                for b in (batches if n % 2 == 0 else batches[::-1]):
+                    got[b].append(ceiling_round(server.url, b, args.keys, args.ceiling, n))
+        print(f"load average {os.getloadavg()}")
+        for b in batches:
+            print(f"batch {b}: " + ", ".join(
+                f"{k} {statistics.median(x[k] for x in got[b]):,.1f} "
+                f"({min(x[k] for x in got[b]):,.1f}-{max(x[k] for x in got[b]):,.1f})"
+                for k in got[b][0]))
+        return
     if args.cost:
         modes = ("plain", "key", "debounce", "throttle")
         res: dict[str, list[float]] = {m: [] for m in modes}

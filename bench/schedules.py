@@ -26,7 +26,7 @@ import redis
 from duetime.scheduler.evaluator import Evaluator
 
 import duetime
-from bench.apps import app, noop
+from bench.apps import app, mark, noop
 from bench.stats import percentile
 from duetime.embedded import EmbeddedServer
 
@@ -121,27 +121,35 @@ def materialize(url: str, n: int) -> None:
         app.schedule_many([app.schedule_def(f"m-{j:06d}", duetime.At(at), noop)
                            for j in range(i, min(n, i + CHUNK))])
     ev = Evaluator(url, app.keys, lead_ms=10_000)
+    cpu0, rcpu0 = time.process_time(), _commands(r)[1]
     t0 = time.perf_counter()
     created = 0
     while created < n:
         created += ev.tick()
     dt = time.perf_counter() - t0
-    print(f"materialize: {created} runs in {dt:.2f} s = {created / dt:,.0f} runs/s (one evaluator)")
+    cpu, rcpu = time.process_time() - cpu0, _commands(r)[1] - rcpu0
+    print(f"materialize: {created} runs in {dt:.2f} s = {created / dt:,.0f} runs/s (one evaluator); "
+          f"evaluator CPU {cpu / created * 1e6:.0f} µs/run, Redis CPU {rcpu / created * 1e6:.0f} µs/run")
 
 
 def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int,
-         worker_args: tuple[str, ...] = ()) -> None:
+         worker_args: tuple[str, ...] = (), own_start: bool = False, lead: str = "2s",
+         herd_in: float = 8.0) -> None:
+    """Start lateness as the claim recorded it (the run's `started`, on the server clock:
+    max(claim time, due)) and, with `own_start`, as the task saw it (its own first instant,
+    same machine clock); also how late the evaluator created the runs (`created` - due)."""
     ns = fresh(url)
+    task = mark if own_start else noop
     r = redis.Redis.from_url(url)
     sec, _ = r.time()
-    at = datetime.fromtimestamp(sec + 8, tz=UTC)
+    at = datetime.fromtimestamp(sec + herd_in, tz=UTC)
     for i in range(0, n, CHUNK):
-        app.schedule_many([app.schedule_def(f"h-{j:06d}", duetime.At(at), noop,
+        app.schedule_many([app.schedule_def(f"h-{j:06d}", duetime.At(at), task,
                                             jitter=timedelta(seconds=jitter_s) if jitter_s else None)
                            for j in range(i, min(n, i + CHUNK))])
     env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns}
     cmd = [sys.executable, "-m", "duetime", "--log-level", "WARNING"]
-    procs = [subprocess.Popen([*cmd, "scheduler", "--lead", "2s"], env=env)]
+    procs = [subprocess.Popen([*cmd, "scheduler", "--lead", lead], env=env)]
     procs += [subprocess.Popen([*cmd, "worker", "--app", "bench.apps:app",
                                 "--concurrency", str(args_concurrency), *worker_args], env=env)
               for _ in range(workers)]
@@ -158,13 +166,18 @@ def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int,
         p.terminate()
     for p in procs:
         p.wait(30)
-    late = []
+    late, made, own = [], [], []
+    stamps = {k.decode(): float(v) for k, v in
+              redis.Redis.from_url(url, db=1).hgetall(f"{ns}:stamps").items()} if own_start else {}
     for p in range(app.keys.partitions):
         ids = [x.decode() for x in r.zrange(app.keys.done(p), 0, -1)]
         pipe = r.pipeline(transaction=False)
         for run_id in ids:
-            pipe.hmget(app.keys.run(p, run_id), "started", "due")
-        part = [int(s) - int(d) for s, d in pipe.execute()]
+            pipe.hmget(app.keys.run(p, run_id), "started", "due", "created")
+        rows = pipe.execute()
+        part = [int(s) - int(d) for s, d, _ in rows]
+        made += [int(c) - int(d) for _, d, c in rows]
+        own += [stamps[i] - int(d) for i, (_, d, _) in zip(ids, rows, strict=True) if i in stamps]
         if os.environ.get("BENCH_DEBUG") and part:
             print(f"  partition {p}: {len(part)} runs, lateness {min(part)}..{max(part)} ms")
         late += part
@@ -173,7 +186,13 @@ def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int,
           f"concurrency {args_concurrency}: "
           f"{len(late)} runs; start lateness p50 {percentile(late, 50):.0f} ms, "
           f"p99 {percentile(late, 99):.0f} ms, "
-          f"max {max(late):.0f} ms, early {sum(1 for x in late if x < 0)}")
+          f"max {max(late):.0f} ms, early {sum(1 for x in late if x < 0)}; created "
+          f"- due p50 {percentile(made, 50):.0f} ms, max {max(made):.0f} ms "
+          f"({sum(1 for x in made if x > 0)} created after their due time)")
+    if own:
+        print(f"  the task's own start - due: p50 {percentile(own, 50):.1f} ms, p99 "
+              f"{percentile(own, 99):.1f} ms, max {max(own):.1f} ms, early "
+              f"{sum(1 for x in own if x < 0)}, {len(own)} stamped")
 
 
 def main() -> None:
@@ -185,6 +204,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=2000)
     ap.add_argument("--worker-args", default="", help="extra worker options, e.g. '--claim-ahead 50ms'")
+    ap.add_argument("--lead", default="2s", help="herd: the scheduler's --lead (how far ahead "
+                    "it creates runs; a herd of 10,000 takes it seconds to create)")
+    ap.add_argument("--herd-in", type=float, default=8.0,
+                    help="herd: its instant this many seconds after registration begins")
+    ap.add_argument("--own-start", action="store_true",
+                    help="herd: also the task's own first instant (a buffered stamp)")
     ap.add_argument("--idle", type=float, default=0, help="seconds of idle measurement (0: none)")
     args = ap.parse_args()
     with EmbeddedServer("redis") as server:
@@ -196,9 +221,11 @@ def main() -> None:
             materialize(server.url, args.materialize)
         for n in [int(x) for x in args.herd.split(",") if x]:
             extra = tuple(args.worker_args.split())
-            herd(server.url, n, 0, args.workers, args.concurrency, extra)
+            herd(server.url, n, 0, args.workers, args.concurrency, extra, args.own_start,
+                 args.lead, args.herd_in)
             if args.jitter:
-                herd(server.url, n, args.jitter, args.workers, args.concurrency, extra)
+                herd(server.url, n, args.jitter, args.workers, args.concurrency, extra,
+                     args.own_start, args.lead, args.herd_in)
 
 
 if __name__ == "__main__":

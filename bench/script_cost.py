@@ -1,9 +1,12 @@
 """Redis CPU per run of the hot scripts, driven directly (no worker): enqueue N runs with
 enqueue_many, claim them all in batches, acknowledge them all in batches; INFO cpu deltas per
 phase. Give several copies of `lua/` to compare script variants on one server, interleaved
-(the claim and complete scripts come from each copy; enqueue uses the installed scripts).
+(enqueue, claim and complete all come from each copy; enqueue is driven as the client sends it,
+200 random ids per call, marked fresh for a copy whose enqueue.lua reads that mark).
 With several copies it also prints each round's claim cost relative to the first copy's in the
 same round, and their median: on a loaded machine that paired ratio is the steadier figure.
+Each round also sizes what a retained finished run costs in memory: the server's used_memory
+growth over the round's N finished runs (run hash, attempts key, index entries), per run.
 
     .venv/bin/python -m bench.script_cost [--runs 20000] [--batch 50] [--rounds 5] [LUA_DIR ...]
 
@@ -16,6 +19,7 @@ value kept on its run for `wait`), interleaved on one server: Redis CPU and memo
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import uuid
@@ -25,10 +29,11 @@ from typing import Any
 import redis
 from duetime.common import scripts
 from duetime.common import transitions as tr
-from duetime.common.codec import pack_result
+from duetime.common.codec import pack_payload, pack_result
 
 from bench.apps import app, noop
 from bench.drive import claim_all, fences, parser
+from duetime.client.runs import task_fields
 from duetime.embedded import EmbeddedServer
 
 LUA = Path(__file__).resolve().parent.parent / "lua"
@@ -67,13 +72,43 @@ def _cpu_us(r: redis.Redis) -> float:
 RESULT = pack_result({"rows": 1234, "path": "s3://reports/2026-12-01/daily.csv", "ok": True})
 
 
+def _enqueue_all(r: redis.Redis, lua_dir: Path, n: int) -> None:
+    """n runs of `noop`, as enqueue_many sends them: one enqueue.lua call per 200 runs of a
+    partition; a copy before the `fresh` mark (ARGV[5]) gets its older argument list."""
+    src = _source(lua_dir, "enqueue")
+    enqueue = r.register_script(src)
+    fresh = "ARGV[5] fresh" in src
+    k = app.keys
+    shared = task_fields(noop.spec, "default")
+    entropy = os.urandom(10 * n).hex()
+    by_p: dict[int, list[tuple[str, str, int, list[Any]]]] = {}
+    for i in range(n):
+        rid = entropy[20 * i : 20 * i + 20]
+        by_p.setdefault(k.partition_of_run(rid), []).append(
+            (rid, "", 0, ["payload", pack_payload([i], {})]))
+    pipe, created, calls = r.pipeline(transaction=False), 0, 0
+    for p, runs in by_p.items():
+        for j in range(0, len(runs), 200):
+            keys, args = tr.enqueue(k, p, "default", shared, runs[j : j + 200], fresh=fresh)
+            if not fresh:
+                del args[4]
+            enqueue(keys=keys, args=args, client=pipe)
+            calls += 1
+            if calls % 10 == 0:  # a round trip per 2,000 runs, as enqueue_many sends them
+                created += sum(pipe.execute())
+    assert created + sum(pipe.execute()) == n
+
+
 def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
-              memory: list[float] | None = None) -> tuple[float, float, float]:
-    """(enqueue, claim, complete) Redis CPU µs per run. Enqueue uses the installed scripts.
-    With `memory`, appends the mean MEMORY USAGE of a finished run's record (500 sampled; a
-    result changes nothing else: the indexes hold the same entries either way)."""
+              memory: list[float] | None = None, meter: Any = None,
+              ) -> tuple[float, float, float, float]:
+    """(enqueue, claim, complete) Redis CPU µs per run, and the used_memory growth per
+    finished run (bytes). With `memory`, appends the mean MEMORY USAGE of a finished run's
+    record (500 sampled; a result changes nothing else: the indexes hold the same entries
+    either way). `meter(r)`: the server's cumulative cost counter (default: its CPU µs)."""
     app.configure(redis_url=url, namespace=f"sc{uuid.uuid4().hex[:6]}")
     r = redis.Redis.from_url(url)
+    meter = meter or _cpu_us
     app.store.ready()
     claim = r.register_script(_source(lua_dir, "claim"))
     complete_src = _source(lua_dir, "complete")
@@ -81,11 +116,12 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     # copies before the report-fault field read 3 values per run, not 4
     per_run = 4 if "#ARGV, 4 do" in complete_src else 3
     k = app.keys
-    c0 = _cpu_us(r)
-    app.enqueue_many([(noop, [i]) for i in range(n)])
-    c1 = _cpu_us(r)
+    m0 = r.info("memory")["used_memory"]
+    c0 = meter(r)
+    _enqueue_all(r, lua_dir, n)
+    c1 = meter(r)
     held = claim_all(k, claim, batch, 60_000, n, _decoder(lua_dir))
-    c2 = _cpu_us(r)
+    c2 = meter(r)
     for p, items in held.items():
         for i in range(0, len(items), batch):
             done = [(run_id, fence, result) if result else (run_id, fence)
@@ -94,7 +130,8 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
             if per_run == 3:
                 args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 4 != 3]
             assert set(complete(keys=keys, args=args)) <= {b"succeeded", b"ok"}  # ok: old copies
-    c3 = _cpu_us(r)
+    c3 = meter(r)
+    grown = (r.info("memory")["used_memory"] - m0) / n
     if memory is not None:
         sample = [(p, run_id) for p, items in held.items() for run_id, _ in items][:: max(1, n // 500)]
         memory.append(statistics.mean(r.memory_usage(k.run(p, run_id), samples=0)
@@ -102,7 +139,7 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     r.flushall()
     r.close()
     app.close()
-    return (c1 - c0) / n, (c2 - c1) / n, (c3 - c2) / n
+    return (c1 - c0) / n, (c2 - c1) / n, (c3 - c2) / n, grown
 
 
 def main() -> None:
@@ -119,7 +156,7 @@ def main() -> None:
     if args.guard:
         guard(args)
         return
-    res: dict[Path, list[tuple[float, float, float]]] = {d: [] for d in args.lua_dirs}
+    res: dict[Path, list[tuple[float, float, float, float]]] = {d: [] for d in args.lua_dirs}
     with EmbeddedServer(args.server) as server:
         for _ in range(args.rounds):
             for d in args.lua_dirs:  # interleaved: the machine's noise hits every variant
@@ -128,20 +165,24 @@ def main() -> None:
           " (Redis CPU µs per run, medians)")
     first = args.lua_dirs[0]
     for d, rounds in res.items():
-        enq, cl, co = (statistics.median(c) for c in zip(*rounds, strict=True))
+        enq, cl, co, mem = (statistics.median(c) for c in zip(*rounds, strict=True))
         print(f"{str(d):40s} enqueue {enq:6.2f}  claim {cl:6.2f}  complete {co:6.2f}"
-              f"  total {enq + cl + co:6.2f}")
+              f"  total {enq + cl + co:6.2f}  memory/finished run {mem:6.0f} B")
     for d in args.lua_dirs[1:]:
         # paired: each round's variants ran back to back, so a round's ratio cancels the load
         # the machine had then (medians of independent rounds do not)
-        ratios = [b[1] / a[1] for a, b in zip(res[first], res[d], strict=True)]
-        print(f"claim {d} / {first}, per round: "
-              + " ".join(f"{x:.3f}" for x in ratios) + f"; median {statistics.median(ratios):.3f}")
+        for name, col in (("enqueue", 0), ("claim", 1), ("complete", 2)):
+            ratios = [b[col] / a[col] for a, b in zip(res[first], res[d], strict=True)]
+            print(f"{name} {d} / {first}, per round: " + " ".join(f"{x:.3f}" for x in ratios)
+                  + f"; median {statistics.median(ratios):.3f}")
+        totals = [sum(b[:3]) / sum(a[:3]) for a, b in zip(res[first], res[d], strict=True)]
+        print(f"total {d} / {first}, per round: " + " ".join(f"{x:.3f}" for x in totals)
+              + f"; median {statistics.median(totals):.3f}")
 
 
 def guard(args: argparse.Namespace) -> None:
     variants = {"with the guard": scripts.SLOT_GUARD, "without": ""}
-    res: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}
+    res: dict[str, list[tuple[float, float, float, float]]] = {v: [] for v in variants}
     with EmbeddedServer(args.server) as server:
         for _ in range(args.rounds):
             for name, text in variants.items():  # `_source` assembles with the current guard
@@ -151,7 +192,7 @@ def guard(args: argparse.Namespace) -> None:
     print(f"server={args.server} runs={args.runs} batch={args.batch} rounds={args.rounds}"
           " (Redis CPU µs per run, medians)")
     for name, rounds in res.items():
-        _, cl, co = (statistics.median(c) for c in zip(*rounds, strict=True))
+        _, cl, co, _ = (statistics.median(c) for c in zip(*rounds, strict=True))
         print(f"{name:16s} claim {cl:6.2f}  complete {co:6.2f}  claim + complete {cl + co:6.2f}")
 
 

@@ -17,7 +17,13 @@ import redis
 import redis.asyncio as aredis
 from duetime.common import memory, scripts
 from duetime.common.durability import Durability, make_durable
-from duetime.common.errors import InvalidInput, PartitionMismatch, RedisRefused, RedisUnavailable
+from duetime.common.errors import (
+    FormatTooNew,
+    InvalidInput,
+    PartitionMismatch,
+    RedisRefused,
+    RedisUnavailable,
+)
 from duetime.common.keys import Keyspace, stored_partitions
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.connection import AbstractConnection
@@ -28,6 +34,12 @@ from redis.cluster import RedisCluster
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 META_VERSION = "1"
+# The layout of the runs and attempts in a namespace (`<ns>:meta` `format`; docs/keys.md,
+# "Namespace format"). 1 (or no field: every release before it): one attempts entry per ended
+# attempt. 2: the attempt that succeeds a run is inline in its hash, no entry pushed. This
+# version reads both and writes 2; a format-1 worker serves a format-2 namespace beside it
+# (it only misses the inline entry when it shows a run), so a rolling upgrade needs no step.
+FORMAT = 2
 
 
 # How a connection whose peer vanished (no FIN, no RST: a host that lost power, a partition, a
@@ -415,15 +427,22 @@ def translated(url: str) -> Iterator[None]:
 
 
 def ensure_meta(client: redis.Redis, keys: Keyspace, url: str) -> None:
-    """Record the partition count on first use; refuse a namespace made with another one.
-    Reads first: a process starting while the server refuses writes (maxmemory) still starts."""
+    """Record the partition count and the layout format on first use; refuse a namespace made
+    with another partition count, or holding a newer format than this version reads. Reads
+    first: a process starting while the server refuses writes (maxmemory) still starts."""
     try:
-        stored = client.hget(keys.meta, "partitions")
+        stored, fmt = client.hmget(keys.meta, "partitions", "format")
         if stored is None:
             client.hsetnx(keys.meta, "partitions", keys.partitions)
             client.hsetnx(keys.meta, "version", META_VERSION)
             client.hsetnx(keys.meta, "created_ms", int(time.time() * 1000))
             stored = client.hget(keys.meta, "partitions")
+        if fmt is None:
+            # new, or written by a release before formats (format 1, which this one reads):
+            # from now on this version writes format 2
+            with suppress(redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError):
+                client.hsetnx(keys.meta, "format", FORMAT)
+            fmt = client.hget(keys.meta, "format")
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise unavailable(url, exc) from None
     n = stored_partitions(stored, keys.meta)
@@ -432,6 +451,23 @@ def ensure_meta(client: redis.Redis, keys: Keyspace, url: str) -> None:
             f"namespace {keys.namespace!r} was created with {n} partitions, "
             f"this process is configured with {keys.partitions}"
         )
+    check_format(fmt, keys)
+
+
+def check_format(raw: bytes | str | None, keys: Keyspace) -> int:
+    """The namespace's layout format as stored (absent: 1); FormatTooNew past this version's."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        fmt = int(text) if text not in (None, "") else 1
+    except ValueError:
+        fmt = -1
+    if fmt > FORMAT or fmt < 1:
+        raise FormatTooNew(
+            f"namespace {keys.namespace!r} holds layout format {text} ({keys.meta} field "
+            f"'format'); this version of duetime reads formats 1..{FORMAT}: upgrade it to the "
+            "release that wrote the namespace (docs/operations.md, 'Upgrades and the "
+            "namespace format')")
+    return fmt
 
 
 def server_time_ms(client: redis.Redis) -> int:

@@ -135,6 +135,19 @@ class RunContext:
         """The worker: where this attempt's checkpoints go, and the one it starts from."""
         self._writer, self._loop, self.checkpoint_state = writer, loop, state
 
+    async def store_checkpoint(self, data: bytes) -> bool:
+        """The worker, for a task in a child process (worker/isolation.py): write a state the
+        child packed through this attempt's fenced writer, on the loop it runs on → stored
+        (then `checkpoint_state`) or refused (then `lease_lost`); what the write raised is
+        raised. RuntimeError when no writer is bound."""
+        writer, _ = self._checkpoint_target()
+        stored = await writer(data)
+        if stored:
+            self.checkpoint_state = unpack_checkpoint(data)
+        else:
+            self.mark_lost()
+        return stored
+
     def _checkpoint_target(self) -> tuple[CheckpointWriter, asyncio.AbstractEventLoop]:
         if self._writer is None or self._loop is None:
             raise RuntimeError("checkpoints are only available inside a task run by a duetime "

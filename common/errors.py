@@ -115,6 +115,12 @@ class PartitionMismatch(DuetimeError):
     """The namespace was created with another partition count; keys would be misrouted."""
 
 
+class FormatTooNew(DuetimeError):
+    """The namespace holds a layout (`<ns>:meta` `format`) newer than this version reads: a
+    newer release wrote it, and this one could misread its records (docs/operations.md,
+    "Upgrades and the namespace format")."""
+
+
 class Retry(Exception):  # noqa: N818 - raised by tasks, read as a verb
     """Raised by a task: retry now, or after `delay`, if attempts are left.
 

@@ -58,7 +58,8 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "leases": KeyKind("leases", "zset", "running run id -> lease expiry (ms): the lease itself "
                       "(owner and fence are the run's worker and fence fields)"),
     "run": KeyKind("run:", "hash", "the run record (plain fields; payload is msgpack)", "run"),
-    "attempts": KeyKind("attempts:", "list", "one JSON entry per finished attempt", "run"),
+    "attempts": KeyKind("attempts:", "list", "one JSON entry per ended attempt that did not "
+                        "succeed (the succeeded one is inline in the run hash)", "run"),
     "notify": KeyKind("notify:", "list", "a run's final state, pushed for each client waiting on "
                       "it (exists briefly, only while someone waits)", "run"),
     "sched": KeyKind("sched:", "hash", "schedule definition and evaluation state", "name"),
@@ -228,12 +229,16 @@ class Keyspace:
     def pin_run_id(self, run_id: str, p: int) -> str:
         """`run_id`, or the first `<run_id>t<n>` that falls in partition p: a tenant's run keeps
         an id from which every tool finds its partition (same id for the same key)."""
-        n = 0
-        candidate = run_id
-        while self.partition_of_run(candidate) != p:
-            candidate = f"{run_id}t{n}"
+        if self.partition_of_run(run_id) == p:
+            return run_id
+        if "@" in run_id:  # partitioned by its schedule's name: the loop below would not end
+            raise InvalidInput(f"run id {run_id!r} belongs to its schedule's partition")
+        # crc32 continued from the common prefix's (the same value as crc32 of the whole id,
+        # without encoding and hashing `<run_id>t` again for each of the ~partitions tries)
+        base, parts, n = zlib.crc32(f"{run_id}t".encode()), self.partitions, 0
+        while zlib.crc32(str(n).encode(), base) % parts != p:
             n += 1
-        return candidate
+        return f"{run_id}t{n}"
 
     # -- per-partition keys (suffixes from SUFFIX) ------------------------------------------
     def due(self, p: int, queue: str) -> str:

@@ -192,6 +192,14 @@ class Run:
                 result_error = f"unreadable result: {exc!r}"
             if isinstance(result, NotStored):  # the worker could not store it: why
                 result, result_error = None, f"result not stored: {result.reason}"
+        fence = n("fence", 0)
+        if s("state") == "succeeded" and fence > 0 and not any(a.fence == fence for a in history):
+            # the attempt that succeeded is inline (namespace format 2, docs/keys.md): the run
+            # hash's attempt, fence, worker, started and finished; a run finished by an older
+            # version has its entry in the list, and nothing is added
+            history.append(Attempt(number=n("attempt", 0), fence=n("fence", 0),
+                                   worker=s("worker") or "", started=from_ms(s("started")),
+                                   ended=from_ms(s("finished")), outcome="succeeded"))
         if s("state") == "running":
             # the attempt in progress is written to the history when it ends
             history.append(Attempt(number=n("attempt", 0), fence=n("fence", 0),

@@ -150,10 +150,12 @@ def complete(k: Keyspace, p: int, done: list[tuple[str, int]] | list[tuple[str, 
 
 
 def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
-            runs: list[tuple[str, str, int, list[Any]]]) -> Call:
+            runs: list[tuple[str, str, int, list[Any]]], fresh: bool = False) -> Call:
     """shared: field/value pairs common to every run of the call; runs: (run id, due ms or '',
-    delay ms, the run's own field/value pairs) of one partition and queue."""
-    args: list[Any] = [k.prefix(p), k.wake_channel, p, queue, len(shared), *shared]
+    delay ms, the run's own field/value pairs) of one partition and queue. fresh: every id is
+    random and sent for the first time, so none can exist (enqueue.lua skips its EXISTS)."""
+    args: list[Any] = [k.prefix(p), k.wake_channel, p, queue, "1" if fresh else "", len(shared),
+                       *shared]
     for run_id, due, delay_ms, fields in runs:
         args += [run_id, due, delay_ms, len(fields), *fields]
     return [k.due(p, queue), k.prio(p, queue), k.laned(p, queue), k.lanes(p, queue)], args

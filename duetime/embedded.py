@@ -34,7 +34,8 @@ def free_port() -> int:
         return port
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Whether `port` on 127.0.0.1 is free to bind now."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -43,11 +44,29 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def answering(client: redis.Redis, proc: subprocess.Popen[bytes], timeout: float,
+              failed: str, every_s: float = 0.02) -> None:
+    """Wait until the server `proc` just started answers `client`'s PING, then close the
+    client; RuntimeError(`failed`) if the process exits or `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(failed) from None
+                time.sleep(every_s)
+    finally:
+        client.close()
+
+
 def cluster_port() -> int:
     """A free port whose cluster bus port (+10000) is free too and below 65536."""
     while True:
         port = random.randint(20000, 45000)
-        if _bindable(port) and _bindable(port + 10000):
+        if bindable(port) and bindable(port + 10000):
             return port
 
 
@@ -122,18 +141,9 @@ class EmbeddedServer:
                 "--dir", str(self.dir), *self.BASE, *self.extra]
         log = open(self.dir / "server.log", "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.kind} server on port {self.port} did not start; "
-                                       f"see {self.dir / 'server.log'}") from None
-                time.sleep(0.02)
-        client.close()
+        answering(redis.Redis(port=self.port, socket_connect_timeout=0.2), self.proc, timeout,
+                  f"{self.kind} server on port {self.port} did not start; "
+                  f"see {self.dir / 'server.log'}")
         return self
 
     def _start_valkey(self, timeout: float) -> None:

@@ -15,7 +15,6 @@ reaches a child once, through here); the supervisor exits when they all have.
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import subprocess
 import sys
@@ -25,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from duetime.common import logs
+from duetime.common.children import die_with_parent, without_options
 
 EXIT_USAGE = 2
 RESTART_MIN_S = 1.0
 RESTART_MAX_S = 30.0
 STABLE_S = 30.0  # a child that ran this long was healthy: its next death restarts it quickly
 GIVE_UP_AFTER = 5  # deaths in a row, each before STABLE_S, before the supervisor gives up
-_PR_SET_PDEATHSIG = 1
 
 log = logs.get("duetime.supervisor")
 
@@ -39,31 +38,10 @@ log = logs.get("duetime.supervisor")
 def child_argv(argv: Sequence[str], n: int, metrics_port: int | None) -> list[list[str]]:
     """The command lines of the N children: this one without --processes, each child on its
     own metrics port (port, port+1, ...)."""
-    cleaned: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in ("--processes", "--metrics-port"):
-            skip = True
-            continue
-        if a.startswith(("--processes=", "--metrics-port=")):
-            continue
-        cleaned.append(a)
+    cleaned = without_options(argv, (), ("--processes", "--metrics-port"))
     base = [sys.executable, "-m", "duetime", *cleaned]
     return [[*base, *(["--metrics-port", str(metrics_port + i)] if metrics_port else [])]
             for i in range(n)]
-
-
-_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec (Linux): SIGTERM when the supervisor dies, so a SIGKILLed
-    supervisor leaves no orphan workers claiming runs."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def describe(code: int) -> str:
@@ -99,7 +77,7 @@ class Supervisor:
         self.restarts = 0
 
     def spawn(self, slot: Slot) -> None:
-        slot.proc = subprocess.Popen(slot.argv, process_group=0, preexec_fn=_die_with_parent)
+        slot.proc = subprocess.Popen(slot.argv, process_group=0, preexec_fn=die_with_parent)
         slot.started, slot.restart_at = self.clock(), None
         log.info("worker process started", slot=slot.index, pid=slot.proc.pid)
 

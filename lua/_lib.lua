@@ -95,11 +95,21 @@ local function push_attempt(attempts_key, n, fence, worker, start, outcome, now,
   return nil
 end
 
--- Merge fields into attempt entry number `fence` (1-based), if it was pushed already.
-local function set_attempt(attempts_key, fence, fields)
+-- Merge fields into attempt entry number `fence` (1-based), if it was pushed already. The
+-- attempt that succeeded a run is inline (complete.lua pushes no entry for it: the run
+-- hash's attempt, fence, worker, started and finished are its entry); given `run_key`, that
+-- inline entry is pushed first when it is the one to merge into (a late report about it).
+local function set_attempt(attempts_key, fence, fields, run_key)
   local idx = (tonumber(fence) or 0) - 1
   if idx < 0 then return end
   local raw = redis.pcall('LINDEX', attempts_key, idx)
+  if run_key and raw == false and redis.pcall('LLEN', attempts_key) == idx then
+    local h = redis.pcall('HMGET', run_key, 'state', 'fence', 'attempt', 'worker', 'started',
+      'finished')
+    if h.err or h[1] ~= 'succeeded' or h[2] ~= fence then return end
+    if push_attempt(attempts_key, h[3], fence, h[4], h[5], 'succeeded', h[6], nil) then return end
+    raw = redis.call('LINDEX', attempts_key, idx)
+  end
   if type(raw) ~= 'string' then return end  -- none, or a damaged key: nothing to merge into
   local ok, a = pcall(cjson.decode, raw)
   if not ok or type(a) ~= 'table' then return end
@@ -428,6 +438,27 @@ local function free_limits(prefix, run_key, run_id, held)
   end
   redis.call('HDEL', run_key, 'held')
   return was_full
+end
+
+-- A running attempt is given back by its holder without ending the run (release.lua,
+-- handback.lua, rate_limited.lua): reads the run's state, fence and the caller's fields (one
+-- HMGET: f[1] state, f[2] fence, then the fields in the order given), and when `fence` still
+-- holds it drops the lease and frees its limit slots, waking the workers a full limit held
+-- back. Returns the fields, or nil and the status to reply ('missing', 'stale').
+local function take_back(prefix, leases_key, run_key, run_id, fence, channel, partition, queue,
+                         now, ...)
+  local f = redis.call('HMGET', run_key, 'state', 'fence', ...)
+  if not f[1] then return nil, 'missing' end
+  if f[2] ~= fence or f[1] ~= 'running' then return nil, 'stale' end
+  redis.call('ZREM', leases_key, run_id)
+  if free_limits(prefix, run_key, run_id) then wake_workers(channel, partition, queue, now) end
+  return f
+end
+
+-- It will run again: the run leaves its schedule's running set (field value `sched`) without
+-- promoting a buffered run (leave_running does that when a run ends).
+local function step_out_of_schedule(prefix, sched, run_id)
+  if sched and sched ~= '' then redis.call('SREM', prefix .. K.sched_running .. sched, run_id) end
 end
 
 -- Guardrails (pause_after_failures): a run of a schedule ended dead. Its schedule's hash lives

@@ -33,26 +33,38 @@ for i = 4, #ARGV, 4 do
   local run_id, fence, result_value, fault = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local run_key = prefix .. K.run .. run_id
   local attempts_key = prefix .. K.attempts .. run_id
-  -- a record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
-  local f = run_fields(run_key, 'state', 'fence', 'attempt', 'worker', 'started',
-    'schedule', 'queue', 'overlap', 'waited', 'held', 'batch', 'deps_out', 'replay_of') or {}
+  -- only what decides (state, fence, attempt) and the optional features that add work; the
+  -- rest is read where a branch needs it (a plain run is most of them, and every field asked
+  -- of a listpack hash that lacks it scans the whole record).
+  -- A record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
+  local f = run_fields(run_key, 'state', 'fence', 'attempt', 'schedule', 'waited', 'held',
+    'batch', 'deps_out') or {}
   local state = f[1]
   local result
   if not state then
     result = 'missing'
   elseif state == 'succeeded' and f[2] == fence then
     result = 'succeeded'  -- this very report, sent again
-    if fault and fault ~= '' then set_attempt(attempts_key, fence, {report_fault = fault}) end
+    if fault and fault ~= '' then
+      set_attempt(attempts_key, fence, {report_fault = fault}, run_key)
+    end
   elseif f[2] ~= fence or not (state == 'running' or state == 'retrying' or state == 'uncertain') then
-    set_attempt(attempts_key, fence, {late = true, late_outcome = 'succeeded', late_at = now})
+    set_attempt(attempts_key, fence, {late = true, late_outcome = 'succeeded', late_at = now},
+      run_key)
     emit(events_key, run_id, 'late_result_rejected', 'succeeded:' .. fence)
     result = 'stale'
   elseif state == 'running' then
-    -- the attempt entry first: an attempts key of the wrong type loses the entry, not the
-    -- success (its effect happened), and the events say so
-    local damaged = push_attempt(attempts_key, f[3], fence, f[4], f[5], 'succeeded', now_s, nil)
-    if damaged then emit(events_key, run_id, 'attempt_not_recorded', damaged) end
-    if fault and fault ~= '' then set_attempt(attempts_key, fence, {report_fault = fault}) end
+    -- the attempt that succeeds stays inline: its entry is the run hash's attempt, fence,
+    -- worker, started and finished (docs/keys.md "The attempt history"), so a first-try
+    -- success writes no attempts key. A report sent again after a fault in transit records
+    -- the fault on a pushed entry (the attempt entry first: an attempts key of the wrong
+    -- type loses the entry, not the success, and the events say so)
+    if fault and fault ~= '' then
+      local w = redis.call('HMGET', run_key, 'worker', 'started')
+      local damaged = push_attempt(attempts_key, f[3], fence, w[1], w[2], 'succeeded', now_s, nil)
+      if damaged then emit(events_key, run_id, 'attempt_not_recorded', damaged) end
+      set_attempt(attempts_key, fence, {report_fault = fault})
+    end
     unleased[#unleased + 1] = run_id
     if result_value ~= '' then
       redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s, 'result', result_value)
@@ -61,12 +73,20 @@ for i = 4, #ARGV, 4 do
     end
     -- an earlier attempt's error stays in its attempt entry, not on a succeeded run
     if f[3] ~= '1' then redis.call('HDEL', run_key, 'error', 'reason') end
-    if f[8] and f[8] ~= 'allow' then leave_running(prefix, run_key, run_id, now, channel, partition) end
-    if f[10] and free_limits(prefix, run_key, run_id, f[10]) then freed[f[7] or ''] = true end
+    if f[4] then
+      local overlap = redis.call('HGET', run_key, 'overlap')
+      if overlap and overlap ~= 'allow' then
+        leave_running(prefix, run_key, run_id, now, channel, partition)
+      end
+    end
+    if f[6] and free_limits(prefix, run_key, run_id, f[6]) then
+      freed[redis.call('HGET', run_key, 'queue') or ''] = true
+    end
     result = 'succeeded'
   else
     -- late success of a reaped attempt that nobody claimed again: it finishes the run
-    redis.call('ZREM', prefix .. K.retry .. (f[7] or ''), run_id)  -- checked by retry_or_dead
+    local queue = redis.call('HGET', run_key, 'queue') or ''
+    redis.call('ZREM', prefix .. K.retry .. queue, run_id)  -- checked by retry_or_dead
     redis.call('ZREM', uncertain_key, run_id)
     redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
     if result_value ~= '' then redis.call('HSET', run_key, 'result', result_value) end
@@ -78,10 +98,12 @@ for i = 4, #ARGV, 4 do
   if (result == 'succeeded' and state == 'running') or result == 'late_succeeded' then
     finished[#finished + 1] = now_s
     finished[#finished + 1] = run_id
-    if f[9] or f[11] or f[12] then  -- waited on, in a batch, or depended on
-      wake_waiters(prefix, run_key, run_id, 'succeeded', f[9] or '0', {f[11] or false, f[12] or false})
+    if f[5] or f[7] or f[8] then  -- waited on, in a batch, or depended on
+      wake_waiters(prefix, run_key, run_id, 'succeeded', f[5] or '0', {f[7] or false, f[8] or false})
     end
-    if f[6] then schedule_succeeded(prefix, f[6], f[13]) end  -- guardrails: the streak ends
+    if f[4] then  -- guardrails: the streak ends
+      schedule_succeeded(prefix, f[4], redis.call('HGET', run_key, 'replay_of'))
+    end
   end
   out[#out + 1] = result
 end

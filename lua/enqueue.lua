@@ -12,7 +12,11 @@
 -- ARGV[1] partition prefix 'ns:{tag}:' -- each run's hash T:run:<id> is built from it (same
 --         hash tag, so the same slot), as in the other batch scripts
 -- ARGV[2] wake channel   ARGV[3] partition index   ARGV[4] queue
--- ARGV[5] count S of shared values, then S values: field, value pairs every run of the call
+-- ARGV[5] fresh: '1' when every run id of the call is random and sent for the first time
+--         (duetime/client/runs.py _pipelines), so none can exist and no run is looked up
+--         first (create-once costs no EXISTS per run); '' = look each id up (keys, explicit
+--         ids, a resend of a call whose reply was lost)
+-- ARGV[6] count S of shared values, then S values: field, value pairs every run of the call
 --         gets (task, queue, retry policy: the same for a batch of one task)
 -- then per run: run id, due ms ('' = server time + delay), delay ms, field count F,
 --         then F values: the run's own field, value pairs (payload, key, ...)
@@ -45,20 +49,21 @@ local queue = ARGV[4]
 local lanes = redis.call('EXISTS', KEYS[4]) == 1
 local now = now_ms()
 local created = 0
-local shared_n = tonumber(ARGV[5])
-local i = 6 + shared_n
+local fresh_call = ARGV[5] == '1'
+local shared_n = tonumber(ARGV[6])
+local i = 7 + shared_n
 local added, earliest = {}, nil
 local last_delay, last_due, last_due_s
 -- one field list reused for every run (no table per run): state, created, due, the shared
 -- fields, then the run's own fields from position base_n + 1
 local fields = {'state', 'scheduled', 'created', int_s(now), 'due', 0}
-for j = 6, 5 + shared_n do fields[#fields + 1] = ARGV[j] end
+for j = 7, 6 + shared_n do fields[#fields + 1] = ARGV[j] end
 local base_n = #fields
 -- debounce / throttle (enqueue/coalesce.lua): the call's state, the ids the runs landed on
 local co = {prefix = prefix, hash = prefix .. K.coalesce, queue = queue, due_key = due_key,
             prio_key = KEYS[2], laned_key = KEYS[3], added = added, at = {}, landed = nil,
             task = ''}
-for j = 6, 5 + shared_n, 2 do if ARGV[j] == 'task' then co.task = ARGV[j + 1] end end
+for j = 7, 6 + shared_n, 2 do if ARGV[j] == 'task' then co.task = ARGV[j + 1] end end
 local cap = tonumber(redis.call('HGET', prefix .. K.caps, 'max_payload'))
 if cap then
   local j = i
@@ -90,7 +95,7 @@ while i <= #ARGV do
   end
   local nf = tonumber(ARGV[i + 3])
   local mode = coalesce_mode(i, nf)
-  local fresh = redis.call('EXISTS', run_key) == 0
+  local fresh = fresh_call or redis.call('EXISTS', run_key) == 0
   if mode then
     local joined = fresh and coalesce(co, mode, i, nf, now) or nil
     co.landed = co.landed or {}

@@ -41,7 +41,7 @@ if f[2] == fence and f[1] ~= 'running' then
 end
 if f[2] ~= fence or f[1] ~= 'running' then
   set_attempt(attempts_key, fence, {late = true, late_outcome = 'failed', late_error = err,
-                                    late_at = now})
+                                    late_at = now}, run_key)
   emit(events_key, run_id, 'late_result_rejected', 'failed:' .. fence)
   return {'stale', 0, ''}
 end

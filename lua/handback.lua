@@ -18,17 +18,10 @@ local prefix, run_id, fence = ARGV[1], ARGV[2], ARGV[3]
 local run_key = prefix .. K.run .. run_id
 local now = now_ms()
 
-local f = redis.call('HMGET', run_key, 'state', 'fence', 'due', 'schedule', 'attempt',
-  'handbacks')
-if not f[1] then return 'missing' end
-if f[2] ~= fence or f[1] ~= 'running' then return 'stale' end
-
-redis.call('ZREM', leases_key, run_id)
-if free_limits(prefix, run_key, run_id) then
-  wake_workers(ARGV[4], ARGV[5], ARGV[6], now)
-end
--- it will run elsewhere: it leaves the schedule's running set without promoting a buffered run
-if f[4] and f[4] ~= '' then redis.call('SREM', prefix .. K.sched_running .. f[4], run_id) end
+local f, status = take_back(prefix, leases_key, run_key, run_id, fence, ARGV[4], ARGV[5],
+  ARGV[6], now, 'due', 'schedule', 'attempt', 'handbacks')
+if not f then return status end
+step_out_of_schedule(prefix, f[4], run_id)  -- it will run elsewhere
 local n = (tonumber(f[6]) or 0) + 1
 local delay = math.min((tonumber(ARGV[7]) or 0) * 2 ^ math.min(n - 1, 30), tonumber(ARGV[8]) or 0)
 local at = math.max(tonumber(f[3]) or now, now + math.floor(delay))

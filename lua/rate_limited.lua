@@ -40,17 +40,10 @@ if run_id == '' then
 end
 
 local run_key = prefix .. K.run .. run_id
-local f = redis.call('HMGET', run_key, 'state', 'fence', 'schedule', 'attempt', 'worker',
-  'started', 'task', 'tenant', 'rate_limited')
-if not f[1] then return 'missing' end
-if f[2] ~= fence or f[1] ~= 'running' then return 'stale' end
-
-redis.call('ZREM', leases_key, run_id)
-if free_limits(prefix, run_key, run_id) then
-  wake_workers(ARGV[4], ARGV[5], ARGV[6], now)
-end
--- it will run again: it leaves the schedule's running set without promoting a buffered run
-if f[3] and f[3] ~= '' then redis.call('SREM', prefix .. K.sched_running .. f[3], run_id) end
+local f, status = take_back(prefix, leases_key, run_key, run_id, fence, ARGV[4], ARGV[5],
+  ARGV[6], now, 'schedule', 'attempt', 'worker', 'started', 'task', 'tenant', 'rate_limited')
+if not f then return status end
+step_out_of_schedule(prefix, f[3], run_id)  -- it will run again
 if name == '' then
   if kind == 'task' then name = f[7] elseif kind == 'queue' then name = ARGV[6]
   else name = f[8] end

@@ -15,15 +15,9 @@ local prefix, run_id, fence = ARGV[1], ARGV[2], ARGV[3]
 local run_key, attempts_key = prefix .. K.run .. run_id, prefix .. K.attempts .. run_id
 local now = now_ms()
 
-local f = redis.call('HMGET', run_key, 'state', 'fence', 'due', 'idempotent', 'schedule',
-  'attempt', 'worker', 'started')
-if not f[1] then return 'missing' end
-if f[2] ~= fence or f[1] ~= 'running' then return 'stale' end
-
-redis.call('ZREM', leases_key, run_id)
-if free_limits(prefix, run_key, run_id) then
-  wake_workers(ARGV[4], ARGV[5], ARGV[6], now)
-end
+local f, status = take_back(prefix, leases_key, run_key, run_id, fence, ARGV[4], ARGV[5],
+  ARGV[6], now, 'due', 'idempotent', 'schedule', 'attempt', 'worker', 'started')
+if not f then return status end
 if f[4] == '0' then
   push_attempt(attempts_key, f[6], fence, f[7], f[8], 'unknown', now,
     'interrupted by worker shutdown')
@@ -35,8 +29,7 @@ if f[4] == '0' then
   wake_waiters(prefix, run_key, run_id, 'uncertain')
   return 'uncertain'
 end
--- it will run again: it leaves the schedule's running set without promoting a buffered run
-if f[5] and f[5] ~= '' then redis.call('SREM', prefix .. K.sched_running .. f[5], run_id) end
+step_out_of_schedule(prefix, f[5], run_id)
 push_attempt(attempts_key, f[6], fence, f[7], f[8], 'released', now, nil)
 redis.call('HSET', run_key, 'state', 'scheduled',
   'attempt', int_s(math.max((tonumber(f[6]) or 1) - 1, 0)))

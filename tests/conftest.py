@@ -22,6 +22,7 @@ in-process worker. A test using a fixture that starts processes (PROCESS_FIXTURE
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -124,6 +126,17 @@ def r(url: str) -> Iterator[redis.Redis]:
     client = sync_client(url)  # loads duetime's scripts on connect, like every duetime client
     yield client
     client.close()
+
+
+@contextlib.contextmanager
+def configured(app: Any, url: str, prefix: str) -> Iterator[Any]:
+    """`app` on `url` in a namespace of its own (`prefix` + a random tag), closed afterwards:
+    the body of an `app` fixture for another server (a cluster)."""
+    app.configure(redis_url=url, namespace=f"{prefix}{uuid.uuid4().hex[:8]}")
+    try:
+        yield app
+    finally:
+        app.close()
 
 
 @pytest.fixture

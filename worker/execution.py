@@ -269,8 +269,8 @@ class Executor:
         try:
             if ex.stopped:  # interrupted before it started: as if cancelled right away
                 raise asyncio.CancelledError
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)
+            if wait_s > 0:  # claimed ahead: held to its due time (sub-ms, worker/clock.py)
+                await self.clock.wait_until(c.ready_ms)
             if ex.after is not None and await self._after_previous(ex):
                 return  # the earlier attempt's success stands for this one (reported there)
             started = time.perf_counter()

@@ -25,12 +25,25 @@ child process the worker can kill, so a hard timeout and a memory cap are real.
   `POLL_S`; past `--max-task-memory` it is killed the same way and the attempt fails with
   "exceeded memory limit". A child that dies on its own fails the attempt with its exit code.
   A lost lease, a cancel request or the end of the shutdown grace kill the child too.
+- **Long runs and back-pressure across the boundary.** The request carries the run's
+  checkpoint (`checkpoint_state` in the child). While the attempt runs, the child may send
+  `{"op": "checkpoint"}` and `{"op": "progress"}` frames before its reply: a checkpoint is
+  written here, by this worker, with the attempt's fence (the same `Checkpoints.write` a
+  thread's checkpoint reaches, so a stale attempt is refused by checkpoint.lua and sees
+  `lease_lost`), and answered; progress is kept on the attempt's RunContext for the next
+  heartbeat. A write in flight does not stop the timeout and memory checks (it runs as its
+  own task). `Continue` (delay, packed state), `RateLimited` (retry_after, scope), `Retry`
+  and `Fatal` come back as their kind and are raised here as those classes, so the worker
+  continues, holds, retries or dead-letters the run exactly as for a thread. The child never
+  writes the run's state to Redis: it has the fence number (in `current_run()`) but no
+  connection that uses it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -42,9 +55,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from duetime.common.codec import pack_payload
+from duetime.common.codec import CHECKPOINT_MAX_BYTES, pack_checkpoint, pack_payload
 from duetime.common.context import RunContext
-from duetime.common.errors import Fatal, InvalidInput, Retry
+from duetime.common.errors import RATE_SCOPES, Continue, Fatal, InvalidInput, RateLimited, Retry
 from duetime.common.isolation import (
     HardTimeout,
     MemoryLimitExceeded,
@@ -99,13 +112,35 @@ _REMOTE: dict[tuple[str, str], type[Exception]] = {}
 
 
 def remote_error(reply: dict[str, Any]) -> Exception:
-    """The child's exception, raised again in the worker: a subclass of Retry, Fatal or
-    Exception named as the child's type (only its name is taken from the child), carrying the
-    child's traceback text for the run record (worker/errors.py reads `remote_traceback`)."""
+    """The child's exception, raised again in the worker: a subclass of Retry, Fatal,
+    Continue, RateLimited or Exception named as the child's type (only its name is taken from
+    the child), carrying the child's traceback text for the run record (worker/errors.py reads
+    `remote_traceback`) and what the worker reads of its kind (a Retry's delay, a Continue's
+    delay and packed state, a RateLimited's retry_after and scope). A Continue or RateLimited
+    whose fields are not what the child's classes make is a plain failure."""
     kind, name = str(reply.get("kind")), str(reply.get("type") or "Exception")[:100]
     if not name.isidentifier():
         name = "Exception"
-    base: type[Exception] = {"retry": Retry, "fatal": Fatal}.get(kind, Exception)
+    base: type[Exception] = {"retry": Retry, "fatal": Fatal, "continue": Continue,
+                             "rate_limited": RateLimited}.get(kind, Exception)
+    fields: dict[str, Any] = {}
+    if base is Continue:
+        ms, state = _ms(reply.get("delay_ms")), reply.get("state")
+        if ms is None or not (state is None or isinstance(state, bytes)
+                               and len(state) <= CHECKPOINT_MAX_BYTES):
+            base, kind = Exception, "error"
+        else:
+            fields = {"delay_ms": ms, "delay": ms / 1000 if ms else None, "state": None,
+                      "state_bytes": state}
+    elif base is RateLimited:
+        ms, scope = _ms(reply.get("retry_after_ms")), reply.get("scope")
+        if ms is None or ms < 1 or scope not in RATE_SCOPES:
+            base, kind = Exception, "error"
+        else:
+            fields = {"retry_after_ms": ms, "retry_after": ms / 1000, "scope": scope}
+    elif base is Retry:
+        ms = _ms(reply.get("delay_ms"))
+        fields = {"delay_ms": ms, "delay": None if ms is None else ms / 1000}
     cls = _REMOTE.get((kind, name))
     if cls is None:
         if len(_REMOTE) > 1000:
@@ -113,14 +148,16 @@ def remote_error(reply: dict[str, Any]) -> Exception:
         cls = _REMOTE[(kind, name)] = type(name, (base,), {"__module__": "duetime.child"})
     exc = cls.__new__(cls)
     exc.args = (str(reply.get("msg", "")),)
-    if base is Retry:
-        ms = reply.get("delay_ms")
-        ms = ms if isinstance(ms, int) and not isinstance(ms, bool) else None
-        exc.delay_ms = ms  # type: ignore[attr-defined]
-        exc.delay = None if ms is None else ms / 1000  # type: ignore[attr-defined]
+    for attr, value in fields.items():
+        setattr(exc, attr, value)
     exc.remote_traceback = str(reply.get("tb", ""))  # type: ignore[attr-defined]
     exc.remote_frames = str(reply.get("frames", ""))  # type: ignore[attr-defined]
     return exc
+
+
+def _ms(x: Any) -> int | None:
+    """A whole number of milliseconds >= 0 from the child, or None."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and x >= 0 else None
 
 
 @dataclass(eq=False)
@@ -274,31 +311,37 @@ class ProcessPool:
         HardTimeout, MemoryLimitExceeded, TaskProcessCrashed or TaskProcessStartFailed. Returns only once
         the child is idle again or gone."""
         payload = pack_payload(args, kwargs, self.max_payload)
+        state = None if ctx.checkpoint_state is None else pack_checkpoint(ctx.checkpoint_state)
         child = await self._acquire()
         req = {"task": task, "payload": payload, "limit": self.max_payload, "store": store,
                "max_result": self.max_result,
                "ctx": {"run_id": ctx.run_id, "task": ctx.task, "queue": ctx.queue,
                        "attempt": ctx.attempt, "fence": ctx.fence, "worker_id": ctx.worker_id,
                        "key": ctx.idempotency_key, "schedule": ctx.schedule,
-                       "due_ms": None if ctx.scheduled_at is None
-                       else int(ctx.scheduled_at.timestamp() * 1000)}}
+                       "due_ms": _to_ms(ctx.scheduled_at),
+                       "interval_start_ms": _to_ms(ctx.interval_start),
+                       "interval_end_ms": _to_ms(ctx.interval_end), "checkpoint": state}}
         self.busy[child.pid] = child
         child.attempts += 1
         try:
-            reply = await self._exchange(child, req, timeout)
+            reply = await self._exchange(child, req, timeout, ctx)
         finally:
             self.busy.pop(child.pid, None)
+        if reply.get("lost_seen"):  # the task saw lease_lost (a refused checkpoint) in the child
+            ctx.mark_lost()
+            _ = ctx.lease_lost  # noted as seen here too: its return proves nothing
         if reply.get("ok"):
             result, why = reply.get("result"), reply.get("not_stored")
             return (result if isinstance(result, bytes) else None,
                     None if why is None else str(why))
         raise remote_error(reply)
 
-    async def _exchange(self, child: Child, req: dict[str, Any], timeout: float | None
-                        ) -> dict[str, Any]:
+    async def _exchange(self, child: Child, req: dict[str, Any], timeout: float | None,
+                        ctx: RunContext) -> dict[str, Any]:
         data: bytes = msgpack.packb(req, use_bin_type=True)
         started = time.monotonic()
         reading: asyncio.Task[dict[str, Any]] | None = None
+        writes: set[asyncio.Task[None]] = set()  # checkpoints the child asked for, in flight
         try:
             child.writer.write(len(data).to_bytes(_HEAD_SIZE, "big") + data)
             await child.writer.drain()
@@ -313,7 +356,12 @@ class ProcessPool:
                     wait = min(wait, left)
                 done, _ = await asyncio.wait({reading}, timeout=wait)
                 if done:
-                    break
+                    msg = reading.result()
+                    if "op" not in msg:
+                        break  # the attempt's reply
+                    self._request(ctx, child, msg, writes)
+                    reading = asyncio.ensure_future(_read(child.reader))
+                    continue
                 if self.max_memory:
                     rss = rss_bytes(child.pid)
                     if rss is not None and rss > self.max_memory:
@@ -331,6 +379,8 @@ class ProcessPool:
             await asyncio.shield(self._end(child, "stopped"))
             raise
         finally:
+            for w in writes:  # a child that replied waited for its checkpoint: none is left
+                w.cancel()
             if reading is not None:
                 if not reading.done():
                     reading.cancel()
@@ -338,6 +388,48 @@ class ProcessPool:
                     reading.exception()  # retrieved: the child's end was handled above
         await self._release(child)
         return reply
+
+    def _request(self, ctx: RunContext, child: Child, msg: dict[str, Any],
+                 writes: set[asyncio.Task[None]]) -> None:
+        """A frame the child sent before its reply: progress (kept for the next heartbeat)
+        or a checkpoint (written, then answered, as a task of its own)."""
+        op = msg.get("op")
+        if op == "progress":
+            if (msg.get("run_id"), msg.get("fence")) != (ctx.run_id, ctx.fence):
+                return  # not this attempt's (the child sends none after a reply: a safeguard)
+            try:
+                body = json.loads(msg.get("body") or "{}")
+                ctx.progress(body.get("done"), body.get("total"), body.get("note"))
+            except (ValueError, TypeError, AttributeError, InvalidInput) as exc:
+                log.warning("task process sent unreadable progress; ignored", run_id=ctx.run_id,
+                            pid=child.pid, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        elif op == "checkpoint":
+            w = asyncio.ensure_future(self._checkpoint(ctx, child, msg.get("data")))
+            writes.add(w)
+            w.add_done_callback(writes.discard)
+        else:
+            log.warning("task process sent an unknown request; ignored", run_id=ctx.run_id,
+                        pid=child.pid, op=str(op)[:40])
+
+    async def _checkpoint(self, ctx: RunContext, child: Child, data: Any) -> None:
+        answer: dict[str, Any]
+        if not isinstance(data, bytes):
+            answer = {"error": "checkpoint data is not bytes", "kind": "error"}
+        else:
+            try:
+                answer = {"stored": await ctx.store_checkpoint(data)}
+            except RuntimeError as exc:  # no writer bound: not run by a Worker
+                answer = {"error": str(exc), "kind": "unbound"}
+            except TimeoutError as exc:
+                answer = {"error": f"{type(exc).__name__}: {exc}", "kind": "timeout"}
+            except Exception as exc:  # noqa: BLE001 - said to the task, which decides
+                answer = {"error": f"{type(exc).__name__}: {exc}"[:500], "kind": "error"}
+        frame: bytes = msgpack.packb(answer, use_bin_type=True)
+        try:
+            child.writer.write(len(frame).to_bytes(_HEAD_SIZE, "big") + frame)
+            await child.writer.drain()
+        except (ConnectionError, OSError):
+            pass  # the child is gone: its end is handled by the attempt
 
     def close(self) -> None:
         """At worker shutdown: idle children end when their socket closes; busy ones (the
@@ -371,6 +463,10 @@ async def _read(reader: asyncio.StreamReader) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise ValueError("frame is not a map")
     return msg
+
+
+def _to_ms(t: Any) -> int | None:
+    return None if t is None else int(t.timestamp() * 1000)
 
 
 def _code(code: int | None) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from duetime.common.errors import InvalidSchedule
-from duetime.common.time.spec import Cron, Trigger
+from duetime.common.time.spec import At, Cron, Trigger
 
 WEEKDAY_NAMES = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 DEFAULT_WEEKDAYS = frozenset(range(5))  # Monday to Friday
@@ -229,6 +229,17 @@ class Calendared(Trigger):
                 best = e
         return best
 
+    def _roll_candidate(self, src: date, direction: int, after: datetime,
+                        best: datetime | None) -> datetime | None:
+        """The earlier of `best` and the first instant after `after` that excluded day `src`'s
+        raws fire at once rolled (`direction` +1: onto the next business day, -1: the one
+        before); `best` when the roll finds no business day or nothing after `after`."""
+        target = self.calendar.roll(src, direction)
+        if target is None:
+            return best
+        e = self._rolled_onto(src, target, after)
+        return e if e is not None and (best is None or e < best) else best
+
     # -- the trigger ----------------------------------------------------------------------
     def next_after(self, t: datetime) -> datetime | None:
         t = t.astimezone(UTC)
@@ -260,11 +271,7 @@ class Calendared(Trigger):
             if self.calendar.is_business_day(back) and back < day:
                 break
             if not self.calendar.is_business_day(back):
-                target = self.calendar.roll(back, 1)
-                if target is not None:
-                    e = self._rolled_onto(back, target, t)
-                    if e is not None and (best is None or e < best):
-                        best = e
+                best = self._roll_candidate(back, 1, t, best)
             try:
                 back -= _DAY
             except OverflowError:
@@ -275,13 +282,8 @@ class Calendared(Trigger):
             d = self.local_date(r)
             if self.calendar.is_business_day(d):
                 return r if best is None or r < best else best  # later raws fire no earlier
-            target = self.calendar.roll(d, 1)
-            if target is not None:
-                e = self._rolled_onto(d, target, t)
-                if e is not None and (best is None or e < best):
-                    best = e
-            r = self.raw.next_after(max(r, self._end(d)))
-            scanned += 1
+            best = self._roll_candidate(d, 1, t, best)
+            r, scanned = self.raw.next_after(max(r, self._end(d))), scanned + 1
         return best
 
     def _next_backward(self, t: datetime) -> datetime | None:
@@ -300,13 +302,8 @@ class Calendared(Trigger):
                 if best is None or r < best:
                     best = r  # the day's first raw after t; its later raws fire later
             else:
-                target = self.calendar.roll(d, -1)
-                if target is not None:
-                    e = self._rolled_onto(d, target, t)
-                    if e is not None and (best is None or e < best):
-                        best = e
-            r = self.raw.next_after(max(r, self._end(d)))
-            scanned += 1
+                best = self._roll_candidate(d, -1, t, best)
+            r, scanned = self.raw.next_after(max(r, self._end(d))), scanned + 1
         return best
 
     def skipped_between(self, lo: datetime, hi: datetime, limit: int = 100) -> list[datetime]:
@@ -337,8 +334,12 @@ class Calendared(Trigger):
 def previous_before(trigger: Trigger, t: datetime, horizon: timedelta = timedelta(days=366 * 50)
                     ) -> datetime | None:
     """The latest instant of `trigger` strictly before `t` (None within `horizon`): triggers
-    only step forwards, so a window before t is widened until it holds one."""
+    only step forwards, so a window before t is widened until it holds one. A one-time
+    trigger has its one instant or none: answered at once (the widening search would step
+    through every window out to the horizon, ~17 calls, for each run of a herd of them)."""
     t = t.astimezone(UTC)
+    if isinstance(trigger, At):
+        return trigger.instant if trigger.instant < t else None
     width = timedelta(seconds=1)
     while width <= horizon * 2:
         try:

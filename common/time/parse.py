@@ -18,6 +18,7 @@ Conversions to and from epoch milliseconds are exact integer arithmetic (no floa
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -96,7 +97,29 @@ def parse_duration(value: Any, *, what: str = "duration", lo: timedelta = ZERO,
     """A duration from any accepted form (see the module docstring), within [lo, hi].
 
     Raises :class:`InvalidTime` naming the bad part: ``invalid duration '5x': unknown unit
-    'x'``, ``duration '0' is too small (at least 500ms)``. Sub-microsecond digits round."""
+    'x'``, ``duration '0' is too small (at least 500ms)``. Sub-microsecond digits round.
+
+    Answers are cached by (value and its exact type, what, lo, hi): a producer enqueueing
+    with `debounce=0.5, max_wait=2` parses the same two values for every event, and the
+    exact Fraction arithmetic was a third of such a producer's CPU (bench/RESULTS.md). The
+    type is part of the key, so `True` is never taken for `1`; a refusal is not cached."""
+    if type(value) in _CACHEABLE:
+        try:
+            return _parse_cached(value, type(value).__name__, what, lo, hi)
+        except TypeError:  # unhashable after all: parse it as it comes
+            pass
+    return _parse_duration(value, what=what, lo=lo, hi=hi)
+
+
+_CACHEABLE = frozenset({int, float, str, timedelta})
+
+
+@functools.lru_cache(maxsize=512)
+def _parse_cached(value: Any, _type: str, what: str, lo: timedelta, hi: timedelta) -> timedelta:
+    return _parse_duration(value, what=what, lo=lo, hi=hi)
+
+
+def _parse_duration(value: Any, *, what: str, lo: timedelta, hi: timedelta) -> timedelta:
     if isinstance(value, timedelta):
         us, shown = Fraction(value // _US), format_duration(value)
     elif isinstance(value, bool) or not isinstance(value, int | float | str):

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from duetime.common import logs
+from duetime.common.children import die_with_parent, without_options
 
 log = logs.get("duetime.reload")
 
@@ -30,30 +31,7 @@ OWN_OPTIONS = frozenset({"--reload-dir"})
 def child_argv(argv: Sequence[str]) -> list[str]:
     """The duetime command line of the child: `argv` (what follows `duetime`) without the
     reload options, run by this Python."""
-    out: list[str] = []
-    skip = False
-    for word in argv:
-        if skip:
-            skip = False
-            continue
-        name = word.split("=", 1)[0]
-        if word in OWN_FLAGS:
-            continue
-        if name in OWN_OPTIONS:
-            skip = "=" not in word
-            continue
-        out.append(word)
-    return [sys.executable, "-m", "duetime", *out]
-
-
-def _stop_with_parent() -> None:
-    """In the child, before it runs: SIGTERM when this process dies, so a reloader killed with
-    SIGKILL leaves no worker behind (Linux; elsewhere the child outlives it)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1  # noqa: N806 - the name prctl(2) gives it
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    return [sys.executable, "-m", "duetime", *without_options(argv, OWN_FLAGS, OWN_OPTIONS)]
 
 
 class Reloader:
@@ -66,7 +44,7 @@ class Reloader:
         self.starts = 0
 
     def start(self) -> None:
-        self.child = subprocess.Popen(self.argv, preexec_fn=_stop_with_parent)
+        self.child = subprocess.Popen(self.argv, preexec_fn=die_with_parent)
         self.starts += 1
         log.info("worker started", pid=self.child.pid, start=self.starts)
 

@@ -183,6 +183,9 @@ class Prepared(NamedTuple):
     delay_ms: int
     fields: list[Any]
     coalesced: bool = False  # debounced or throttled: may land on the key's current run
+    # its id was drawn at random by this call (no key, no explicit id, not coalesced): until
+    # it is first sent it cannot exist, so enqueue.lua need not look it up (see `fresh`)
+    random_id: bool = False
 
 
 class _Stopped(Exception):
@@ -211,6 +214,9 @@ class _Attempts:
         # debounced/throttled runs: the run each landed on, when not itself (enqueue.lua says)
         self.coalesced = {pr.run_id for pr in prepared if pr.coalesced}
         self.landed: dict[str, str] = {}
+        # every run put in a pipeline so far, reply or not: a run sent once may exist, so a
+        # later pass sends it without the `fresh` mark (enqueue.lua then looks it up)
+        self.sent: set[str] = set()
 
     def replicated(self, pipe: Any, chunks: list[list[str]]) -> None:
         """Note the chunks of a durable pipeline whose WAIT came back short."""
@@ -341,6 +347,7 @@ class RunStore:
                     keyed_run_id(spec.name, req.key)))
             else:
                 run_id = entropy[20 * i : 20 * i + 20]
+            random_id = not req.run_id and not req.key
             tenant = req.tenant if req.tenant is not None else spec.tenant
             if tenant is not None:
                 if tenant not in tenants_ok:
@@ -374,7 +381,7 @@ class RunStore:
             for k, v in req.extra.items():
                 fields += [k, v]
             out.append(Prepared(run_id, partition_of_run(run_id), queue, spec, due, delay_ms,
-                                fields, co is not None))
+                                fields, co is not None, random_id))
         return out
 
     def enqueue(self, req: EnqueueRequest) -> str:
@@ -416,7 +423,7 @@ class RunStore:
         """One pass over the runs not acknowledged yet; raises _Stopped at the first failure."""
         with ThreadPoolExecutor(1, thread_name_prefix="duetime-enqueue") as sender:
             inflight = None
-            for batch in itertools.chain(self._pipelines(client, state.todo()), [None]):
+            for batch in itertools.chain(self._pipelines(client, state.todo(), sent=state.sent), [None]):
                 if inflight is not None:  # the previous round trip, sent while this one was built
                     self._judge(inflight[1], inflight[0], state, inflight[2])
                 if batch is None:
@@ -454,8 +461,13 @@ class RunStore:
                            else cause, cause, lost=lost)
 
     def _pipelines(self, client: redis.Redis, prepared: list[Prepared],
-                   per_trip: int = PIPELINE_RUNS) -> Iterator[tuple[Any, list[list[str]]]]:
-        """(pipeline, the run ids of each script call in it), `per_trip` runs at a time."""
+                   per_trip: int = PIPELINE_RUNS, sent: set[str] | None = None,
+                   ) -> Iterator[tuple[Any, list[list[str]]]]:
+        """(pipeline, the run ids of each script call in it), `per_trip` runs at a time. A call
+        whose runs all have random ids never sent before is marked `fresh`: enqueue.lua then
+        creates them without an EXISTS each (80 random bits do not collide; only a resend of
+        a call whose reply was lost can meet its own runs, and a resend is not fresh)."""
+        sent = set() if sent is None else sent
         groups: dict[tuple[int, str, str], list[Prepared]] = {}
         for pr in prepared:
             groups.setdefault((pr.partition, pr.queue, pr.spec.name), []).append(pr)
@@ -464,9 +476,11 @@ class RunStore:
             shared = task_fields(items[0].spec, queue)
             for i in range(0, len(items), min(SCRIPT_CHUNK, per_trip)):
                 chunk = items[i : i + min(SCRIPT_CHUNK, per_trip)]
+                fresh = all(x.random_id and x.run_id not in sent for x in chunk)
+                sent.update(x.run_id for x in chunk)
                 keys, args = tr.enqueue(self.keys, p, queue, shared,
                                         [(x.run_id, x.due, x.delay_ms, x.fields)
-                                         for x in chunk])
+                                         for x in chunk], fresh=fresh)
                 self.scripts.enqueue(keys=keys, args=args, client=pipe)
                 chunks.append([x.run_id for x in chunk])
                 pending += len(chunk)
@@ -505,7 +519,8 @@ class RunStore:
         state = _Attempts(prepared, self.retry_s)
         while True:
             try:
-                for pipe, chunks in self._pipelines(client, state.todo(), ASYNC_PIPELINE_RUNS):
+                for pipe, chunks in self._pipelines(client, state.todo(), ASYNC_PIPELINE_RUNS,
+                                                     sent=state.sent):
                     try:
                         results = await pipe.execute(raise_on_error=False)
                     except (redis.ConnectionError, redis.TimeoutError,

@@ -66,8 +66,8 @@ class KeyGuide:
         return shlex.join(["redis-cli", *flags, "-u", url, *command])
 
     def _samples(self) -> dict[str, str]:
-        """Real names to build examples from: a queue, a run (a finished one, which has an
-        attempt history, if any), a schedule (one running if any), a worker."""
+        """Real names to build examples from: a queue, a run (a finished or running one with
+        an attempt history, if any), a schedule (one running if any), a worker."""
         k, c = self.keys, self.client
         out: dict[str, str] = {}
         # replies are bytes: no duetime client sets decode_responses
@@ -78,13 +78,25 @@ class KeyGuide:
             pipe.zrange(k.leases(p), 0, 0)
             pipe.zrevrange(k.done(p), 0, 0)
             pipe.zrange(k.schedules(p), 0, 99)
+            pipe.zrevrange(k.dead(p), 0, 0)
+            pipe.zrevrange(k.uncertain(p), 0, 0)
         # a damaged key (of the wrong type) gives no sample; `duetime doctor` names it
         res = [[] if isinstance(x, Exception) else x for x in pipe.execute(raise_on_error=False)]
-        leased = [m.decode() for i in range(0, len(res), 3) for m in res[i]]
-        done = [m.decode() for i in range(1, len(res), 3) for m in res[i]]
-        names = [m.decode() for i in range(2, len(res), 3) for m in res[i]]
-        if done or leased:
-            out["run"] = (done or leased)[0]
+        leased = [m.decode() for i in range(0, len(res), 5) for m in res[i]]
+        done = [m.decode() for i in range(1, len(res), 5) for m in res[i]]
+        names = [m.decode() for i in range(2, len(res), 5) for m in res[i]]
+        failed = [m.decode() for i in range(3, len(res), 5) for j in (i, i + 1) for m in res[j]]
+        if done or leased or failed:
+            # one with an attempt history if any: a run that succeeded at its first try has
+            # none (its attempt is inline in the run hash, docs/keys.md); a dead or uncertain
+            # run has one
+            runs = done + leased + failed
+            pipe = c.pipeline(transaction=False)
+            for run in runs:
+                pipe.exists(k.attempts(k.partition_of_run(run), run))
+            had = [r for r, e in zip(runs, pipe.execute(raise_on_error=False), strict=True)
+                   if e is True or e == 1]
+            out["run"] = (had or runs)[0]
         if names:
             out["name"] = names[0]
             pipe = c.pipeline(transaction=False)

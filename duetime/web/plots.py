@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from markupsafe import Markup, escape
 
@@ -11,6 +11,22 @@ WIDTH, HEIGHT, PAD = 160, 36, 2
 
 def _fmt(v: float) -> str:
     return f"{v:.3g}" if isinstance(v, float) and not v.is_integer() else f"{int(v)}"
+
+
+def _lines(points: Sequence[tuple[int, float | None]],
+           xy: Callable[[int, float], str]) -> list[str]:
+    """The series as SVG: a polyline per run of points between gaps (a missing point breaks
+    the line), a dot for a lone point. `xy` places a point ('x,y' in the plot's pixels)."""
+    runs: list[list[str]] = [[]]
+    for t, v in points:
+        if v is None:
+            if runs[-1]:
+                runs.append([])
+            continue
+        runs[-1].append(xy(t, v))
+    return [f'<polyline points="{" ".join(r)}"/>' if len(r) > 1 else
+            f'<circle r="1.5" cx="{r[0].split(",")[0]}" cy="{r[0].split(",")[1]}"/>'
+            for r in runs if r]
 
 
 def sparkline(points: Sequence[tuple[int, float | None]], t0: int, t1: int, label: str,
@@ -30,16 +46,7 @@ def sparkline(points: Sequence[tuple[int, float | None]], t0: int, t1: int, labe
         y = HEIGHT - PAD - v / top * (HEIGHT - 2 * PAD)
         return f"{x:.1f},{y:.1f}"
 
-    runs: list[list[str]] = [[]]
-    for t, v in points:
-        if v is None:
-            if runs[-1]:
-                runs.append([])
-            continue
-        runs[-1].append(xy(t, v))
-    lines = "".join(f'<polyline points="{" ".join(r)}"/>' if len(r) > 1 else
-                    f'<circle r="1.5" cx="{r[0].split(",")[0]}" cy="{r[0].split(",")[1]}"/>'
-                    for r in runs if r)
+    lines = "".join(_lines(points, xy))
     last = values[-1]
     title = f"{label}: now {_fmt(last)}{unit}, max {_fmt(top)}{unit}, min {_fmt(min(values))}{unit}"
     return Markup(f'<svg class="spark" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" '
@@ -97,16 +104,7 @@ def chart(points: Sequence[tuple[int, float | None]], t0: int, t1: int, title: s
                  f'time (UTC)</text>')
     parts.append(f'<text class="ylabel" transform="translate(11 {TOP + ph / 2:.0f}) rotate(-90)" '
                  f'text-anchor="middle">{escape(y_label)}</text>')
-    runs: list[list[str]] = [[]]
-    for t, v in points:
-        if v is None:
-            if runs[-1]:
-                runs.append([])
-            continue
-        runs[-1].append(f"{x(t):.1f},{y(v):.1f}")
-    parts += [f'<polyline points="{" ".join(r)}"/>' if len(r) > 1 else
-              f'<circle r="1.5" cx="{r[0].split(",")[0]}" cy="{r[0].split(",")[1]}"/>'
-              for r in runs if r]
+    parts += _lines(points, lambda t, v: f"{x(t):.1f},{y(v):.1f}")
     label = f"{title}: {y_label} over time" + ("" if values else " (no samples)")
     return Markup(f'<svg class="chart" width="{CW}" height="{CH}" viewBox="0 0 {CW} {CH}" '
                   f'role="img" aria-label="{escape(label)}"><title>{escape(label)}</title>'

@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -68,6 +69,18 @@ def _when(iso: str | None) -> str:
     if not iso:
         return "-"
     return iso.replace("T", " ").split(".")[0].removesuffix("Z").removesuffix("+00:00") + "Z"
+
+
+async def _pause_or_resume(action: str, form: FormData, pause: Callable[[str], object],
+                           resume: Callable[[], object]) -> None:
+    """A pause (with the form's note, bounded) or a resume, off the event loop; any other
+    action is not a page (404)."""
+    if action == "pause":
+        await run_in_threadpool(pause, str(form.get("note") or "paused from the web console")[:500])
+    elif action == "resume":
+        await run_in_threadpool(resume)
+    else:
+        raise HTTPException(404)
 
 
 def _seg(name: str) -> str:
@@ -400,16 +413,12 @@ class ConsoleApp:
         if isinstance(got, Response):
             return got
         form, name, action = got
-        if action == "pause":
-            note = str(form.get("note") or "paused from the web console")[:500]
-            await run_in_threadpool(self.console.schedules.set_paused, name, True, note)
-        elif action == "resume":
-            await run_in_threadpool(self.console.schedules.set_paused, name, False)
-        elif action == "trigger":
-            run_id = await run_in_threadpool(self.console.schedules.trigger, name)
+        schedules = self.console.schedules
+        if action == "trigger":
+            run_id = await run_in_threadpool(schedules.trigger, name)
             return RedirectResponse(f"/runs/{_seg(run_id)}?flash=triggered", status_code=303)
-        else:
-            raise HTTPException(404)
+        await _pause_or_resume(action, form, partial(schedules.set_paused, name, True),
+                               partial(schedules.set_paused, name, False))
         return RedirectResponse(f"/schedules/{_seg(name)}?flash={action}d", status_code=303)
 
     async def queue_action(self, request: Request) -> Response:
@@ -422,13 +431,8 @@ class ConsoleApp:
         form, name, action = got
         app = self.console.app
         pauses = QueuePauses(self.console.insp.client, app.keys, app.redis_url)
-        if action == "pause":
-            note = str(form.get("note") or "paused from the web console")[:500]
-            await run_in_threadpool(pauses.pause, name, note)
-        elif action == "resume":
-            await run_in_threadpool(pauses.resume, name)
-        else:
-            raise HTTPException(404)
+        await _pause_or_resume(action, form, partial(pauses.pause, name),
+                               partial(pauses.resume, name))
         return RedirectResponse(f"/?flash=queue-{action}d", status_code=303)
 
     async def run_action(self, request: Request) -> Response:

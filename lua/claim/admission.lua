@@ -69,10 +69,26 @@ end
 -- 9 due, 10 timeout, 11 idempotent, 12 key, 13 cancel_requested, 14 limited_by,
 -- 15 interval_start, 16 interval_end (a schedule's run: its data interval), 17 tenant,
 -- 18 headers (the last two only go to the worker: its middleware's run context).
+-- The record is read whole (HGETALL) and picked by name: a waiting run's hash is small, and
+-- most of these 18 fields are absent on a plain run; HMGET scanned the whole listpack for
+-- each absent one, which cost more than one pass over it (bench/RESULTS.md: claim −4 % of
+-- Redis's instructions). A long run's checkpoint (at most 64 KiB) is copied once per claim.
+local ADMIT_AT = {state = 1, deadline = 2, schedule = 3, overlap = 4, fence = 5, attempt = 6,
+  task = 7, payload = 8, due = 9, timeout = 10, idempotent = 11, key = 12,
+  cancel_requested = 13, limited_by = 14, interval_start = 15, interval_end = 16, tenant = 17,
+  headers = 18}
+
 local function admit(c, id, run_key)
-  local f, unreadable = run_fields(run_key, 'state', 'deadline', 'schedule', 'overlap', 'fence',
-    'attempt', 'task', 'payload', 'due', 'timeout', 'idempotent', 'key', 'cancel_requested',
-    'limited_by', 'interval_start', 'interval_end', 'tenant', 'headers')
+  local f, unreadable = {}, nil
+  local all = redis.pcall('HGETALL', run_key)
+  if all.err then
+    unreadable = 'key ' .. run_key .. ' is not a hash (' .. all.err .. ')'
+  else
+    for j = 1, #all, 2 do
+      local at = ADMIT_AT[all[j]]
+      if at then f[at] = all[j + 1] end
+    end
+  end
   if unreadable then
     -- its record key is of the wrong type: dead-lettered as found (it leaves the due set)
     dead_unreadable(c.dead_key, c.events_key, id, c.now, unreadable)

@@ -8,19 +8,11 @@ import ctypes
 import os
 import time
 
-import redis
-from duetime.common.connection import sync_client
-
 import duetime
+from tests.apps import OwnClient
 
 app = duetime.App()
-_client: dict[str, redis.Redis] = {}
-
-
-def r() -> redis.Redis:
-    if app.redis_url not in _client:
-        _client[app.redis_url] = sync_client(app.redis_url)
-    return _client[app.redis_url]
+r = OwnClient(app)  # the tasks' own client: r()
 
 
 def pids_key(run_id: str) -> str:
@@ -134,3 +126,112 @@ def spawner() -> None:
     r().rpush(pids_key(run.run_id), sub.pid)
     while True:
         pass
+
+
+# -- long runs and back-pressure from a child (worker/isolation.py, "across the boundary") --
+def log_key(run_id: str) -> str:
+    return f"{app.keys.namespace}:test:log:{run_id}"
+
+
+def go_key(run_id: str) -> str:
+    return f"{app.keys.namespace}:test:go:{run_id}"
+
+
+def note(run_id: str, *what: object) -> None:
+    """Append one entry to the run's log (JSON), read by the test."""
+    import json
+
+    r().rpush(log_key(run_id), json.dumps(what))
+
+
+def wait_go(run_id: str) -> None:
+    """Block until the test says go (BLPOP: no polling, and a deadline)."""
+    r().blpop([go_key(run_id)], timeout=60)
+
+
+@app.task(name="ck_iter", isolation="process", retries=2, backoff=(0.05, 0.05))
+def ck_iter(total: int, every: int, crash_at: int) -> dict[str, object]:
+    """Iterate from the checkpoint, checkpointing every `every` items and reporting progress;
+    the first attempt's child dies at item `crash_at` (after its last checkpoint)."""
+    run = started()
+    state = run.checkpoint_state
+    start = 0 if state is None else int(state["next"])
+    note(run.run_id, "start", run.attempt, run.fence, state)
+    for i in range(start, total):
+        if run.attempt == 1 and i == crash_at:
+            os._exit(3)
+        note(run.run_id, "item", i)
+        if (i + 1) % every == 0:
+            run.checkpoint({"next": i + 1})
+        run.progress(i + 1, total)
+    return {"start": start, "state": run.checkpoint_state}
+
+
+@app.task(name="progress_wait", isolation="process", retries=0)
+def progress_wait(done: int, total: int, note_text: str) -> None:
+    """Report progress (several times, fast: only the last must arrive), then wait for go."""
+    run = started()
+    for d in range(done + 1):
+        run.progress(d, total, note_text)
+    note(run.run_id, "reported", done)
+    wait_go(run.run_id)
+
+
+@app.task(name="aprogress_ck", isolation="process", retries=0)
+async def aprogress_ck(done: int, total: int) -> object:
+    """An async task in a child: progress, then `await acheckpoint`, then the sync checkpoint
+    (refused with the thread path's RuntimeError), then wait for go."""
+    import asyncio
+
+    run = started()
+    run.progress(done, total)
+    await run.acheckpoint({"async": done})
+    try:
+        run.checkpoint({"sync": True})
+        sync = "no error"
+    except RuntimeError as exc:
+        sync = str(exc)
+    note(run.run_id, "checkpointed", sync)
+    await asyncio.to_thread(wait_go, run.run_id)
+    return run.checkpoint_state
+
+
+@app.task(name="stale_ck", isolation="process", retries=2)
+def stale_ck() -> str:
+    """Checkpoint once, wait for go (the test gives the run to another holder meanwhile),
+    then try again: records what each call did."""
+    run = started()
+    run.checkpoint({"by": "A", "n": 1})
+    note(run.run_id, "stored", run.fence)
+    wait_go(run.run_id)
+    try:
+        run.checkpoint({"by": "A", "n": 2})
+        note(run.run_id, "stored", run.fence)
+    except duetime.CheckpointRefused as exc:
+        note(run.run_id, "refused", run.fence, str(exc), run.lease_lost)
+    return "A"
+
+
+@app.task(name="iso_slices", isolation="process", retries=0)
+def iso_slices(n: int, keep: bool = False) -> int:
+    """One slice per claim: state {"i": i} -> Continue with {"i": i + 1} until n (keep: the
+    next state is checkpointed first, and Continue() keeps it)."""
+    run = started()
+    i = int((run.checkpoint_state or {"i": 0})["i"])
+    note(run.run_id, "slice", run.attempt, run.fence, i)
+    if i >= n:
+        return i
+    if keep:
+        run.checkpoint({"i": i + 1})
+        raise duetime.Continue()
+    raise duetime.Continue(delay="10ms", state={"i": i + 1})
+
+
+@app.task(name="iso_limited", isolation="process", retries=0)
+def iso_limited(scope: str) -> int:
+    """The first claim meets a 429: RateLimited for 1 s; the next one succeeds."""
+    run = started()
+    note(run.run_id, "claim", run.attempt, run.fence)
+    if run.fence == 1:
+        raise duetime.RateLimited(retry_after="1s", scope=scope, reason="partner said 429")
+    return run.fence

@@ -9,23 +9,15 @@ import threading
 import time
 from typing import Any
 
-import redis
-from duetime.common.connection import sync_client
-
 import duetime
+from tests.apps import OwnClient
 
 app = duetime.App()
-_client: dict[str, redis.Redis] = {}
+r = OwnClient(app)  # the tasks' own client: r()
 
 # in-process tests: what a task saw, and gates a test opens (keyed by run id)
 seen: dict[str, list[Any]] = {}
 gates: dict[str, threading.Event] = {}
-
-
-def r() -> redis.Redis:
-    if app.redis_url not in _client:
-        _client[app.redis_url] = sync_client(app.redis_url)
-    return _client[app.redis_url]
 
 
 @app.task(name="lr.iterate", retries=1000, backoff=(0.01, 0.05))

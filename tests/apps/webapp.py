@@ -7,19 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-import redis
-from duetime.common.connection import sync_client
-
 import duetime
+from tests.apps import OwnClient
 
 app = duetime.App()
-_client: dict[str, redis.Redis] = {}
-
-
-def r() -> redis.Redis:
-    if app.redis_url not in _client:
-        _client[app.redis_url] = sync_client(app.redis_url)
-    return _client[app.redis_url]
+r = OwnClient(app)  # the tasks' own client: r()
 
 
 def fixed_key() -> str:

@@ -3,19 +3,11 @@ executions (callbacks exactly once) independently of duetime's own bookkeeping."
 
 from __future__ import annotations
 
-import redis
-from duetime.common.connection import sync_client
-
 import duetime
+from tests.apps import OwnClient
 
 app = duetime.App()
-_client: dict[str, redis.Redis] = {}
-
-
-def r() -> redis.Redis:
-    if app.redis_url not in _client:
-        _client[app.redis_url] = sync_client(app.redis_url)
-    return _client[app.redis_url]
+r = OwnClient(app)  # the tasks' own client: r()
 
 
 def ran_key() -> str:
@@ -75,4 +67,21 @@ def busy(i: int, fail: bool = False) -> int:
     r().hincrby(ran_key(), duetime.current_run().run_id, 1)
     if fail:
         raise duetime.Fatal(f"member {i} fails")
+    return i
+
+
+@app.task(name="w.busy_spawner", retries=5, backoff=(0.05, 0.1))
+def busy_spawner(i: int, children: list[bool]) -> int:
+    """A member that adds one busy member per entry of `children` (True: it fails for good) to
+    its own batch, with ids fixed by keys: an attempt killed after its batch_add and run again
+    adds the same runs, which exist already (create-once), so the batch's size is known."""
+    import time
+
+    run = duetime.current_run()
+    bid = run.batch_id
+    assert bid is not None
+    app.batch_add(bid, [{"task": busy, "args": [100_000 * (i + 1) + j, fail],
+                         "key": f"{run.run_id}.{j}"} for j, fail in enumerate(children)])
+    time.sleep(0.02)
+    r().hincrby(ran_key(), run.run_id, 1)
     return i

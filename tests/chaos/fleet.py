@@ -8,12 +8,14 @@ checker attributes an interrupted execution or an expired lease to a fault.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,3 +202,20 @@ class Fleet:
         for m in self.members:
             if m.alive():
                 self.kill(m)
+
+
+@contextlib.contextmanager
+def chaos_fleet(port: int, url: str, namespace: str, workdir: Path) -> Iterator[Fleet]:
+    """An empty fleet of the chaos app on the server at `port` (`url`), each member behind its
+    own link of a new proxy hub, the app configured for `namespace`; all closed afterwards."""
+    from tests.apps import chaos as chaos_app
+
+    hub = ProxyHub()
+    f = Fleet(port, namespace, workdir, FaultLog(), hub)
+    chaos_app.app.configure(redis_url=url, namespace=namespace)
+    try:
+        yield f
+    finally:
+        f.close()
+        hub.close()
+        chaos_app.app.close()

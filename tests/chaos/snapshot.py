@@ -38,6 +38,17 @@ class Entry:
                    a.get("error") or "", bool(a.get("late")), a.get("late_outcome") or "")
 
 
+def with_inline(entries: list[Entry], f: dict[str, str]) -> list[Entry]:
+    """The history as docs/keys.md defines it: the attempt that succeeded a run is inline in
+    its hash (namespace format 2) unless an entry of its fence was pushed."""
+    fence = int(f.get("fence") or 0)
+    if f.get("state") != "succeeded" or fence <= 0 or any(e.fence == fence for e in entries):
+        return entries
+    ms = [int(f[x]) / 1000 if f.get(x) else None for x in ("started", "finished")]
+    return [*entries, Entry(int(f.get("attempt") or 0), fence, f.get("worker", ""), ms[0], ms[1],
+                            "succeeded", "", False, "")]
+
+
 @dataclass
 class Record:
     id: str
@@ -124,8 +135,8 @@ def take(client: redis.Redis, keys: Keyspace, queues: list[str]) -> Snapshot:
             h, att = res[i], res[i + 1]
             i += 2
             rid = k[len(run_tag):]
-            runs[rid] = Record(rid, p, {_s(a): _s(b) for a, b in h.items() if a != b"payload"},
-                               [Entry.decode(x) for x in att])
+            f = {_s(a): _s(b) for a, b in h.items() if a != b"payload"}
+            runs[rid] = Record(rid, p, f, with_inline([Entry.decode(x) for x in att], f))
         for k in sched_keys:
             schedules[k[len(sched_tag):]] = {_s(a): _s(b) for a, b in res[i].items()
                                              if a != b"payload"}

@@ -37,6 +37,10 @@ pytestmark = pytest.mark.slow
 
 SOAK = os.environ.get("DUETIME_SOAK") == "1"
 LEASE_S = 2.0
+# after the heal: a connect or call sent into the partition goes through or is given up within
+# 2 s (the kernel's retransmissions against the 5 s timeouts), then the claim loop's back-off
+# (at most 1 s while Redis is unreachable)
+PARTITION_RECOVERY_S = 3.0
 LATENCY = (0.001, 0.05)  # s: on every connection of every process, each way
 WORKER = ("--lease", f"{int(LEASE_S * 1000)}ms", "--concurrency", "8", "--grace", "500ms")
 
@@ -205,7 +209,7 @@ def test_a_partition_longer_than_the_lease_by_the_kernel(rig: Rig) -> None:
             print(f"partition {healed - t0:.1f}s: w1's runs restarted on w2 "
                   f"{min(restarted) - t0:.2f}..{max(restarted) - t0:.2f}s after it began; "
                   f"w1 served again {recovery:.2f}s after the heal; duplicates {dups}")
-            if SOAK:
-                assert recovery <= LEASE_S + 1, recovery
+            if SOAK:  # docs/operations.md "Partitions": ~3 s whatever the lease, + slack
+                assert recovery <= PARTITION_RECOVERY_S + 1, recovery
         finally:
             fleet.close()  # before the namespace goes

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 import urllib.request
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from duetime.embedded import free_port
+from duetime.embedded import bindable, free_port
 from duetime.supervise import Supervisor, child_argv, describe
 from tests.apps import basic
 from tests.conftest import wait_for
@@ -162,15 +161,8 @@ def free_ports(n: int) -> int:
     """The first of n consecutive free ports (the children listen on port, port+1, ...)."""
     for _ in range(100):
         port = free_port()
-        if port + n <= 65536 and all(_free(p) for p in range(port, port + n)):
+        if port + n <= 65536 and all(bindable(p) for p in range(port, port + n)):
             return port
     raise AssertionError(f"no {n} consecutive free ports found")
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -22,7 +21,7 @@ from duetime.scheduler.evaluator import Evaluator
 import duetime
 from duetime.embedded import EmbeddedCluster
 from tests.apps import basic
-from tests.conftest import ROOT, Procs, wait_for
+from tests.conftest import ROOT, Procs, configured, wait_for
 from tests.integration.test_schedules import occurrence, run_field, runs_of
 
 pytestmark = [pytest.mark.scripts, pytest.mark.slow]
@@ -39,9 +38,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
 
 @pytest.fixture
 def capp(cluster: EmbeddedCluster):
-    basic.app.configure(redis_url=cluster.url, namespace=f"c{uuid.uuid4().hex[:8]}")
-    yield basic.app
-    basic.app.close()
+    with configured(basic.app, cluster.url, "c") as a:
+        yield a
 
 
 @pytest.fixture

@@ -253,6 +253,28 @@ def test_a_wrong_type_due_set_refuses_the_enqueue_before_writing_a_run(app, kit)
     assert not [k for k in kit.r.scan_iter(f"{kit.k.namespace}:*run:*")]
 
 
+@pytest.mark.scripts(memory="fakeredis's pcall hands Lua a wrong-type error as userdata, not "
+                           "the string run_fields names the key with")
+def test_a_wrong_type_run_key_behind_a_wrong_type_leases_key_waits_for_the_repair(kit):
+    """The state the damage fuzz once made (seed 141405): a run key of the wrong type waiting
+    in a due set, then its partition's leases key of the wrong type too. The claim refuses the
+    partition naming the leases key and writes nothing (the damaged run is neither claimed nor
+    half dead-lettered); once the leases key is repaired the next claim dead-letters the run,
+    naming its key, and claims the other."""
+    p = 11
+    bad, good = kit.enqueue_in(p, 2)
+    kit.r.delete(kit.k.run(p, bad))
+    kit.r.set(kit.k.run(p, bad), "garbage")
+    kit.r.set(kit.k.leases(p), "garbage")
+    with pytest.raises(redis.ResponseError, match="DAMAGED key " + kit.k.leases(p)):
+        kit.claim(p)
+    assert kit.r.zscore(kit.k.dead(p), bad) is None and kit.r.get(kit.k.run(p, bad)) == b"garbage"
+    assert kit.state(good) == "scheduled" and kit.indexes(good) == {"due"}
+    kit.r.delete(kit.k.leases(p))  # the repair (doctor names the key)
+    assert [c.run_id for c in kit.claim(p)] == [good]
+    assert kit.r.zscore(kit.k.dead(p), bad) is not None
+    assert kit.events_about(p, kit.k.run(p, bad)), "the dead event names the run key"
+
 # -- schedules ------------------------------------------------------------------------------
 def _same_partition_names(kit, n: int) -> list[str]:
     by: dict[int, list[str]] = {}

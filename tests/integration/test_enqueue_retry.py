@@ -48,10 +48,11 @@ def test_past_the_bound_the_error_says_what_to_do(server):
     app = _app(server.url, 1.0)
     app.enqueue(fo.work, [0])
     server.kill()
-    t0 = time.monotonic()
-    with pytest.raises(RedisUnavailable, match=r"gave up after retrying for \d\.\d s.*enqueue_retry_s"):
+    gave_up_after = r"gave up after retrying for \d\.\d s.*enqueue_retry_s"
+    # it retried within its bound, then stopped, naming it (how soon is a latency: not here)
+    with pytest.raises(RedisUnavailable, match=gave_up_after) as gave_up:
         app.enqueue(fo.work, [1])
-    assert time.monotonic() - t0 < 3
+    assert "now 1 s" in str(gave_up.value)
     with pytest.raises(EnqueueIncomplete, match="enqueue_retry_s") as stopped:
         app.enqueue_many([(fo.work, [i]) for i in range(3)])
     assert len(stopped.value.not_created) + len(stopped.value.unknown) == 3
@@ -61,10 +62,9 @@ def test_a_single_server_fails_at_once_by_default(server):
     app = _app(server.url, None)
     app.enqueue(fo.work, [0])
     server.kill()
-    t0 = time.monotonic()
     with pytest.raises(RedisUnavailable) as exc:
         app.enqueue(fo.work, [1])
-    assert time.monotonic() - t0 < 2 and "gave up" not in str(exc.value)
+    assert "gave up" not in str(exc.value)  # no retry loop ran: it failed on the first try
 
 
 def test_a_chunk_whose_reply_was_lost_is_resent_and_created_once(server, monkeypatch):

@@ -13,13 +13,11 @@ ones that finished the work (they followed MOVED/ASK, nobody restarted them).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +27,7 @@ import redis
 from duetime.common import transitions as tr
 from duetime.common.connection import sync_client
 from duetime.common.errors import DuetimeError, EnqueueIncomplete, RedisRefused
+from duetime.common.models import Run, to_ms
 from duetime.common.scripts import Scripts, sha
 from redis.crc import key_slot
 
@@ -36,7 +35,7 @@ import duetime
 from duetime.client.runs import keyed_run_id
 from duetime.embedded import EmbeddedCluster, EmbeddedServer, valkey_available
 from tests.apps import basic
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, configured, wait_for
 
 KINDS = ["redis"] + (["valkey"] if valkey_available() else [])
 MIGRATE_BATCH = 10  # keys per MIGRATE, as `redis-cli --cluster reshard` pipelines them
@@ -54,9 +53,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
 
 @pytest.fixture
 def capp(cluster: EmbeddedCluster):
-    basic.app.configure(redis_url=cluster.url, namespace=f"rs{uuid.uuid4().hex[:8]}")
-    yield basic.app
-    basic.app.close()
+    with configured(basic.app, cluster.url, "rs") as a:
+        yield a
 
 
 class FileProcs:
@@ -168,22 +166,24 @@ def occurrences(k, p: int, node: EmbeddedServer, name: str = "tick") -> list[int
 
 
 def final_states(capp, ids: list[str]) -> dict[str, tuple[str, list[str]]]:
-    """run id -> (state, attempt outcomes), read in one pipeline."""
+    """run id -> (state, attempt outcomes), read in one pipeline (the history as readers see
+    it: the attempt that succeeded is inline in the run hash, docs/keys.md)."""
     k = capp.keys
     pipe = basic.r().pipeline(transaction=False)
     for run_id in ids:
         p = k.partition_of_run(run_id)
-        pipe.hget(k.run(p, run_id), "state")
+        pipe.hgetall(k.run(p, run_id))
         pipe.lrange(k.attempts(p, run_id), 0, -1)
     res = pipe.execute()
-    return {run_id: ((res[2 * i] or b"").decode(), [json.loads(a)["outcome"] for a in res[2 * i + 1]])
-            for i, run_id in enumerate(ids)}
+    runs = [Run.decode(run_id, res[2 * i], res[2 * i + 1]) for i, run_id in enumerate(ids)]
+    return {r.id: (r.state, [a.outcome for a in r.attempts]) for r in runs}
 
 
 def attempts(capp, run_id: str) -> list[dict]:
-    k = capp.keys
-    raw = basic.r().lrange(k.attempts(k.partition_of_run(run_id), run_id), 0, -1)
-    return [json.loads(a) for a in raw]
+    run = capp.get_run(run_id)
+    return [{"start": to_ms(a.started) if a.started else None,
+             "end": to_ms(a.ended) if a.ended else None, "outcome": a.outcome,
+             "worker": a.worker, "fence": a.fence} for a in run.attempts]
 
 
 def wait_succeeded(capp, ids: list[str], timeout: float, what: str) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 from duetime.common import transitions as tr
+from duetime.common.connection import server_time_ms
+from duetime.common.models import to_ms
 from duetime.common.scripts import Scripts
 from duetime.common.wake import parse_worker_wake, worker_wake
 
@@ -210,7 +212,9 @@ def test_retention_sweep_deletes_old_finished_runs_only(app, r, lc):
     waiting = app.enqueue(basic.noop, delay=60)
     [(p, c)] = lc.claim()
     assert lc.complete(p, c) == "succeeded"
-    time.sleep(0.05)
+    finished = int(r.hget(app.keys.run(p, done_id), "finished"))
+    wait_for(lambda: server_time_ms(r) > finished + 10, 10,
+             what="the server's clock past the 10 ms retention")
     lc.reap(retention_ms=10)
     with pytest.raises(duetime.RunNotFound):
         app.get_run(done_id)
@@ -332,7 +336,6 @@ def test_a_buffered_run_claimed_ahead_is_never_made_due_before_its_time(app, r, 
 def test_times_fences_and_attempt_entries_are_stored_as_plain_integers(app, r, lc):
     """The scripts format numbers themselves (once per call, as integers); what `redis-cli`
     and the inspect code read must stay plain decimal integers, consistent with each other."""
-    import json
     import re
 
     sec, usec = r.time()
@@ -364,10 +367,11 @@ def test_times_fences_and_attempt_entries_are_stored_as_plain_integers(app, r, l
     rec = r.hgetall(app.keys.run(p, c.run_id))
     assert digits.fullmatch(rec[b"finished"])
     assert r.zscore(app.keys.done(p), c.run_id) == int(rec[b"finished"])
-    [raw] = r.lrange(app.keys.attempts(p, c.run_id), 0, -1)
-    entry = json.loads(raw)
-    assert entry == {"n": 1, "fence": 1, "worker": "w1", "outcome": "succeeded",
-                     "start": int(rec[b"started"]), "end": int(rec[b"finished"])}
+    # the attempt that succeeded is inline (docs/keys.md): no attempts key, the run hash is it
+    assert r.exists(app.keys.attempts(p, c.run_id)) == 0
+    [a] = app.get_run(c.run_id).attempts
+    assert (a.number, a.fence, a.worker, a.outcome) == (1, 1, "w1", "succeeded")
+    assert (to_ms(a.started), to_ms(a.ended)) == (int(rec[b"started"]), int(rec[b"finished"]))
 
 
 # -- errors name the script and line; the server's memory limit; damaged records -------------
@@ -525,7 +529,8 @@ def test_a_call_sent_again_after_a_lost_reply_changes_nothing(app, r, lc):
     # complete: twice, one attempt entry, the same answer
     assert lc.complete(p, c) == "succeeded"
     assert lc.complete(p, c) == "succeeded"
-    assert r.llen(app.keys.attempts(p, rid)) == 1
+    assert r.llen(app.keys.attempts(p, rid)) == 0  # inline: the run hash holds it
+    assert [a.outcome for a in app.get_run(rid).attempts] == ["succeeded"]
     # fail: twice, the same state and retry time, one attempt entry
     other = app.enqueue(basic.always_fails)
     po = app.keys.partition_of_run(other)
@@ -696,3 +701,54 @@ def test_quarantine_sets_a_schedule_aside_unless_it_changed_meanwhile(app, r, lc
     assert r.zscore(app.keys.quarantine(p), "q1") is not None
     assert r.hget(app.keys.sched(p, "q1"), "quarantined") == b"unreadable trigger"
     assert quarantine("gone", "") == "missing"
+
+
+def test_an_enqueue_is_fresh_only_for_random_ids_never_sent(app, r, monkeypatch):
+    """enqueue.lua looks no run up in a call marked fresh (create-once without an EXISTS per
+    run): only random ids sent for the first time may be marked; an id with a key, or one a
+    pass already sent (its reply lost), is looked up."""
+    from duetime.client import runs as client_runs
+
+    marks: list[bool] = []
+    real = client_runs.tr.enqueue
+
+    def spy(*a, fresh=False, **kw):
+        marks.append(fresh)
+        return real(*a, fresh=fresh, **kw)
+
+    monkeypatch.setattr(client_runs.tr, "enqueue", spy)
+    store = app.store
+    prepared = store._prepare_all([client_runs.EnqueueRequest(basic.noop.spec, [], {})])
+    keyed = store._prepare_all([client_runs.EnqueueRequest(basic.noop.spec, [], {}, key="k1")])
+    sent: set[str] = set()
+    for pipe, _ in store._pipelines(store.ready(), prepared, sent=sent):
+        assert pipe.execute() == [1]
+    for pipe, _ in store._pipelines(store.ready(), prepared, sent=sent):  # a resend
+        assert pipe.execute() == [0]  # looked up: the run exists, nothing is created again
+    for pipe, _ in store._pipelines(store.ready(), keyed, sent=sent):
+        pipe.execute()
+    assert marks == [True, False, False]
+    [rid] = [p.run_id for p in prepared]
+    assert app.get_run(rid).state == "scheduled"
+
+
+def test_a_late_report_about_an_inline_success_is_recorded_on_its_entry(app, r, lc):
+    """The attempt that succeeded is inline in the run hash (no attempts key); a report about
+    it that arrives later (sent again after a fault in transit, or a failure of the same
+    fence) pushes its entry from the hash first and is recorded there, once."""
+    scripts = Scripts(r)
+    rid = app.enqueue(basic.noop)
+    [(p, c)] = lc.claim()
+    assert lc.complete(p, c) == "succeeded"
+    assert r.exists(app.keys.attempts(p, rid)) == 0
+    keys, args = tr.complete(app.keys, p, [(rid, c.fence, b"", "ConnectionError: reset")])
+    assert scripts.complete(keys=keys, args=args) == [b"succeeded"]
+    keys, args = tr.fail(app.keys, p, "default", rid, c.fence, "late boom", "error", 0, 0.5)
+    assert scripts.fail(keys=keys, args=args)[0] == b"stale"
+    assert r.llen(app.keys.attempts(p, rid)) == 1  # pushed once, then merged into
+    run = app.get_run(rid)
+    [a] = run.attempts
+    assert (a.outcome, a.fence, a.worker, a.report_fault) == ("succeeded", 1, "w",
+                                                              "ConnectionError: reset")
+    assert a.late and a.late_outcome == "failed" and a.error == "late boom"
+    assert (a.started, a.ended) == (run.started, run.finished)

@@ -47,15 +47,21 @@ def test_claim_loop_runs_each_run_once_within_the_concurrency_cap(app, r):
     asyncio.run(main())
 
 
+async def _started_before_a_refresh(app, r, run_id: str) -> None:
+    """The delayed run started, not before its due time, well within the worker's 60 s refresh
+    of the due heads: only the enqueue's wake notice told the worker of it (how late it started
+    is a latency, measured in bench/)."""
+    await until(lambda: r.hlen(basic.stamps_key()) == 1, 30, what="the delayed run")
+    started = float(r.hget(basic.stamps_key(), run_id))
+    assert started >= app.get_run(run_id).due.timestamp() * 1000
+
+
 def test_a_delayed_run_starts_at_its_due_time_from_the_wake_notice(app, r):
     """refresh_s is a minute: only the enqueue's wake notice can start the run on time."""
     async def main() -> None:
         async with serving(app, refresh_s=60.0):
             run_id = app.enqueue(basic.stamp, delay=0.8)
-            await until(lambda: r.hlen(basic.stamps_key()) == 1, 10, what="the delayed run")
-        started = float(r.hget(basic.stamps_key(), run_id))
-        late = started - app.get_run(run_id).due.timestamp() * 1000
-        assert 0 <= late < 500, late
+            await _started_before_a_refresh(app, r, run_id)
 
     asyncio.run(main())
 
@@ -72,10 +78,7 @@ def test_garbage_on_the_wake_channel_does_not_stop_wake_ups(app, r):
                 r.publish(app.keys.wake_channel, g)
             await until(lambda: w.listener.ignored >= len(garbage), 5, what="notices read")
             run_id = app.enqueue(basic.stamp, delay=0.8)
-            await until(lambda: r.hlen(basic.stamps_key()) == 1, 5, what="the delayed run")
-        started = float(r.hget(basic.stamps_key(), run_id))
-        late = started - app.get_run(run_id).due.timestamp() * 1000
-        assert 0 <= late < 500, late
+            await _started_before_a_refresh(app, r, run_id)
 
     asyncio.run(main())
 

@@ -38,7 +38,7 @@ def test_an_idle_worker_backs_off_while_redis_is_down_and_recovers(namespace, mo
                         what="the claim loop and the wake listener to see Redis gone")
             server.start()
             app.close()  # its connections died with the server
-            basic._client.clear()  # so did the tasks' own client's
+            basic.r.clear()  # so did the tasks' own client's
             second = app.enqueue(basic.anoop)
             await until(lambda: app.get_run(second).state == "succeeded", 30,
                         what="a run after Redis came back")
@@ -50,7 +50,7 @@ def test_an_idle_worker_backs_off_while_redis_is_down_and_recovers(namespace, mo
         asyncio.run(main())
     finally:
         app.close()
-        basic._client.clear()
+        basic.r.clear()
         server.stop()
     down, back = said(DOWN), said(BACK)
     # one line per loop and incident (claim loop, wake listener, heartbeat, reporter)

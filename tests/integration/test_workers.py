@@ -72,18 +72,24 @@ def test_concurrency_caps_runs_executing_at_once(app, r):
     assert int(r.get(f"{app.keys.namespace}:test:max_running")) == 7
 
 
-def test_sigkill_mid_run_reruns_after_lease_expiry(app, r, procs):
-    """A worker process SIGKILLed mid-run; its lease is made to expire now (rather than
-    slept through), the reaper retries the run and another worker runs it. How soon a killed
-    worker's run is recovered in real time is measured in bench/chaos.py."""
-    run_id = app.enqueue(basic.slow, [2.0])
+def _killed_mid_run_and_reaped(app, r, procs, run_id: str, state: str) -> None:
+    """A worker process runs `run_id` and is SIGKILLed mid-run; its lease is made to expire
+    now (not slept through) and the reaper moves the run to `state`."""
     victim = procs.worker("--lease", "1s")
     wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     expire_lease(app, r, run_id)
     with reaper_thread(app):
-        wait_for(lambda: app.get_run(run_id).state == "retrying", 15, what="the lease reaped")
+        wait_for(lambda: app.get_run(run_id).state == state, 15, what=f"the lease reaped: {state}")
+
+
+def test_sigkill_mid_run_reruns_after_lease_expiry(app, r, procs):
+    """A worker process SIGKILLed mid-run; its lease is made to expire now (rather than
+    slept through), the reaper retries the run and another worker runs it. How soon a killed
+    worker's run is recovered in real time is measured in bench/chaos.py."""
+    run_id = app.enqueue(basic.slow, [2.0])
+    _killed_mid_run_and_reaped(app, r, procs, run_id, "retrying")
     burst(app, claim_ahead_ms=1000)  # the reaper's backoff is within claim-ahead
     run = app.get_run(run_id)
     assert run.state == "succeeded"
@@ -157,13 +163,7 @@ def test_explicit_retry_delay(app, r):
 
 def test_non_idempotent_lease_expiry_goes_uncertain_and_is_not_rerun(app, r, procs):
     run_id = app.enqueue(basic.nonidem, [3.0])
-    victim = procs.worker("--lease", "1s")
-    wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    expire_lease(app, r, run_id)
-    with reaper_thread(app):
-        wait_for(lambda: app.get_run(run_id).state == "uncertain", 15, what="uncertain")
+    _killed_mid_run_and_reaped(app, r, procs, run_id, "uncertain")
     # a second worker finds nothing to run: it looked at every set and stopped, idle
     assert burst(app, claim_ahead_ms=5000).processed == 0
     run = app.get_run(run_id)
@@ -173,30 +173,31 @@ def test_non_idempotent_lease_expiry_goes_uncertain_and_is_not_rerun(app, r, pro
     assert "not idempotent" in run.reason
 
 
-@pytest.mark.parametrize("task", ["slow", "aslow"])
-def test_sigterm_lets_a_run_finish_within_grace(app, r, procs, task):
-    run_id = app.enqueue(task, [1.0])
-    w = procs.worker("--grace", "10s")
+def _sigtermed_mid_run(app, r, procs, task: str, seconds: float, grace: str):
+    """A run of `task` taking `seconds`, on a worker process with `--grace`, which gets
+    SIGTERM once the run started and exits 0: the run as it was left."""
+    run_id = app.enqueue(task, [seconds])
+    w = procs.worker("--grace", grace)
     wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
     w.send_signal(signal.SIGTERM)
     assert w.wait(20) == 0
-    run = app.get_run(run_id)
+    return app.get_run(run_id)
+
+
+@pytest.mark.parametrize("task", ["slow", "aslow"])
+def test_sigterm_lets_a_run_finish_within_grace(app, r, procs, task):
+    run = _sigtermed_mid_run(app, r, procs, task, 1.0, "10s")
     assert run.state == "succeeded" and run.attempt == 1
 
 
 @pytest.mark.parametrize("task", ["slow", "aslow"])
 def test_sigterm_releases_an_unfinished_run_without_burning_an_attempt(app, r, procs, task):
-    run_id = app.enqueue(task, [4.0])
-    w = procs.worker("--grace", "300ms")
-    wait_for(lambda: r.exists(basic.started_key(run_id)), 15, what="run to start")
-    w.send_signal(signal.SIGTERM)
-    assert w.wait(20) == 0
-    run = app.get_run(run_id)
+    run = _sigtermed_mid_run(app, r, procs, task, 4.0, "300ms")
     assert run.state == "scheduled"
     assert run.attempt == 0  # the interrupted attempt is not counted
     assert [a.outcome for a in run.attempts] == ["released"]
     burst(app)
-    run = app.get_run(run_id)
+    run = app.get_run(run.id)
     assert run.attempt == 1 and [a.outcome for a in run.attempts] == ["released", "succeeded"]
 
 
@@ -253,6 +254,22 @@ def test_delayed_runs_are_never_started_early(app, r):
     assert min(late) >= 0, sorted(late)[:3]  # never early
     run = app.get_run(ids[0])
     assert run.started >= run.due
+
+
+def test_runs_claimed_far_ahead_are_held_to_their_due_time(app, r):
+    """With a claim-ahead longer than the runs' delays, the first claim takes them all, long
+    before they are due: each is held in the worker (worker/clock.py's wait_until) and its
+    task starts at or after its due time; the attempt's recorded start is the due time."""
+    ids = app.enqueue_many([{"task": basic.stamp, "delay": 0.3 + i * 0.011} for i in range(25)])
+    worker = burst(app, concurrency=32, claim_ahead_ms=5000)
+    assert worker.processed == 25
+    stamps = {k.decode(): float(v) for k, v in r.hgetall(basic.stamps_key()).items()}
+    for run_id in ids:
+        run = app.get_run(run_id)
+        assert run.state == "succeeded"
+        due_ms = run.due.timestamp() * 1000
+        assert stamps[run_id] >= due_ms, (run_id, stamps[run_id] - due_ms)  # never early
+        assert run.attempts[0].started == run.due  # claimed ahead: its attempt starts at due
 
 
 def test_lost_lease_cancels_an_async_run(app, r):
@@ -314,7 +331,7 @@ def test_worker_carries_on_after_a_redis_restart(namespace):
             await asyncio.sleep(0.5)  # the length of the outage, not a wait for an outcome
             server.start()
             app.close()
-            basic._client.clear()  # the tasks' own client: connections to the old process
+            basic.r.clear()  # the tasks' own client: connections to the old process
             second = app.enqueue(basic.anoop)
             await until(lambda: app.get_run(second).state == "succeeded", 30,
                         what="a run after the restart")

@@ -17,7 +17,7 @@ from duetime.common.time.calendar import (
     previous_before,
 )
 from duetime.common.time.parse import to_ms
-from duetime.common.time.spec import Cron, Every, Trigger
+from duetime.common.time.spec import At, Cron, Every, Trigger
 from duetime.scheduler.calendars import apply
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -173,3 +173,16 @@ def test_a_calendar_edited_mid_way_applies_from_the_next_occurrence_without_a_ru
     # the same version again: the cursor is left where it was
     same = apply(trigger, {**rec, "cal_v": v1.label.encode()}, to_ms(nxt), to_ms(now), {"c": v1})
     assert same.cursor_ms == to_ms(nxt)
+
+
+@CI
+@given(st.integers(-10**6, 10**6), st.integers(-10**6, 10**6))
+def test_previous_before_a_one_time_trigger_is_its_instant_if_earlier(at_s: int, t_s: int) -> None:
+    """The fast path for At (no search) answers what the search over windows answers."""
+    base = datetime(2026, 6, 1, tzinfo=UTC)
+    trigger, t = At(base + timedelta(seconds=at_s)), base + timedelta(seconds=t_s)
+    want = trigger.instant if trigger.instant < t else None
+    assert previous_before(trigger, t) == want
+    # the same trigger behind a calendar that excludes nothing takes the general search
+    assert previous_before(Calendared(trigger, Calendar("all", 1, frozenset(range(7))), "skip"),
+                           t) == want

@@ -9,7 +9,6 @@ scheduler processes keep serving throughout.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -23,9 +22,7 @@ from hypothesis import strategies as st
 import duetime
 from duetime.embedded import EmbeddedServer
 from tests.apps import chaos as chaos_app
-from tests.chaos.faults import FaultLog
-from tests.chaos.fleet import Fleet
-from tests.chaos.proxy import ProxyHub
+from tests.chaos.fleet import Fleet, chaos_fleet
 from tests.conftest import SERVER_KINDS, wait_for
 
 pytestmark = [pytest.mark.scripts, pytest.mark.slow]
@@ -54,19 +51,13 @@ def fleet(request: pytest.FixtureRequest, servers: dict[str, EmbeddedServer],
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     server = servers[request.param]
     namespace = f"dmg{uuid.uuid4().hex[:8]}"
-    hub = ProxyHub()
-    f = Fleet(server.port, namespace, Path(tmp_path_factory.mktemp("damaged")), FaultLog(), hub)
-    chaos_app.app.configure(redis_url=server.url, namespace=namespace)
-    f.add("scheduler", "--tick", "100ms", "--reap-tick", "100ms")
-    f.add("worker", "--lease", "1s", "--concurrency", "8")
-    r = chaos_app.app.store.ready()
-    wait_for(lambda: r.zcard(chaos_app.app.keys.workers) >= 1, 30, what="the worker")
-    try:
+    workdir = Path(tmp_path_factory.mktemp("damaged"))
+    with chaos_fleet(server.port, server.url, namespace, workdir) as f:
+        f.add("scheduler", "--tick", "100ms", "--reap-tick", "100ms")
+        f.add("worker", "--lease", "1s", "--concurrency", "8")
+        r = chaos_app.app.store.ready()
+        wait_for(lambda: r.zcard(chaos_app.app.keys.workers) >= 1, 30, what="the worker")
         yield f
-    finally:
-        f.close()
-        hub.close()
-        chaos_app.app.close()
 
 
 def still_serving(fleet: Fleet) -> None:
@@ -147,7 +138,6 @@ def test_a_run_forced_to_running_without_a_lease_is_dead_lettered(fleet: Fleet) 
     r = app.store.ready()
     run_id = chaos_app.quick.options(delay=0.4).enqueue(0.0)
     r.hset(run_key(run_id), "state", "running")
-    time.sleep(0.2)
     wait_for(lambda: r.hget(run_key(run_id), "state") != b"running", 10,
              what="the run to leave a state no lease backs")
     h = r.hgetall(run_key(run_id))

@@ -10,8 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,10 +18,10 @@ import redis
 from duetime.common import scripts
 
 import duetime
-from duetime.embedded import EmbeddedServer
 from tests.apps import chaos as chaos_app
+from tests.conftest import wait_for
 from tests.integration.opkit import Driver, cli
-from tests.security.roles import Role, documented, install, refusals, remove, roles
+from tests.security.roles import Role, documented, refusals
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.chaos:app"
@@ -45,20 +43,6 @@ SCRIPTS = {
 # doctor tries CONFIG GET (refused: it reads persistence from INFO alone); `runs wait` by the
 # read-only operator tries the notify script once (refused: it polls); nothing else may be
 ALLOWED_REFUSALS = {("command", "config|get"), ("command", "evalsha", "operator-ro")}
-
-
-@pytest.fixture
-def acl(server: EmbeddedServer, namespace: str) -> Iterator[tuple[EmbeddedServer, dict[str, Role]]]:
-    admin = redis.Redis(port=server.port)
-    rs = roles(namespace, uuid.uuid4().hex[:6])
-    install(admin, rs)
-    admin.acl_log_reset()
-    try:
-        yield server, rs
-    finally:
-        remove(admin, rs)
-        admin.close()
-        chaos_app.app.close()
 
 
 def lua_commands(name: str) -> set[str]:
@@ -247,7 +231,12 @@ def test_the_read_only_operator_waits_for_a_run_by_polling(acl, namespace: str) 
     got: list[object] = []
     waiter = threading.Thread(target=lambda: got.append(reader.wait(run_id, timeout=10)))
     waiter.start()
-    time.sleep(0.5)
+    admin = redis.Redis.from_url(server.url)
+    # the waiter is under way (the read-only user is connected) before the run is finished
+    ro = rs["operator-ro"].user
+    wait_for(lambda: any(c.get("user") == ro for c in admin.client_list()), 10,
+             what="the read-only waiter to connect")
+    admin.close()
     assert waiter.is_alive() and not got  # still waiting: the run has not run
     d = Driver(admin_app)
     from duetime.common import transitions as tr

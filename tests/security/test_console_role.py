@@ -6,8 +6,6 @@ action of the console works under `duetime-console-write`."""
 from __future__ import annotations
 
 import re
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -23,24 +21,10 @@ from duetime.ops.inspect import Inspector
 from duetime.web.server import create_app
 from tests.apps import chaos as chaos_app
 from tests.integration.opkit import Driver
-from tests.security.roles import Role, install, refusals, remove, roles
+from tests.security.roles import Role, refusals
 from tests.security.test_acl import ALLOWED_REFUSALS, snapshot
 
 TOKEN = "console-role-token-0123456789"
-
-
-@pytest.fixture
-def acl(server: EmbeddedServer, namespace: str) -> Iterator[tuple[EmbeddedServer, dict[str, Role]]]:
-    admin = redis.Redis(port=server.port)
-    rs = roles(namespace, uuid.uuid4().hex[:6])
-    install(admin, rs)
-    admin.acl_log_reset()
-    try:
-        yield server, rs
-    finally:
-        remove(admin, rs)
-        admin.close()
-        chaos_app.app.close()
 
 
 def seed(server: EmbeddedServer, namespace: str) -> dict[str, str]:

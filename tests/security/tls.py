@@ -6,14 +6,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
 import redis
 
-from duetime.embedded import free_port, redis_server_binary
+from duetime.embedded import answering, free_port, redis_server_binary
 
 KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
@@ -80,17 +79,8 @@ class TlsServer:
              "--maxmemory-policy", "noeviction", "--tls-cert-file", c.path("server.crt"),
              "--tls-key-file", c.path("server.key"), "--tls-ca-cert-file", c.path("ca.crt"),
              "--tls-auth-clients", "yes"], stdout=log, stderr=subprocess.STDOUT)
-        client = redis.Redis.from_url(self.url(), socket_connect_timeout=0.5)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"TLS redis-server did not start: {self.dir}/server.log") from None
-                time.sleep(0.05)
-        client.close()
+        answering(redis.Redis.from_url(self.url(), socket_connect_timeout=0.5), self.proc, 15,
+                  f"TLS redis-server did not start: {self.dir}/server.log", every_s=0.05)
         return self
 
     def stop(self) -> None:

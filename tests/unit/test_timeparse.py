@@ -272,3 +272,15 @@ def test_one_time_trigger_takes_an_iso_string() -> None:
     assert At("2026-03-08T03:30:00-04:00") == At(datetime(2026, 3, 8, 7, 30, tzinfo=UTC))
     with pytest.raises(InvalidSchedule, match="has no UTC offset"):
         At("2026-03-08T03:30:00")
+
+
+def test_cached_durations_keep_their_type_and_refusals() -> None:
+    """parse_duration caches its answers: the value's type is part of the key (True is never
+    taken for 1, nor 1.5 for '1.5'), a refusal is raised every time, and the bounds count."""
+    assert parse_duration(1) == parse_duration(1.0) == timedelta(seconds=1)
+    for _ in range(2):
+        with pytest.raises(InvalidTime):
+            parse_duration(True)
+        with pytest.raises(InvalidTime):
+            parse_duration(1, lo=timedelta(seconds=2))
+    assert parse_duration("90s") == timedelta(seconds=90) == parse_duration(timedelta(seconds=90))

@@ -4,7 +4,6 @@ release goes through the dependency's notice list and the relay (the reaper)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from duetime.client.runs import EnqueueRequest
 from duetime.embedded import EmbeddedCluster
 from tests.apps import workloads as w
-from tests.conftest import wait_for
+from tests.conftest import configured, wait_for
 from tests.integration.inproc import burst, reaper_thread
 
 pytestmark = [pytest.mark.scripts, pytest.mark.slow]
@@ -26,9 +25,8 @@ def cluster() -> Iterator[EmbeddedCluster]:
 
 @pytest.fixture
 def capp(cluster: EmbeddedCluster):
-    w.app.configure(redis_url=cluster.url, namespace=f"c{uuid.uuid4().hex[:8]}")
-    yield w.app
-    w.app.close()
+    with configured(w.app, cluster.url, "c") as a:
+        yield a
 
 
 def _on_other_shards(app, cluster: EmbeddedCluster) -> tuple[str, str, str]:

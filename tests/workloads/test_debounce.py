@@ -7,8 +7,6 @@ controlled through the record, never slept through)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from click.testing import CliRunner
 from duetime.common import transitions as tr
@@ -229,7 +227,10 @@ def test_none_lost_when_the_worker_is_sigkilled(app, procs):
             worker.wait()
             worker = procs.worker("--concurrency", "4", "--lease", "2s")
         if i % 60 == 0:
-            time.sleep(0.05)  # let some runs start, so later enqueues make new runs
+            # some runs start (one more has executed), so later enqueues make new runs
+            ran = basic.r().hlen(basic.count_key())
+            wait_for(lambda n=ran: basic.r().hlen(basic.count_key()) > n, timeout=60,
+                     what=f"a debounced run to execute after enqueue {i}")
 
     def all_done() -> bool:
         return all(app.get_run(x).state == "succeeded" for x in landed)

@@ -1,0 +1,193 @@
+"""Upgrading a live namespace from the previous layout (format 1) to this one (format 2, the
+succeeded attempt inline in the run hash; docs/keys.md "Namespace format"): the previous
+release's scripts (tests/fixtures/format1, assembled verbatim from its lua/) write a namespace
+with runs due, running with leases held, retrying, dead and finished; then this version and
+the previous one serve it side by side, as in a rolling upgrade, while new runs keep
+arriving. Nothing is lost or run twice, and every reader sees one history whichever version
+wrote it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from duetime.common import transitions as tr
+from duetime.common.codec import pack_payload
+from duetime.common.connection import FORMAT
+from duetime.common.scripts import Scripts
+
+from duetime import FormatTooNew
+from duetime.client.runs import task_fields
+from tests.apps import basic
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.scripts
+
+OLD = Path(__file__).resolve().parent.parent / "fixtures" / "format1"
+
+
+class Version:
+    """One release's transitions, driven as its workers and producers call them."""
+
+    def __init__(self, r, k, scripts, old: bool, worker: str) -> None:
+        self.r, self.k, self.s, self.old, self.worker = r, k, scripts, old, worker
+
+    def enqueue(self, p: int, ids: list[str]) -> int:
+        keys, args = tr.enqueue(self.k, p, "default", task_fields(basic.noop.spec, "default"),
+                                [(i, "", 0, ["payload", pack_payload([], {})]) for i in ids],
+                                fresh=not self.old)
+        if self.old:
+            del args[4]  # the previous enqueue.lua had no `fresh` mark
+        return int(self.s["enqueue"](keys=keys, args=args))
+
+    def claim(self, p: int, n: int) -> list:
+        keys, args = tr.claim(self.k, p, "default", self.worker, n, 60_000)
+        return tr.parse_claim(self.s["claim"](keys=keys, args=args)).runs
+
+    def complete(self, p: int, runs: list) -> list[str]:
+        keys, args = tr.complete(self.k, p, [(c.run_id, c.fence) for c in runs])
+        return [x.decode() for x in self.s["complete"](keys=keys, args=args)]
+
+    def fail(self, p: int, c, mode: str) -> str:
+        keys, args = tr.fail(self.k, p, "default", c.run_id, c.fence, "boom", mode, 0, 0.5)
+        return self.s["fail"](keys=keys, args=args)[0].decode()
+
+
+def _old_source(name: str, memory: bool) -> str:
+    """The previous release's script; without its `#!lua` line for the in-memory backend
+    (as common/scripts.py `plain` loads it there)."""
+    src = (OLD / f"{name}.lua").read_text()
+    return "\n" + src.split("\n", 1)[1] if memory and src.startswith("#!") else src
+
+
+def versions(app, r) -> tuple[Version, Version]:
+    memory = app.redis_url.startswith("memory:")
+    old = {n: r.register_script(_old_source(n, memory))
+           for n in ("enqueue", "claim", "complete", "fail")}
+    new = Scripts(r)
+    return (Version(r, app.keys, old, True, "old-worker"),
+            Version(r, app.keys, {n: getattr(new, n) for n in old}, False, "new-worker"))
+
+
+def test_a_live_namespace_upgrades_with_old_and_new_workers_side_by_side(app, r):
+    k = app.keys
+    old, new = versions(app, r)
+    # the previous release's first use: its <ns>:meta has no `format`
+    r.hset(k.meta, mapping={"partitions": k.partitions, "version": "1", "created_ms": 1})
+    ids: dict[int, list[str]] = {}
+    for n in range(8 * k.partitions):  # ids that land in every partition, as random ids do
+        rid = f"{n:020x}"
+        ids.setdefault(k.partition_of_run(rid), []).append(rid)
+    for p, group in ids.items():
+        assert old.enqueue(p, group) == len(group)
+
+    # the old fleet at work: per partition one finished, one retrying, one dead, two running
+    # (leases held by the old worker), the rest due
+    held: dict[int, list] = {}
+    retried, dead = set(), set()
+    claims: Counter[str] = Counter()
+    succeeded: Counter[str] = Counter()
+    for p in ids:
+        runs = old.claim(p, 5)
+        claims.update(c.run_id for c in runs)
+        done, again, fatal, *rest = runs
+        assert old.complete(p, [done]) == ["succeeded"]
+        succeeded[done.run_id] += 1
+        assert old.fail(p, again, "retry") == "retrying"
+        assert old.fail(p, fatal, "fatal") == "dead"
+        retried.add(again.run_id)
+        dead.add(fatal.run_id)
+        held[p] = rest
+    states = Counter(app.get_run(i).state for group in ids.values() for i in group)
+    assert set(states) == {"scheduled", "running", "retrying", "dead", "succeeded"}, states
+    old_done = [i for i in succeeded]
+    assert all(len(r.lrange(k.attempts(k.partition_of_run(i), i), 0, -1)) == 1 for i in old_done)
+
+    # the upgrade: the first process of this version marks the namespace format 2
+    app.store._ready = False
+    app.store.ready()
+    assert r.hget(k.meta, "format") == str(FORMAT).encode()
+    for i in old_done:  # a run finished by the old layout reads as before: one attempt, once
+        [a] = app.get_run(i).attempts
+        assert a.outcome == "succeeded" and a.fence == 1
+    assert [a.outcome for a in app.get_run(next(iter(dead))).attempts] == ["failed"]
+
+    # side by side under load: each round a producer of each version adds runs, the old
+    # worker first finishes what it held, then both claim and complete in turn
+    produced = [i for g in ids.values() for i in g]
+    for rnd in range(6):
+        produced += app.enqueue_many([(basic.noop, []) for _ in range(2 * k.partitions)])
+        for _ in range(k.partitions):
+            extra = os.urandom(10).hex()
+            assert old.enqueue(k.partition_of_run(extra), [extra]) == 1
+            produced.append(extra)
+        for p in ids:
+            for worker in (old, new) if rnd % 2 else (new, old):
+                claimed = worker.claim(p, 3)
+                claims.update(c.run_id for c in claimed)
+                runs = (held.pop(p, []) if worker is old else []) + claimed
+                if runs:
+                    for c, res in zip(runs, worker.complete(p, runs), strict=True):
+                        assert res == "succeeded", (c.run_id, res)
+                        succeeded[c.run_id] += 1
+    for p in ids:  # drain what is left, alternating versions
+        while True:
+            got = 0
+            for worker in (new, old):
+                runs = worker.claim(p, 50)
+                claims.update(c.run_id for c in runs)
+                if runs:
+                    got += len(runs)
+                    for c, res in zip(runs, worker.complete(p, runs), strict=True):
+                        assert res == "succeeded"
+                        succeeded[c.run_id] += 1
+            if not got:
+                break
+
+    # 0 lost, 0 run twice: every run but the dead ones succeeded exactly once, and was
+    # claimed once (twice for those the old worker failed with a retry)
+    everyone = set(produced)
+    assert set(succeeded) == everyone - dead
+    assert all(n == 1 for n in succeeded.values())
+    assert {i: n for i, n in claims.items() if n != (2 if i in retried else 1)} == {}
+    # one history per run, whichever version ended which attempt
+    for i in everyone - dead:
+        run = app.get_run(i)
+        assert run.state == "succeeded", (i, run.state)
+        outcomes = [a.outcome for a in run.attempts]
+        assert outcomes == (["failed", "succeeded"] if i in retried else ["succeeded"]), outcomes
+        assert run.attempts[-1].fence == run.fence and run.attempts[-1].ended is not None
+    # the new layout is in use: a first-try success by this version wrote no attempts key
+    new_firsts = [i for i in everyone - dead - retried - set(old_done)
+                  if r.exists(k.attempts(k.partition_of_run(i), i)) == 0]
+    assert new_firsts
+    # a report sent again across versions gets the first answer and changes nothing
+    one = new_firsts[0]
+    p1 = k.partition_of_run(one)
+    again = [SimpleNamespace(run_id=one, fence=1)]
+    assert old.complete(p1, again) == ["succeeded"] and new.complete(p1, again) == ["succeeded"]
+    assert [a.outcome for a in app.get_run(one).attempts] == ["succeeded"]
+
+    # the retention sweep deletes finished runs of both layouts with their attempts
+    lc_scripts = Scripts(r)
+
+    def swept() -> bool:
+        for p in range(k.partitions):
+            keys, args = tr.reap(k, p, 1000, 0.3, 1)
+            lc_scripts.reap(keys=keys, args=args)
+        return all(r.exists(k.run(k.partition_of_run(i), i), k.attempts(k.partition_of_run(i), i))
+                   == 0 for i in everyone - dead)
+
+    wait_for(swept, 30, what="the retention sweep of both layouts")  # keeps the last 1 ms
+
+
+def test_a_namespace_of_a_newer_format_is_refused_with_one_clear_error(app, r):
+    r.hset(app.keys.meta, mapping={"partitions": app.keys.partitions, "version": "1",
+                                   "format": str(FORMAT + 1)})
+    app.store._ready = False
+    with pytest.raises(FormatTooNew, match=r"layout format 3 .*reads formats 1\.\.2"):
+        app.store.ready()
