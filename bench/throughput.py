@@ -5,6 +5,10 @@ served), time inside scripts and server CPU (INFO cpu).
 
     .venv/bin/python -m bench.throughput --runs 20000 --repeat 3 [--server redis|valkey]
         [--middleware N]   (N no-op middleware in the producer and the worker: their cost)
+        [--rtt_ms 1]       (the worker reaches Redis through a delay proxy: each chunk waits
+                            half of it each way, order kept; tests/chaos/proxy.py, in this
+                            process's thread. No `tc netem` on this kernel: a proxy is what
+                            there is. The producer and the bench's own reads go direct)
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def drain_s(r: redis.Redis, done_keys: list[str]) -> float:
     return (max(heads) - min(heads)) / 1000
 
 
-def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
+def one_round(url: str, n: int, concurrency: int, rtt_ms: float = 0.0) -> dict[str, float]:
     ns = f"bench{uuid.uuid4().hex[:6]}"
     app.configure(redis_url=url, namespace=ns)
     r = redis.Redis.from_url(url)
@@ -71,7 +75,16 @@ def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
     app.enqueue_many([(noop, [i]) for i in range(n)])
     t_enq, enqueue_cpu = time.perf_counter() - t0, time.process_time() - c0
     stats1 = commandstats(r)
-    env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns,
+    hub = None
+    worker_url = url
+    if rtt_ms:
+        from tests.chaos.proxy import ProxyHub
+
+        hub = ProxyHub()
+        link = hub.link(int(url.rsplit(":", 1)[1].split("/")[0]))
+        link.latency(rtt_ms / 2000)
+        worker_url = link.url()
+    env = {**os.environ, "DUETIME_REDIS_URL": worker_url, "DUETIME_NAMESPACE": ns,
            "DUETIME_BENCH_MIDDLEWARE": str(MIDDLEWARE[0])}
     t1 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "duetime", "--log-level", "WARNING", "worker",
@@ -87,6 +100,8 @@ def one_round(url: str, n: int, concurrency: int) -> dict[str, float]:
     stats2 = commandstats(r)
     proc.terminate()
     proc.wait(30)
+    if hub is not None:
+        hub.close()
     # worker start-up (interpreter + imports) is part of t_drain; measure it to report both
     def delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
         d = {k: b.get(k, 0) - a.get(k, 0) for k in b if b.get(k, 0) - a.get(k, 0) > 0}
@@ -126,15 +141,15 @@ MIDDLEWARE = [0]  # no-op middleware registered (bench/apps.py), here and in the
 
 
 def main() -> None:
-    args = parser(runs=20000, repeat=3, concurrency=256, middleware=0).parse_args()
+    args = parser(runs=20000, repeat=3, concurrency=256, middleware=0, rtt_ms=0.0).parse_args()
     if args.middleware:
         from bench.apps import add_middleware
 
         MIDDLEWARE[0] = args.middleware
         add_middleware(args.middleware)
-    repeated(args, lambda url: one_round(url, args.runs, args.concurrency),
+    repeated(args, lambda url: one_round(url, args.runs, args.concurrency, args.rtt_ms),
              f"server={args.server} runs={args.runs} repeat={args.repeat} "
-             f"concurrency={args.concurrency} middleware={args.middleware}")
+             f"concurrency={args.concurrency} middleware={args.middleware} rtt_ms={args.rtt_ms}")
 
 if __name__ == "__main__":
     main()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -191,6 +193,28 @@ def child(metric: Any, *labels: str) -> Any:
     if c is None:
         c = _children[key] = metric.labels(*labels)
     return c
+
+
+def observe_many(hist: Any, values: list[float]) -> None:
+    """`hist.observe(v)` for each of `values` (a histogram child, see `child`), in bulk: the
+    buckets are counted here and each touched bucket, the sum (and the count) is incremented
+    once, where observing one by one takes a lock and scans the buckets per value. The same
+    series, read the same way by a scrape; a histogram of another make is observed one by one."""
+    bounds = getattr(hist, "_upper_bounds", None)
+    buckets = getattr(hist, "_buckets", None)
+    total = getattr(hist, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for v in values:
+            hist.observe(v)
+        return
+    hist._raise_if_not_observable()
+    counts = [0] * len(bounds)
+    for v in values:  # the first bucket whose upper bound is >= v (the last is +Inf)
+        counts[bisect.bisect_left(bounds, v)] += 1
+    total.inc(math.fsum(values))
+    for bucket, n in zip(buckets, counts, strict=True):
+        if n:
+            bucket.inc(n)
 
 
 # What /healthz and /readyz answer: the process's loops report here (see common/health.py).

@@ -46,13 +46,14 @@ class Ledger:
     def __init__(self) -> None:
         self.pending: dict[tuple[str, str], list[int]] = {}
 
-    def add(self, task: str, owner: str, ending: str, seconds: float) -> None:
+    def add(self, task: str, owner: str, ending: str, seconds: float, count: int = 1) -> None:
+        """`count` attempts of `task` that ended so, `seconds` spent on them in all."""
         row = self.pending.get((task, owner))
         if row is None:
             row = self.pending[(task, owner)] = [0, 0, 0]
-        row[0] += 1
+        row[0] += count
         if ending != "succeeded":
-            row[1] += 1
+            row[1] += count
             row[2] += round(seconds * 1000)
 
     def __bool__(self) -> bool:

@@ -90,8 +90,8 @@ class TaskSpec:
             timeout = TIMEOUT.parse(self.timeout, f"task {self.name!r}: timeout")
             object.__setattr__(self, "timeout", timeout.total_seconds())
 
-    @property
-    def is_async(self) -> bool:
+    @functools.cached_property
+    def is_async(self) -> bool:  # cached: a worker asks it per run, and fn never changes
         return inspect.iscoroutinefunction(self.fn)
 
     @property

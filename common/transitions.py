@@ -52,9 +52,11 @@ _NEXT, _MISSED, _SKIPPED, _HELD_C, _HELD_R = _at(
     "tenant", "headers")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class Claimed:
-    """One run handed to a worker by claim.lua."""
+    """One run handed to a worker by claim.lua (read-only by convention: not frozen, since a
+    frozen dataclass sets each of its fields through object.__setattr__, and a claim reply
+    makes one per run on the worker's hot path)."""
 
     run_id: str
     fence: int
@@ -97,31 +99,38 @@ def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms:
             [k.prefix(p), worker_id, limit, lease_ms, ahead_ms, k.sched_wake, p, queue])
 
 
+# parse_claim unpacks each run's fields by position, in this order (checked at import)
+assert CLAIM_RUN_FIELDS == ("run_id", "fence", "attempt", "task", "payload", "due_ms",
+                            "timeout_ms", "idempotent", "key", "schedule", "ready_ms",
+                            "limited_by", "interval_start", "interval_end", "tenant", "headers")
+
+
 def parse_claim(res: list[Any]) -> ClaimReply:
     nxt = int(res[_NEXT])
     runs = []
-    for i in range(CLAIM_HEADER, len(res), CLAIM_FIELDS):
-        f = res[i : i + CLAIM_FIELDS]
+    # the runs' fields, CLAIM_FIELDS at a time, unpacked without a slice or an index per field
+    fields = iter(res[CLAIM_HEADER:])
+    for (run_id, fence, attempt, task, payload, due, timeout, idempotent, key, schedule, ready,
+         limited_by, iv_start, iv_end, tenant, headers) in zip(*[fields] * CLAIM_FIELDS,
+                                                                strict=True):
         # id, fence, attempt and the score come from the script; the rest is the run record,
         # which an operator's HSET may have damaged: one bad run must not sink its batch
-        run_id, fence, attempt = _s(f[_RUN_ID]), int(f[_FENCE]), int(f[_ATTEMPT])
-        ready_ms = int(f[_READY])
+        run_id, fence, attempt, ready = run_id.decode(), int(fence), int(attempt), int(ready)
         try:
             runs.append(Claimed(
-                run_id=run_id, fence=fence, attempt=attempt, task=_s(f[_TASK]),
-                payload=f[_PAYLOAD] or b"", due_ms=int(f[_DUE] or 0),
-                timeout_ms=int(f[_TIMEOUT] or 0), idempotent=f[_IDEMPOTENT] != b"0",
-                key=_s(f[_KEY]) or None, schedule=_s(f[_SCHEDULE]) or None,
-                ready_ms=ready_ms, limited_by=_s(f[_LIMITED_BY]),
-                interval_start=int(f[_IV_START] or 0), interval_end=int(f[_IV_END] or 0),
-                tenant=_s(f[_TENANT]), headers=f[_HEADERS] or b"",
+                run_id, fence, attempt, task.decode() if task else "", payload or b"",
+                int(due or 0), int(timeout or 0), idempotent != b"0",
+                key.decode() if key else None, schedule.decode() if schedule else None,
+                ready, "", limited_by.decode() if limited_by else "",
+                int(iv_start or 0), int(iv_end or 0),
+                tenant.decode() if tenant else "", headers or b"",
             ))
         except (ValueError, UnicodeDecodeError) as exc:
             runs.append(Claimed(
                 run_id=run_id, fence=fence, attempt=attempt,
-                task=(f[_TASK] or b"").decode(errors="replace"), payload=b"",
-                due_ms=ready_ms, timeout_ms=0, idempotent=True, key=None, schedule=None,
-                ready_ms=ready_ms, damaged=f"run record unreadable: {exc}",
+                task=(task or b"").decode(errors="replace"), payload=b"",
+                due_ms=ready, timeout_ms=0, idempotent=True, key=None, schedule=None,
+                ready_ms=ready, damaged=f"run record unreadable: {exc}",
             ))
     return ClaimReply(None if nxt < 0 else nxt, runs, int(res[_MISSED]), int(res[_SKIPPED]),
                       int(res[_HELD_C]), int(res[_HELD_R]))

@@ -13,6 +13,7 @@ runs").
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aredis
@@ -51,10 +52,13 @@ class Checkpoints:
                 except Exception as exc:  # noqa: BLE001 - it will never decode: no retry
                     raise Fatal(f"checkpoint unreadable: {exc}") from None
 
-        async def write(data: bytes) -> bool:
-            return await self.write(ex, data)
+        self.bind(ex, state)
 
-        ctx.bind_checkpoints(write, asyncio.get_running_loop(), state)
+    def bind(self, ex: Execution, state: Any = None) -> None:
+        """`prepare` without the read: what a first claim (fence 1, no checkpoint yet) needs,
+        done without a coroutine on the hot path."""
+        ex.ctx.bind_checkpoints(functools.partial(self.write, ex), asyncio.get_running_loop(),
+                                state)
 
     async def write(self, ex: Execution, data: bytes) -> bool:
         ctx = ex.ctx

@@ -197,7 +197,7 @@ class Claimer:
                 outcomes += [(key, r) for (key, _), r in zip(g, res, strict=True)]
         now = self.clock.now_ms()
         claimed = 0
-        start = self.executor.start
+        start = self.executor.start_batch
         moving = False
         for (p, q), res in outcomes:
             if isinstance(res, BaseException):
@@ -207,10 +207,9 @@ class Claimer:
             reply = tr.parse_claim(res)
             self.due.set((p, q), reply.next_due_ms, seq)
             self.due.account((p, q), len(reply.runs))
-            for c in reply.runs:
-                start(p, q, c, now)
-            claimed += len(reply.runs)
             if reply.runs:
+                start(p, q, reply.runs, now)
+                claimed += len(reply.runs)
                 metrics.child(metrics.CLAIMED, q).inc(len(reply.runs))
             if reply.missed:
                 metrics.MISSED.inc(reply.missed)

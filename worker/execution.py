@@ -1,6 +1,11 @@
 """Execution: runs claimed attempts (async tasks on the loop, sync tasks in a thread pool),
 turns how each ended into a report, and stops attempts whose lease is lost.
 
+The life of one attempt: `start_batch` makes its Execution (`_begin`) and hands `_attempt` to
+the runners (worker/runners.py: reused asyncio tasks, the attempt in a contextvars context of
+its own); `_attempt` waits for its due time, decodes it, runs the body (`_call`), and turns
+how it ended into one report for the reporter. `interrupt` cancels it where it waits.
+
 In-flight state is kept per attempt, (run id, fence): a run can be claimed again while an
 older attempt of it still executes here (its lease lapsed while the worker was stalled, and
 the reaper retried it). Two attempts of one run never execute at once in one worker: the new
@@ -12,6 +17,7 @@ instead of doing the work a second time. Otherwise the new attempt runs the task
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -24,8 +30,8 @@ from duetime.common import metrics
 from duetime.common.codec import pack_not_stored, pack_result, unpack_payload
 from duetime.common.context import RunContext, set_current
 from duetime.common.errors import Continue, Fatal, InvalidInput, RateLimited, Retry, UnknownTask
-from duetime.common.logs import bind_run
 from duetime.common.logs import get as get_logger
+from duetime.common.logs import run_binder
 from duetime.common.models import from_ms
 from duetime.common.outcomes import FailMode, Outcome
 from duetime.common.retrycost import ATTEMPT_ENDINGS
@@ -39,11 +45,16 @@ from duetime.worker.errors import REDIS_ERRORS, frames_text, log_message, record
 from duetime.worker.isolation import ProcessPool
 from duetime.worker.middleware import attempt_hooks
 from duetime.worker.reporter import Reporter
+from duetime.worker.runners import Runners
 from duetime.worker.unknown import UnknownTasks
 
 log = get_logger("duetime.worker")
 LEASE_LOST, UNRECORDED = Outcome.LEASE_LOST.value, Outcome.UNRECORDED.value
 SUCCEEDED, FAILED, INTERRUPTED = ATTEMPT_ENDINGS
+# the log fields of an attempt (structlog's context variables, common/logs.py): the worker's
+# once per claimed batch, the run's in the attempt's own task, as its body starts
+bind_worker = run_binder("worker_id")
+bind_run = run_binder("run_id", "task", "attempt", "schedule")
 
 
 @dataclass(slots=True, eq=False)
@@ -53,7 +64,9 @@ class Execution:
     ctx: RunContext
     partition: int
     owner: str = ""  # the task's owner as this worker's code declares it ('' if none)
-    task: asyncio.Task[None] | None = None
+    runner: asyncio.Task[None] | None = None  # the task executing it, while it does (runners.py)
+    cancels: int = 0  # cancellations sent to its runner for it (the runner takes them back)
+    stopped: bool = False  # interrupted before a runner started it: it stops as it starts
     released: bool = False  # given back at shutdown
     cancel_requested: bool = False
     lost: bool = False  # its lease is known lost: no more heartbeats for it
@@ -94,6 +107,8 @@ class Executor:
         self.worker_id = cfg.worker_id
         self._on_free = on_free  # a slot is free: the claim loop may claim again
         self.pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="duetime-task")
+        # the asyncio tasks attempts execute in (worker/runners.py)
+        self.runners = Runners(on_error=self.failed)
         self.inflight: dict[tuple[str, int], Execution] = {}  # (run id, fence) -> attempt
         self._bodies: dict[str, Execution] = {}  # run id -> the attempt whose body runs here
         self._waiting: dict[str, Execution] = {}  # run id -> the attempt waiting for that body
@@ -110,9 +125,59 @@ class Executor:
         self.checkpoints: Checkpoints | None = None
         # the app's middleware (worker/middleware.py); None without any: nothing of it runs
         self.hooks = attempt_hooks(registry, self.worker_id, _TimedOut, reporter)
+        # task -> the body seconds of its successful attempts not counted yet: counted in bulk
+        # as the reporter's next flush begins (count_successes), before their outcome is sent
+        self._succeeded: dict[str, list[float]] = {}
+        reporter.before_flush = self.count_successes
 
     # -- starting -------------------------------------------------------------------------
+    def start_batch(self, p: int, queue: str, runs: list[Claimed], now_ms: float) -> None:
+        """Start the runs of one claim reply: each attempt is handed to the runners
+        (worker/runners.py), which execute it in a contextvars context of its own, as a task
+        of its own would, without making one per run. What is the same for the whole batch is
+        done once: the worker's log field (each run's context is a copy of this one), the time
+        the leases were taken, and the start delays of the runs that start at once, observed
+        in bulk (the others, held for their due time or an earlier attempt, observe theirs when
+        they start)."""
+        bind_worker(self.worker_id)
+        renewed = time.monotonic()
+        early_ms = self.clock.error_ms - now_ms  # + a run's ready time: how long it waits
+        submit, context = self.runners.submit, contextvars.copy_context
+        hooks = self.hooks
+        delays: list[float] = []
+        limited: list[float] = []
+        firsts: list[float] = []
+        for c in runs:
+            ex = self._begin(p, queue, c, renewed)
+            # claimed ahead of its due time: it waits for it, plus the clock estimate's error
+            # bound, so it never starts before its due time on the server's clock
+            wait_s = (c.ready_ms + early_ms) / 1000
+            observed = wait_s <= 0 and ex.after is None
+            if observed:
+                delay = (now_ms - c.ready_ms) / 1000
+                if delay < 0:
+                    delay = 0.0
+                if c.limited_by:  # a limit held it back on purpose: not the queue's delay
+                    limited.append(delay)
+                else:
+                    delays.append(delay)
+                    if c.attempt == 1:  # claimable from its scheduled time: lateness = delay
+                        firsts.append(delay)
+            if hooks is None:
+                submit(ex, self._attempt(ex, c, wait_s, observed), context())
+            else:
+                submit(ex, hooks.execute(ex, self._execute(ex, c, wait_s, observed)), context())
+        for metric, values in ((metrics.QUEUE_DELAY, delays), (metrics.LIMITED_DELAY, limited),
+                               (metrics.START_LATENESS, firsts)):
+            if values:
+                metrics.observe_many(metrics.child(metric, queue), values)
+
     def start(self, p: int, queue: str, c: Claimed, now_ms: float) -> None:
+        """Start one claimed run (a batch of one)."""
+        self.start_batch(p, queue, [c], now_ms)
+
+    def _begin(self, p: int, queue: str, c: Claimed, renewed_at: float) -> Execution:
+        """The attempt's in-flight state, in `inflight` from its claim on."""
         ctx = RunContext(
             run_id=c.run_id, task=c.task, queue=queue, attempt=c.attempt, fence=c.fence,
             worker_id=self.worker_id, idempotency_key=c.key or c.run_id,
@@ -120,7 +185,7 @@ class Executor:
             interval_start=from_ms(c.interval_start) if c.interval_start else None,
             interval_end=from_ms(c.interval_end) if c.interval_end else None,
         )
-        ex = Execution(ctx, p, self._owner(c.task))
+        ex = Execution(ctx, p, self._owner(c.task), renewed_at=renewed_at)
         self.inflight[(c.run_id, c.fence)] = ex
         if self._bodies:
             prev = self._bodies.get(c.run_id)
@@ -129,11 +194,7 @@ class Executor:
         if self._debug:
             log.debug("run started", run_id=c.run_id, task=c.task, attempt=c.attempt,
                       worker_id=self.worker_id, schedule=c.schedule, queue=queue, fence=c.fence)
-        # claimed ahead of its due time: wait for it, plus the clock estimate's error bound, so
-        # it never starts before its due time on the server's clock
-        wait_s = (c.ready_ms + self.clock.error_ms - now_ms) / 1000
-        run = self._execute(ex, c, wait_s)
-        ex.task = asyncio.create_task(run if self.hooks is None else self.hooks.execute(ex, run))
+        return ex
 
     def _follow(self, ex: Execution, prev: Execution) -> None:
         """`ex` is a new attempt of a run whose older attempt `prev` still executes here: the
@@ -161,34 +222,41 @@ class Executor:
                     schedule=ctx.schedule, running_attempt=prev.ctx.attempt)
 
     # -- executing ------------------------------------------------------------------------
-    async def _execute(self, ex: Execution, c: Claimed, wait_s: float) -> None:
-        """The attempt's task: nothing raised in it is ever lost. A failure of the worker's own
-        code before the outcome was handed to the reporter is logged with the run id and
-        reported as the attempt's failure (a retry, with that error on the attempt); after
-        the hand-over, it is logged and the outcome handed over stands."""
+    async def _execute(self, ex: Execution, c: Claimed, wait_s: float, observed: bool) -> None:
+        """With middleware: the attempt, a failure of the worker's own code handled (`failed`)
+        before the after_attempt hooks that wrap this see it ended. Without middleware, the
+        runner calls `failed` itself (worker/runners.py): one coroutine less per run."""
         try:
-            await self._attempt(ex, c, wait_s)
-        except asyncio.CancelledError:
-            raise
+            await self._attempt(ex, c, wait_s, observed)
         except Exception as exc:  # noqa: BLE001 - the worker's own failure: never unlogged
-            ctx = ex.ctx
-            handed = ex.key in self.reporter.unsent
-            log.error("worker failed while executing an attempt", run_id=ctx.run_id,
-                      task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
-                      schedule=ctx.schedule, error=f"{type(exc).__name__}: {str(exc)[:300]}",
-                      outcome_reported=handed, traceback=frames_text(exc))
-            if handed or ex.lost or ex.superseded:
-                return
-            try:
-                self.reporter.fail(ex, f"worker error while executing the attempt: "
-                                       f"{type(exc).__name__}: {str(exc)[:500]}", "error", 0)
-            except Exception as again:  # noqa: BLE001 - the lease lapses; the reaper retries
-                log.error("attempt outcome could not be handed to the reporter; the run is "
-                          "retried when its lease expires", run_id=ctx.run_id, task=ctx.task,
-                          attempt=ctx.attempt, worker_id=self.worker_id,
-                          error=f"{type(again).__name__}: {str(again)[:300]}")
+            self.failed(ex, exc)
 
-    async def _attempt(self, ex: Execution, c: Claimed, wait_s: float) -> None:
+    def failed(self, ex: Execution, exc: Exception) -> None:
+        """Nothing raised in an attempt is ever lost. A failure of the worker's own code
+        before the outcome was handed to the reporter is logged with the run id and reported
+        as the attempt's failure (a retry, with that error on the attempt); after the
+        hand-over, it is logged and the outcome handed over stands."""
+        ctx = ex.ctx
+        handed = ex.key in self.reporter.unsent
+        log.error("worker failed while executing an attempt", run_id=ctx.run_id,
+                  task=ctx.task, attempt=ctx.attempt, worker_id=self.worker_id,
+                  schedule=ctx.schedule, error=f"{type(exc).__name__}: {str(exc)[:300]}",
+                  outcome_reported=handed, traceback=frames_text(exc))
+        if handed or ex.lost or ex.superseded:
+            return
+        try:
+            self.reporter.fail(ex, f"worker error while executing the attempt: "
+                                   f"{type(exc).__name__}: {str(exc)[:500]}", "error", 0)
+        except Exception as again:  # noqa: BLE001 - the lease lapses; the reaper retries
+            log.error("attempt outcome could not be handed to the reporter; the run is "
+                      "retried when its lease expires", run_id=ctx.run_id, task=ctx.task,
+                      attempt=ctx.attempt, worker_id=self.worker_id,
+                      error=f"{type(again).__name__}: {str(again)[:300]}")
+
+    async def _attempt(self, ex: Execution, c: Claimed, wait_s: float, observed: bool) -> None:
+        """One attempt from its claim to its report: wait for its due time (or an earlier
+        attempt of the run still executing here), decode, run the body, then turn how it ended
+        into a report. `observed`: its start delay was observed with its batch's."""
         ctx = ex.ctx
         report: str | None = "complete"
         mode: FailMode = "error"
@@ -199,20 +267,15 @@ class Executor:
         ran = False
         started = time.perf_counter()
         try:
+            if ex.stopped:  # interrupted before it started: as if cancelled right away
+                raise asyncio.CancelledError
             if wait_s > 0:  # claimed ahead: held to its due time (sub-ms, worker/clock.py)
                 await self.clock.wait_until(c.ready_ms)
             if ex.after is not None and await self._after_previous(ex):
                 return  # the earlier attempt's success stands for this one (reported there)
             started = time.perf_counter()
-            delay = max(0.0, (self.clock.now_ms() - c.ready_ms) / 1000)
-            if c.limited_by:
-                # a limit held it back on purpose: its wait is not the queue's delay
-                metrics.child(metrics.LIMITED_DELAY, ctx.queue).observe(delay)
-            else:
-                metrics.child(metrics.QUEUE_DELAY, ctx.queue).observe(delay)
-            if ctx.attempt == 1 and not c.limited_by:
-                # a first attempt is claimable from its scheduled time: lateness = queue delay
-                metrics.child(metrics.START_LATENESS, ctx.queue).observe(delay)
+            if not observed:
+                self._observe_delay(c, ctx.queue)
             if c.damaged:
                 raise Fatal(c.damaged)
             spec = self.registry.get(ctx.task)
@@ -221,7 +284,11 @@ class Executor:
             except Exception as exc:  # noqa: BLE001 - it will never decode: no retry
                 raise Fatal(f"payload unreadable (not duetime's msgpack [args, kwargs]): "
                             f"{exc!r}") from None
-            if self.checkpoints is not None:  # current_run().checkpoint, checkpoint_state
+            if self.checkpoints is None:  # a bare Executor: its tasks cannot checkpoint
+                pass
+            elif ctx.fence == 1:  # a first claim: no checkpoint to read
+                self.checkpoints.bind(ex)
+            else:  # current_run().checkpoint_state: the run's checkpoint, read from Redis
                 try:
                     await self.checkpoints.prepare(ex)
                 except REDIS_ERRORS as exc:
@@ -304,9 +371,15 @@ class Executor:
         try:
             self.processed += 1
             elapsed = time.perf_counter() - started if ran else 0.0
-            if ran:
-                metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
-            self._cost(ex, report, mode, elapsed)
+            if report == "complete" and ran:  # counted in bulk (count_successes)
+                seconds = self._succeeded.get(ctx.task)
+                if seconds is None:
+                    seconds = self._succeeded[ctx.task] = []
+                seconds.append(elapsed)
+            else:
+                if ran:
+                    metrics.child(metrics.EXECUTION, ctx.task).observe(elapsed)
+                self._cost(ex, report, mode, elapsed)
         except Exception as exc:  # noqa: BLE001 - counting must not change the outcome
             log.error("worker failed counting an attempt; its outcome is reported as decided",
                       run_id=ctx.run_id, task=ctx.task, attempt=ctx.attempt,
@@ -343,6 +416,19 @@ class Executor:
                         error_type=exc_type, **extra)
             self.reporter.fail(ex, err, mode, delay_ms)
 
+    def _observe_delay(self, c: Claimed, queue: str) -> None:
+        """The start delay of a run that waited before it started (start_batch observes the
+        others, in bulk)."""
+        delay = max(0.0, (self.clock.now_ms() - c.ready_ms) / 1000)
+        if c.limited_by:
+            # a limit held it back on purpose: its wait is not the queue's delay
+            metrics.child(metrics.LIMITED_DELAY, queue).observe(delay)
+        else:
+            metrics.child(metrics.QUEUE_DELAY, queue).observe(delay)
+        if c.attempt == 1 and not c.limited_by:
+            # a first attempt is claimable from its scheduled time: lateness = queue delay
+            metrics.child(metrics.START_LATENESS, queue).observe(delay)
+
     def _rate_limited(self, ex: Execution, exc: RateLimited | None) -> None:
         """RateLimited: the run given back and its scope held (rate_limited.lua)."""
         assert exc is not None
@@ -359,6 +445,19 @@ class Executor:
             spec = self.registry.find(task)
             owner = self._owners[task] = (spec.owner or "") if spec is not None else ""
         return owner
+
+    def count_successes(self) -> None:
+        """Count the successful attempts gathered since the last call, once per task: their
+        execution times (one bulk histogram observation), the succeeded attempts and the
+        retry-cost ledger, as `_cost` does for each other ending, one attempt at a time."""
+        if not self._succeeded:
+            return
+        done, self._succeeded = self._succeeded, {}
+        for task, seconds in done.items():
+            owner = self._owner(task)
+            metrics.observe_many(metrics.child(metrics.EXECUTION, task), seconds)
+            metrics.child(metrics.ATTEMPTS, task, owner, SUCCEEDED).inc(len(seconds))
+            self.reporter.ledger.add(task, owner, SUCCEEDED, 0.0, len(seconds))
 
     def _cost(self, ex: Execution, report: str | None, mode: FailMode, elapsed: float) -> None:
         """Count the attempt for the cost of retries (metrics, and `<ns>:cost` through the
@@ -411,10 +510,10 @@ class Executor:
         """Run the task body; → its return value. While it runs, `_bodies` names its attempt: a
         later attempt of the run claimed meanwhile waits for it (`_follow`)."""
         assert spec.fn is not None  # a task registered with this worker has its function
-        set_current(ex.ctx)
-        bind_run(ex.ctx.run_id, ex.ctx.task, ex.ctx.attempt, worker_id=self.worker_id,
-                 schedule=ex.ctx.schedule)
-        run_id = ex.ctx.run_id
+        ctx = ex.ctx
+        set_current(ctx)
+        bind_run(ctx.run_id, ctx.task, ctx.attempt, ctx.schedule)
+        run_id = ctx.run_id
         self._bodies[run_id] = ex
         ex.in_body = True
         if spec.isolation == "process":
@@ -516,8 +615,17 @@ class Executor:
         """An attempt not yet in its body, or in an async body, is cancelled; a sync task's
         thread cannot be: it is told through lease_lost."""
         ex.ctx.mark_lost()
-        if ex.task is not None and not ex.task.done() and (not ex.in_body or self._is_async(ex)):
-            ex.task.cancel()
+        if not ex.in_body or self._is_async(ex):
+            self._cancel(ex)
+
+    def _cancel(self, ex: Execution) -> None:
+        """Cancel the attempt where it waits: its runner is only ever suspended inside it (one
+        not started yet stops as it starts; one ended is left alone)."""
+        if ex.runner is not None:
+            ex.cancels += 1
+            ex.runner.cancel()
+        else:
+            ex.stopped = True
 
     def _is_async(self, ex: Execution) -> bool:
         """An async body, or one in a child process (killed when cancelled): stoppable."""
@@ -527,21 +635,21 @@ class Executor:
     # -- shutdown -------------------------------------------------------------------------
     async def drain(self, grace_s: float) -> None:
         """Let in-flight attempts finish within the grace period, then release the rest."""
-        pending = [ex.task for ex in self.inflight.values() if ex.task is not None]
-        if pending:
-            log.info("waiting for in-flight runs", count=len(pending), grace_s=grace_s)
-            await asyncio.wait(pending, timeout=grace_s)
+        if self.inflight:
+            log.info("waiting for in-flight runs", count=len(self.inflight), grace_s=grace_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.runners.ended(), grace_s)
         leftovers = list(self.inflight.values())
         for ex in leftovers:
             ex.released = True
             ex.ctx.mark_lost()
-            if ex.task is not None:
-                ex.task.cancel()
+            self._cancel(ex)  # a sync body too: its attempt stops waiting for the thread
         if leftovers:
-            await asyncio.gather(*(ex.task for ex in leftovers if ex.task), return_exceptions=True)
+            await self.runners.ended()
             log.info("releasing unfinished runs", count=len(leftovers))
 
     def shutdown(self) -> None:
+        self.runners.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.processes is not None:
             self.processes.close()

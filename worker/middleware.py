@@ -4,13 +4,14 @@ report ended the run so.
 
 Made only when the app has middleware with worker hooks (`attempt_hooks` returns None
 otherwise): a worker without middleware runs none of this. The executor's call sites are two:
-`around` wraps the task body (worker/execution.py `_attempt`), `execute` wraps the attempt's
-asyncio task (`Executor.start`); the reporter calls `ended` with what a script decided.
+`around` wraps the task body (worker/execution.py `_attempt`), `execute` wraps the whole
+attempt (`Executor.start_batch`); the reporter calls `ended` with what a script decided.
 
 When each hook runs, and why there:
-- `before_attempt(run)`: in the attempt's own asyncio task, just before the body starts (after
-  the wait for its due time, the payload decoded), so a context it sets (a tracing span) is
-  the body's: an async body runs in that task, a sync body's thread gets a copy of its context.
+- `before_attempt(run)`: in the attempt's own context (its runner task, worker/runners.py),
+  just before the body starts (after the wait for its due time, the payload decoded), so a
+  context it sets (a tracing span) is the body's: an async body runs in that context, a sync
+  body's thread gets a copy of it.
   One that raises fails the attempt with its error; the body does not run.
 - `after_attempt(run, outcome, error)`: in the same task, once the attempt's outcome was handed
   to the reporter: its lease is renewed until the outcome is recorded, so a slow hook can never

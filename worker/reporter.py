@@ -72,6 +72,9 @@ class Reporter:
         # the record expires as the heartbeat's does (record_ttl_ms)
         self.processed: Callable[[], int] | None = None
         self.record_ttl_ms = 0
+        # called as each flush begins: the executor counts the successes it gathered, so an
+        # attempt is in the metrics before its outcome is recorded (Executor.count_successes)
+        self.before_flush: Callable[[], None] | None = None
 
     def pending(self) -> bool:
         """Reports handed over whose outcome is not recorded yet."""
@@ -207,6 +210,14 @@ class Reporter:
     async def flush(self, batch: list[Item]) -> list[Item]:
         """One pipeline for the batch (and the retry-cost counts, when due); returns the
         reports to send again."""
+        if self.before_flush is not None:
+            try:
+                self.before_flush()
+            except Exception as exc:  # noqa: BLE001 - counting must not change an outcome
+                log.error("worker failed counting attempts; their outcomes are reported as "
+                          "decided", runs=[ex.ctx.run_id for _, ex, _ in batch][:20],
+                          worker_id=self.worker_id,
+                          error=f"{type(exc).__name__}: {str(exc)[:300]}")
         successes: dict[int, list[Execution]] = {}
         others: list[Item] = []
         for item in batch:
@@ -265,6 +276,7 @@ class Reporter:
         refused: list[Item] = []
         errors: list[str] = []
         causes: list[BaseException] = []
+        succeeded: dict[str, int] = {}  # task -> its runs this flush recorded as succeeded
         for exs, res in zip(successes.values(), results, strict=False):
             if isinstance(res, Exception):
                 refused += [("complete", ex, _NO_ARGS) for ex in exs]
@@ -274,10 +286,13 @@ class Reporter:
             unsent = self.unsent
             for ex, reply in zip(exs, res, strict=True):
                 unsent.pop(ex.key, None)
-                if reply == b"succeeded":  # the common case, kept free of calls
-                    child(RUNS_FINISHED, ex.ctx.task, SUCCEEDED).inc()
+                if reply == b"succeeded":  # the common case: counted per task, below
+                    task = ex.ctx.task
+                    succeeded[task] = succeeded.get(task, 0) + 1
                 else:
                     self._judged("complete", ex, reply)
+        for task, n in succeeded.items():
+            child(RUNS_FINISHED, task, SUCCEEDED).inc(n)
         for item, res in zip(others, results[len(successes):], strict=True):
             if isinstance(res, Exception):
                 refused.append(item)

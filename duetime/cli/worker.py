@@ -91,7 +91,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     if processes > 1:
         _supervise(processes, metrics_port)
         return
-    from duetime.worker.runtime import Worker, WorkerConfig
+    from duetime.worker.runtime import Worker, WorkerConfig, tune_gc
 
     app = load_app(app_ref, ctx.obj["url"], ctx.obj["namespace"])
     from duetime.worker.config import parse_queues
@@ -114,6 +114,7 @@ def worker(ctx: click.Context, app_ref: str, queues: str | None, concurrency: in
     register(app, qs)
     announce(ctx, app, "worker")
     w = Worker(app.registry, app.redis_url, app.keys, cfg)
+    tune_gc()  # this process is the worker's own (an embedded Worker leaves the GC alone)
     asyncio.run(w.run(until_idle=burst))
     # threads of sync tasks that outlived the grace period were released; do not wait for them
     sys.stdout.flush()

@@ -48,7 +48,7 @@ def once(real: Any, where: str, is_async: bool = False) -> Any:
 POINTS = {
     "executor call": (Executor, "_call", True, "retried"),
     "result packing": (execution, "pack_result", False, "not stored"),
-    "attempt counting": (Executor, "_cost", False, "succeeded"),
+    "attempt counting": (Executor, "count_successes", False, "succeeded"),
     "hand-over to the reporter": (Reporter, "complete", False, "retried"),
     "report building": (tr, "complete", False, "succeeded"),
     "report script call": ("scripts", "complete", True, "succeeded"),
