@@ -463,3 +463,187 @@ def kept_cursor(d: ScheduleDef, stored: list[bytes | None], computed: int | None
     if not same or (d.end_ms and stored_next > d.end_ms):
         return computed
     return min(stored_next, computed)
+
+
+# -- the stored record (docs/keys.md "The schedule record") ---------------------------------
+# A schedule is one field of its partition's `T:scheds` hash, named by the schedule: a
+# msgpack map of its definition and its cursor state under short keys, values equal to their
+# default left out (a 100,000-schedule namespace holds ~55 MB less than with a hash of named
+# fields per schedule). What other transitions write about a schedule -- `paused` and its
+# note, `buffered`, `fail_streak`, `auto_paused`, the skipped/missed/cancelled/excluded
+# counters, `quarantined` -- lives in its side hash `T:sched:<name>`, which exists only while
+# it has one of them. A schedule written before this layout has no `T:scheds` field and its
+# side hash holds every field under its own name (detected per schedule: the side hash has
+# `version`); every reader takes both, and its next upsert (or `duetime schedule migrate`)
+# converts it. No namespace-wide format version is needed for it.
+RECORD_KEYS: dict[str, str] = {
+    "t.kind": "k", "t.expr": "x", "t.tz": "z", "t.dst_gap": "g", "t.dst_fold": "f",
+    "t.seed": "s", "t.interval_us": "i", "t.anchor": "a", "t.instant": "at",
+    "task": "t", "queue": "q", "payload": "p", "catchup": "cu", "max_catchup": "mc",
+    "lateness_ms": "lt", "overlap": "o", "jitter_ms": "j", "owner": "ow",
+    "max_attempts": "ma", "backoff_base": "bb", "backoff_max": "bm", "timeout": "to",
+    "idempotent": "id", "miss_tolerance_ms": "mt", "stagger_ms": "st", "tenant": "tn",
+    "calendar": "cal", "on_excluded": "oe", "pause_after_failures": "paf", "start_ms": "sa",
+    "end_ms": "en", "max_runs": "mr",
+}
+# the cursor state in the same map (materialize.lua and schedule_upsert.lua write them)
+STATE_KEYS: dict[str, str] = {
+    "version": "v", "next_ms": "n", "last_ms": "l", "created": "c", "updated": "u",
+    "materialized_count": "m", "runs_made": "r", "cal_v": "cv", "ended": "ed",
+}
+# a definition value equal to its default is not stored (fixed for good: lua/_lib.lua
+# SCHED_DEFAULTS holds the ones materialize.lua copies into runs); '' is never stored either
+RECORD_DEFAULTS: dict[str, str] = {
+    "queue": "default",
+    "catchup": "latest", "max_catchup": "100", "lateness_ms": "0", "overlap": "allow",
+    "jitter_ms": "0", "owner": "", "max_attempts": "4", "backoff_base": "1000",
+    "backoff_max": "300000", "timeout": "0", "idempotent": "1",
+    "miss_tolerance_ms": str(MISS_TOLERANCE_MS), "stagger_ms": "auto",
+}
+# a cron's (its trigger's other kinds have none of these fields)
+CRON_DEFAULTS: dict[str, str] = {"t.tz": "UTC", "t.dst_gap": "shift", "t.dst_fold": "auto"}
+# the fields a record written before the packed layout holds in its side hash that the
+# packed record replaces (an upsert converting it removes them from the side hash)
+LEGACY_MOVED = ("name", *RECORD_KEYS, *STATE_KEYS, "def_hash", "evaluated")
+_SHORT_TO_FIELD = {v: k for k, v in {**RECORD_KEYS, **STATE_KEYS}.items()}
+_EXACT = 2**53  # Lua numbers are doubles: larger integers are kept as text
+
+
+def _text(v: Any) -> str | bytes:
+    if isinstance(v, bytes):
+        return v
+    return str(v)
+
+
+def _packed_value(v: Any) -> Any:
+    """An int where the stored text is one (msgpack keeps it in 1-9 bytes), else the text:
+    a value damaged by hand stays as found, for check_stored to name."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v if abs(v) < _EXACT else str(v)
+    text = v.decode(errors="surrogateescape") if isinstance(v, bytes) else str(v)
+    if text.lstrip("-").isdigit() and str(int(text)) == text and abs(int(text)) < _EXACT:
+        return int(text)
+    return v
+
+
+def definition_record(name: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A definition's stored fields (ScheduleDef.fields(), or a record of the old layout
+    read back) as the packed record's map: short keys, defaults and '' left out."""
+    out: dict[str, Any] = {}
+    kind = fields.get("t.kind")
+    kind = kind.decode(errors="replace") if isinstance(kind, bytes) else kind
+    for f, short in RECORD_KEYS.items():
+        v = fields.get(f)
+        if v is None or v == "" or v == b"":
+            continue
+        text = v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+        if f == "payload":
+            out[short] = v if isinstance(v, bytes) else str(v).encode()
+            continue
+        if RECORD_DEFAULTS.get(f) == text or (kind == "cron" and (
+                CRON_DEFAULTS.get(f) == text or (f == "t.seed" and text == name))):
+            continue
+        out[short] = _packed_value(v)
+    return out
+
+
+def pack_definition(name: str, fields: dict[str, Any]) -> bytes:
+    """What schedule_upsert.lua is given: the definition's map, packed (the payload as a
+    raw string: the servers' cmsgpack does not read the bin type)."""
+    import msgpack
+
+    return bytes(msgpack.packb(definition_record(name, fields), use_bin_type=False))
+
+
+def _norm(rec: dict[Any, Any]) -> dict[bytes, Any]:
+    return {(k if isinstance(k, bytes) else str(k).encode()):
+            (v.encode() if isinstance(v, str) else v) for k, v in rec.items()}
+
+
+def unpack_record(raw: bytes) -> dict[bytes, Any]:
+    """A packed record as stored (short keys): raises ValueError when it is not a map."""
+    import msgpack
+
+    try:
+        rec = msgpack.unpackb(raw, raw=True, strict_map_key=False)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds
+        raise ValueError(f"packed record cannot be decoded: {exc}") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"packed record is a {type(rec).__name__}, not a map")
+    return _norm(rec)
+
+
+def same_definition(stored: dict[bytes, Any], name: str, fields: dict[str, Any]) -> bool:
+    """Whether a packed record holds this definition (state keys aside): an upsert of it
+    changes nothing."""
+    new = unpack_record(pack_definition(name, fields))
+    defs = {s.encode() for s in RECORD_KEYS.values()}
+    return {k: v for k, v in stored.items() if k in defs} == new
+
+
+def expand_record(name: str, raw: bytes) -> dict[bytes, bytes]:
+    """A packed record as the named fields of the old layout (defaults filled in), so every
+    reader takes either layout alike."""
+    rec = unpack_record(raw)
+    out: dict[bytes, bytes] = {b"name": name.encode()}
+    for f, default in RECORD_DEFAULTS.items():
+        out[f.encode()] = default.encode()
+    for k, v in rec.items():
+        named = _SHORT_TO_FIELD.get(k.decode(errors="replace"))
+        if named is None:
+            continue  # a key a later version added: not this version's to read
+        out[named.encode()] = v if isinstance(v, bytes) else str(v).encode()
+    if out.get(b"t.kind") == b"cron":
+        for f, default in CRON_DEFAULTS.items():
+            out.setdefault(f.encode(), default.encode())
+        out.setdefault(b"t.seed", name.encode())
+    return out
+
+
+def merged_record(name: str, side: dict[bytes, bytes] | None, packed: bytes | None
+                  ) -> dict[bytes, bytes]:
+    """One schedule as named fields, from its side hash and its packed record (either may be
+    absent; a record of the old layout is its side hash alone). A packed record that cannot
+    be decoded reads as none, with `problem` saying so (the evaluator quarantines it)."""
+    out = dict(side or {})
+    if packed is not None:
+        try:
+            out.update(expand_record(name, packed))
+        except ValueError as exc:
+            out[b"name"] = name.encode()
+            out[b"problem"] = str(exc).encode()
+    return out
+
+
+def read_records(client: Any, keys: Keyspace, names: list[str]) -> list[dict[bytes, bytes]]:
+    """The records of `names` (both layouts), two pipelined reads per schedule; a schedule
+    that does not exist reads as {}; a side key of the wrong type (damaged by hand) as none."""
+    pipe = client.pipeline(transaction=False)
+    for n in names:
+        p = keys.partition_of_schedule(n)
+        pipe.hgetall(keys.sched(p, n))
+        pipe.hget(keys.scheds(p), n)
+    res = pipe.execute(raise_on_error=False)
+    out = []
+    for i, n in enumerate(names):
+        side, packed = res[2 * i], res[2 * i + 1]
+        for r in (side, packed):
+            if isinstance(r, Exception) and not str(r).startswith("WRONGTYPE"):
+                raise r
+        side = {} if isinstance(side, Exception) else side
+        packed = None if isinstance(packed, Exception) else packed
+        out.append(merged_record(n, side, packed) if side or packed is not None else {})
+    return out
+
+
+def record_fields(name: str, fields: tuple[str, ...], side: list[Any],
+                  packed: bytes | None) -> list[Any]:
+    """HMGET-like values of `fields` for one schedule, from `HMGET side *fields` and its
+    packed record (the evaluator's read; either layout)."""
+    if packed is None:
+        return side
+    m = merged_record(name, {f.encode(): v for f, v in zip(fields, side, strict=True)
+                             if v is not None}, packed)
+    return [m.get(f.encode()) for f in fields]

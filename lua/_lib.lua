@@ -430,6 +430,29 @@ local function free_limits(prefix, run_key, run_id, held)
   return was_full
 end
 
+-- A schedule's packed record (docs/keys.md "The schedule record"): the field `name` of the
+-- partition's T:scheds hash, a msgpack map of its definition and cursor state under short
+-- keys (common/schedules.py RECORD_KEYS). Returns (record table, true), (nil, false) when it
+-- has none (absent, or a schedule written before the packed layout: its side hash
+-- T:sched:<name> holds every field then) or (nil, 'damaged') when it cannot be decoded.
+local function sched_load(prefix, name)
+  local raw = redis.call('HGET', prefix .. K.scheds, name)
+  if not raw then return nil, false end
+  local ok, rec = pcall(cmsgpack.unpack, raw)
+  if ok and type(rec) == 'table' then return rec, true end
+  return nil, 'damaged'
+end
+
+-- The defaults a packed record leaves out, for the values materialize.lua copies into a run
+-- (common/schedules.py RECORD_DEFAULTS; fixed for good).
+local SCHED_DEFAULTS = {q = 'default', ow = '', o = 'allow', lt = 0, ma = 4, bb = 1000,
+  bm = 300000, to = 0, id = 1}
+
+-- Write a packed record back.
+local function sched_save(prefix, name, rec)
+  redis.call('HSET', prefix .. K.scheds, name, cmsgpack.pack(rec))
+end
+
 -- Guardrails (pause_after_failures): a run of a schedule ended dead. Its schedule's hash lives
 -- in the run's partition (scheduled run ids are '<schedule>@<ms>', common/keys.py), so the
 -- consecutive-failure count (`fail_streak`) is kept in the same atomic step as the dead
@@ -444,20 +467,24 @@ local function schedule_dead(prefix, run_key, run_id, now, err)
   if r.err or not r[1] or r[1] == '' or (r[2] and r[2] ~= '') then return nil end
   if string.find(run_id, '@m', 1, true) then return nil end
   local sched, name = prefix .. K.sched .. r[1], r[1]
-  if wrong_type(sched, 'hash') or redis.call('EXISTS', sched) == 0 then return nil end
+  if wrong_type(sched, 'hash') then return nil end
+  local rec, packed = sched_load(prefix, name)
+  if packed == 'damaged' or (not packed and redis.call('HEXISTS', sched, 'version') == 0) then
+    return nil  -- no such schedule (or the evaluator's to quarantine)
+  end
   local streak = redis.pcall('HINCRBY', sched, 'fail_streak', 1)
   if type(streak) ~= 'number' then  -- a count edited by hand: counting starts again
     streak = 1
     redis.call('HSET', sched, 'fail_streak', 1)
   end
   local s = redis.call('HMGET', sched, 'pause_after_failures', 'paused')
-  local limit = num(s[1])
+  local limit = num(packed and rec.paf or s[1])
   if not limit or limit < 1 or streak < limit or s[2] == '1' then return nil end
   local note = 'paused after ' .. int_s(streak) .. ' consecutive dead runs; last error: '
     .. string.sub(err or '', 1, 300)
   redis.call('HSET', sched, 'paused', '1', 'pause_note', note, 'paused_at', now,
     'auto_paused', int_s(streak))
-  redis.call('ZREM', prefix .. K.sched_due, name)
+  redis.call('ZADD', prefix .. K.sched_due, 'inf', name)  -- every schedule stays in its index
   emit(prefix .. K.events, run_id, 'schedule_auto_paused', name .. ': ' .. note)
   return name
 end

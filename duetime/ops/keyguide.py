@@ -77,7 +77,7 @@ class KeyGuide:
         for p in range(k.partitions):
             pipe.zrange(k.leases(p), 0, 0)
             pipe.zrevrange(k.done(p), 0, 0)
-            pipe.zrange(k.schedules(p), 0, 99)
+            pipe.zrange(k.sched_due(p), 0, 99)  # every schedule is in its due index
         # a damaged key (of the wrong type) gives no sample; `duetime doctor` names it
         res = [[] if isinstance(x, Exception) else x for x in pipe.execute(raise_on_error=False)]
         leased = [m.decode() for i in range(0, len(res), 3) for m in res[i]]
