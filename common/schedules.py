@@ -7,6 +7,7 @@ I/O stays thin and every catch-up rule is unit-testable without Redis.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -466,16 +467,17 @@ def kept_cursor(d: ScheduleDef, stored: list[bytes | None], computed: int | None
 
 
 # -- the stored record (docs/keys.md "The schedule record") ---------------------------------
-# A schedule is one field of its partition's `T:scheds` hash, named by the schedule: a
-# msgpack map of its definition and its cursor state under short keys, values equal to their
-# default left out (a 100,000-schedule namespace holds ~55 MB less than with a hash of named
-# fields per schedule). What other transitions write about a schedule -- `paused` and its
-# note, `buffered`, `fail_streak`, `auto_paused`, the skipped/missed/cancelled/excluded
-# counters, `quarantined` -- lives in its side hash `T:sched:<name>`, which exists only while
-# it has one of them. A schedule written before this layout has no `T:scheds` field and its
-# side hash holds every field under its own name (detected per schedule: the side hash has
-# `version`); every reader takes both, and its next upsert (or `duetime schedule migrate`)
-# converts it. No namespace-wide format version is needed for it.
+# A schedule is one field of its partition's `T:scheds` hash, named by the schedule: its
+# definition and cursor state as `<key><length>:<value>` entries under short keys, sorted
+# (`k5:everyi7:1000000t4:noopv1:1...`: readable with redis-cli, parsed by a few lines of Lua
+# on every server, fakeredis included), values equal to their default left out. What other
+# transitions write about a schedule -- `paused` and its note, `buffered`, `fail_streak`,
+# `auto_paused`, the skipped/missed/cancelled/excluded counters, `quarantined` -- lives in
+# its side hash `T:sched:<name>`, which exists only while it has one of them. A schedule
+# written before this layout has no `T:scheds` field and its side hash holds every field
+# under its own name (detected per schedule: the side hash has `version`); every reader
+# takes both, and its next upsert (or `duetime schedule migrate`) converts it. No
+# namespace-wide format version is needed for it.
 RECORD_KEYS: dict[str, str] = {
     "t.kind": "k", "t.expr": "x", "t.tz": "z", "t.dst_gap": "g", "t.dst_fold": "f",
     "t.seed": "s", "t.interval_us": "i", "t.anchor": "a", "t.instant": "at",
@@ -506,80 +508,63 @@ CRON_DEFAULTS: dict[str, str] = {"t.tz": "UTC", "t.dst_gap": "shift", "t.dst_fol
 # packed record replaces (an upsert converting it removes them from the side hash)
 LEGACY_MOVED = ("name", *RECORD_KEYS, *STATE_KEYS, "def_hash", "evaluated")
 _SHORT_TO_FIELD = {v: k for k, v in {**RECORD_KEYS, **STATE_KEYS}.items()}
-_EXACT = 2**53  # Lua numbers are doubles: larger integers are kept as text
+_ENTRY = re.compile(rb"([a-z]+)(\d+):")
 
 
-def _text(v: Any) -> str | bytes:
+def encode_record(rec: dict[str, bytes]) -> bytes:
+    """`<key><length>:<value>` per entry, keys sorted (lua/_lib.lua sched_encode alike)."""
+    return b"".join(k.encode() + str(len(v)).encode() + b":" + v for k, v in sorted(rec.items()))
+
+
+def unpack_record(raw: bytes) -> dict[bytes, bytes]:
+    """A stored record as its short keys → values; ValueError when it is not one."""
+    out: dict[bytes, bytes] = {}
+    pos = 0
+    while pos < len(raw):
+        m = _ENTRY.match(raw, pos)
+        if m is None or m.end() + int(m.group(2)) > len(raw):
+            raise ValueError(f"packed record cannot be read at byte {pos}: {raw[pos:pos + 20]!r}")
+        out[m.group(1)] = raw[m.end():m.end() + int(m.group(2))]
+        pos = m.end() + int(m.group(2))
+    return out
+
+
+def _bytes(v: Any) -> bytes:
     if isinstance(v, bytes):
         return v
-    return str(v)
-
-
-def _packed_value(v: Any) -> Any:
-    """An int where the stored text is one (msgpack keeps it in 1-9 bytes), else the text:
-    a value damaged by hand stays as found, for check_stored to name."""
     if isinstance(v, bool):
-        return int(v)
-    if isinstance(v, int):
-        return v if abs(v) < _EXACT else str(v)
-    text = v.decode(errors="surrogateescape") if isinstance(v, bytes) else str(v)
-    if text.lstrip("-").isdigit() and str(int(text)) == text and abs(int(text)) < _EXACT:
-        return int(text)
-    return v
+        return b"1" if v else b"0"
+    return str(v).encode()
 
 
-def definition_record(name: str, fields: dict[str, Any]) -> dict[str, Any]:
+def definition_record(name: str, fields: dict[str, Any]) -> dict[str, bytes]:
     """A definition's stored fields (ScheduleDef.fields(), or a record of the old layout
-    read back) as the packed record's map: short keys, defaults and '' left out."""
-    out: dict[str, Any] = {}
-    kind = fields.get("t.kind")
-    kind = kind.decode(errors="replace") if isinstance(kind, bytes) else kind
+    read back) as the packed record's entries: short keys, defaults and '' left out."""
+    out: dict[str, bytes] = {}
+    kind = _bytes(fields.get("t.kind", b"")).decode(errors="replace")
     for f, short in RECORD_KEYS.items():
         v = fields.get(f)
-        if v is None or v == "" or v == b"":
+        if v is None:
             continue
-        text = v.decode(errors="replace") if isinstance(v, bytes) else str(v)
-        if f == "payload":
-            out[short] = v if isinstance(v, bytes) else str(v).encode()
-            continue
-        if RECORD_DEFAULTS.get(f) == text or (kind == "cron" and (
+        raw = _bytes(v)
+        text = raw.decode(errors="replace")
+        if raw == b"" or RECORD_DEFAULTS.get(f) == text or (kind == "cron" and (
                 CRON_DEFAULTS.get(f) == text or (f == "t.seed" and text == name))):
             continue
-        out[short] = _packed_value(v)
+        out[short] = raw
     return out
 
 
 def pack_definition(name: str, fields: dict[str, Any]) -> bytes:
-    """What schedule_upsert.lua is given: the definition's map, packed (the payload as a
-    raw string: the servers' cmsgpack does not read the bin type)."""
-    import msgpack
-
-    return bytes(msgpack.packb(definition_record(name, fields), use_bin_type=False))
+    """What schedule_upsert.lua is given: the definition's entries."""
+    return encode_record(definition_record(name, fields))
 
 
-def _norm(rec: dict[Any, Any]) -> dict[bytes, Any]:
-    return {(k if isinstance(k, bytes) else str(k).encode()):
-            (v.encode() if isinstance(v, str) else v) for k, v in rec.items()}
-
-
-def unpack_record(raw: bytes) -> dict[bytes, Any]:
-    """A packed record as stored (short keys): raises ValueError when it is not a map."""
-    import msgpack
-
-    try:
-        rec = msgpack.unpackb(raw, raw=True, strict_map_key=False)
-    except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds
-        raise ValueError(f"packed record cannot be decoded: {exc}") from None
-    if not isinstance(rec, dict):
-        raise ValueError(f"packed record is a {type(rec).__name__}, not a map")
-    return _norm(rec)
-
-
-def same_definition(stored: dict[bytes, Any], name: str, fields: dict[str, Any]) -> bool:
+def same_definition(stored: dict[bytes, bytes], name: str, fields: dict[str, Any]) -> bool:
     """Whether a packed record holds this definition (state keys aside): an upsert of it
     changes nothing."""
-    new = unpack_record(pack_definition(name, fields))
     defs = {s.encode() for s in RECORD_KEYS.values()}
+    new = {k.encode(): v for k, v in definition_record(name, fields).items()}
     return {k: v for k, v in stored.items() if k in defs} == new
 
 
@@ -594,7 +579,7 @@ def expand_record(name: str, raw: bytes) -> dict[bytes, bytes]:
         named = _SHORT_TO_FIELD.get(k.decode(errors="replace"))
         if named is None:
             continue  # a key a later version added: not this version's to read
-        out[named.encode()] = v if isinstance(v, bytes) else str(v).encode()
+        out[named.encode()] = v
     if out.get(b"t.kind") == b"cron":
         for f, default in CRON_DEFAULTS.items():
             out.setdefault(f.encode(), default.encode())
@@ -609,6 +594,7 @@ def merged_record(name: str, side: dict[bytes, bytes] | None, packed: bytes | No
     be decoded reads as none, with `problem` saying so (the evaluator quarantines it)."""
     out = dict(side or {})
     if packed is not None:
+        out.setdefault(b"paused", b"0")  # its side hash has it only while paused (or resumed)
         try:
             out.update(expand_record(name, packed))
         except ValueError as exc:

@@ -430,27 +430,50 @@ local function free_limits(prefix, run_key, run_id, held)
   return was_full
 end
 
--- A schedule's packed record (docs/keys.md "The schedule record"): the field `name` of the
--- partition's T:scheds hash, a msgpack map of its definition and cursor state under short
--- keys (common/schedules.py RECORD_KEYS). Returns (record table, true), (nil, false) when it
--- has none (absent, or a schedule written before the packed layout: its side hash
--- T:sched:<name> holds every field then) or (nil, 'damaged') when it cannot be decoded.
+-- A schedule's packed record (docs/keys.md "The schedule record") as a table: its
+-- `<key><length>:<value>` entries under short keys (common/schedules.py RECORD_KEYS), every
+-- value a string; nil when `raw` is not one.
+local function sched_parse(raw)
+  local rec, pos, n = {}, 1, #raw
+  while pos <= n do
+    local a, b, k, len = string.find(raw, '^([a-z]+)(%d+):', pos)
+    len = tonumber(len)
+    if not a or b + len > n then return nil end
+    rec[k] = string.sub(raw, b + 1, b + len)
+    pos = b + len + 1
+  end
+  return rec
+end
+
+-- The schedule `name`'s packed record, the field of the partition's T:scheds hash. Returns
+-- (record table, true), (nil, false) when it has none (absent, or a schedule written before
+-- the packed layout: its side hash T:sched:<name> holds every field then) or (nil,
+-- 'damaged') when it cannot be read.
 local function sched_load(prefix, name)
   local raw = redis.call('HGET', prefix .. K.scheds, name)
   if not raw then return nil, false end
-  local ok, rec = pcall(cmsgpack.unpack, raw)
-  if ok and type(rec) == 'table' then return rec, true end
+  local rec = sched_parse(raw)
+  if rec then return rec, true end
   return nil, 'damaged'
 end
 
 -- The defaults a packed record leaves out, for the values materialize.lua copies into a run
 -- (common/schedules.py RECORD_DEFAULTS; fixed for good).
-local SCHED_DEFAULTS = {q = 'default', ow = '', o = 'allow', lt = 0, ma = 4, bb = 1000,
-  bm = 300000, to = 0, id = 1}
+local SCHED_DEFAULTS = {q = 'default', ow = '', o = 'allow', lt = '0', ma = '4', bb = '1000',
+  bm = '300000', to = '0', id = '1'}
 
--- Write a packed record back.
+-- Write a packed record back: its entries by key (common/schedules.py encode_record alike);
+-- a number is written as an integer.
 local function sched_save(prefix, name, rec)
-  redis.call('HSET', prefix .. K.scheds, name, cmsgpack.pack(rec))
+  local keys, out = {}, {}
+  for k in pairs(rec) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local v = rec[k]
+    if type(v) == 'number' then v = int_s(v) end
+    out[#out + 1] = k .. #v .. ':' .. v
+  end
+  redis.call('HSET', prefix .. K.scheds, name, table.concat(out))
 end
 
 -- Guardrails (pause_after_failures): a run of a schedule ended dead. Its schedule's hash lives

@@ -53,10 +53,9 @@ if packed == 'damaged' then
   return redis.error_reply('DAMAGED schedule ' .. name .. ': its packed record in ' .. prefix
     .. K.scheds .. ' cannot be decoded; register it again')
 end
-local function val(k)  -- a packed value as the text a field of the old layout held
+local function val(k)  -- a packed value, its default when left out
   local x = rec[k]
   if x == nil then x = SCHED_DEFAULTS[k] end
-  if type(x) == 'number' then return int_s(x) end
   return x
 end
 local s, g, last
@@ -158,11 +157,11 @@ end
 if packed then  -- the state goes back into the record, one write
   if last > 0 then rec.l = last end
   if runs_made ~= made_before then rec.r = runs_made end
-  if created > 0 then rec.m = (rec.m or 0) + created end
+  if created > 0 then rec.m = (tonumber(rec.m) or 0) + created end
   if expected ~= '' then
     if cal and cal ~= '' then rec.cv = cal end
     if bounded then rec.ed = bounded end
-    rec.n = tonumber(cursor)  -- nil ('' = no more occurrences) removes it
+    rec.n = cursor ~= '' and cursor or nil  -- '' (no more occurrences) removes it
   end
   sched_save(prefix, name, rec)
   return {'ok', created}

@@ -17,7 +17,7 @@
 -- KEYS[1] sched_due zset   KEYS[2] schedules index zset (the old layout's; left as it empties)
 -- KEYS[3] quarantine zset
 -- ARGV[1] partition prefix 'ns:{tag}:' (the schedule's keys are built from it; same hash tag)
--- ARGV[2] name   ARGV[3] the definition, packed (common/schedules.py pack_definition)
+-- ARGV[2] name   ARGV[3] the definition's entries (common/schedules.py pack_definition)
 -- ARGV[4] expected version ('0' = must not exist)
 -- ARGV[5] new cursor ms ('' = the trigger has no more occurrences)
 -- ARGV[6] paused when created ('0'/'1')
@@ -51,8 +51,7 @@ else
     'materialized_count', 'runs_made', 'cal_v', 'ended')
   version = tonumber(o[1]) or 0
   if version > 0 then  -- the old layout: converted below
-    state = {c = tonumber(o[2]), u = tonumber(o[3]), l = tonumber(o[4]), m = tonumber(o[5]),
-      r = tonumber(o[6]), cv = o[7], ed = o[8]}
+    state = {c = o[2], u = o[3], l = o[4], m = o[5], r = o[6], cv = o[7], ed = o[8]}
   end
 end
 if tostring(version) ~= expected then return {'conflict', version} end
@@ -73,12 +72,12 @@ if packed ~= true and version > 0 then
   redis.call('ZREM', index_key, name)
 end
 
-local new = cmsgpack.unpack(packed_def)
+local new = sched_parse(packed_def)
 local keep = ARGV[9] == '1' and version > 0 and not side[2]
 -- a changed definition clears a bound reached under the old one (`ended`)
 if not keep then state.ed = nil end
 for k, v in pairs(state) do
-  if v ~= '' then new[k] = v end
+  if v and v ~= '' then new[k] = v end
 end
 new.v = keep and version or version + 1
 if not keep then new.u = now end
@@ -88,7 +87,7 @@ if version == 0 then
   paused = ARGV[6]
   if paused == '1' then redis.call('HSET', sched_key, 'paused', '1') end
 end
-new.n = tonumber(cursor)  -- nil: no more occurrences
+new.n = cursor ~= '' and cursor or nil  -- nil: no more occurrences
 sched_save(prefix, name, new)
 -- every schedule is in its due index: paused or without a next occurrence at +inf
 if cursor == '' or paused == '1' then

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
 import redis
 from duetime.common.keys import Keyspace
-from duetime.common.schedules import RECORD_KEYS, STATE_KEYS, merged_record
+from duetime.common.schedules import (
+    RECORD_KEYS,
+    STATE_KEYS,
+    encode_record,
+    merged_record,
+    unpack_record,
+)
 
 
 def record(r: redis.Redis, k: Keyspace, name: str) -> dict[bytes, bytes]:
@@ -29,17 +34,17 @@ def edit(r: redis.Redis, k: Keyspace, name: str, **fields: Any) -> None:
     p = k.partition_of_schedule(name)
     packed = r.hget(k.scheds(p), name)
     short = {**RECORD_KEYS, **STATE_KEYS}
-    rec = None if packed is None else msgpack.unpackb(packed, raw=True, strict_map_key=False)
+    rec = None if packed is None else unpack_record(packed)
     for f, v in fields.items():
         f = f.replace("t_", "t.", 1) if f.startswith("t_") else f
         if rec is not None and f in short:
             if v is None:
                 rec.pop(short[f].encode(), None)
             else:
-                rec[short[f].encode()] = v.encode() if isinstance(v, str) else v
+                rec[short[f].encode()] = v if isinstance(v, bytes) else str(v).encode()
         elif v is None:
             r.hdel(k.sched(p, name), f)
         else:
             r.hset(k.sched(p, name), f, v)
     if rec is not None:
-        r.hset(k.scheds(p), name, msgpack.packb(rec, use_bin_type=False))
+        r.hset(k.scheds(p), name, encode_record({f.decode(): v for f, v in rec.items()}))
