@@ -267,6 +267,58 @@ class ScheduleStore:
             raise DuetimeError(f"schedule {defs[todo[0]].name!r} kept changing under us; try again")
         return [out[i] for i in range(len(defs))]
 
+    def legacy_names(self) -> builtins.list[str]:
+        """Schedules whose record is still in the layout before the packed one (their index,
+        `T:schedules`, lists them until they are converted)."""
+        pipe = self.client.pipeline(transaction=False)
+        for p in range(self.keys.partitions):
+            pipe.zrange(self.keys.schedules(p), 0, -1)
+        return sorted({n.decode(errors="replace") for names in self._replies(pipe, [])
+                       for n in names})
+
+    def migrate(self, dry_run: bool = False, progress: Callable[[int], None] | None = None
+                ) -> dict[str, int]:
+        """Convert every schedule of the layout before the packed record in place (the same
+        definition, version, cursor, counters and pause; docs/keys.md), in chunks, each one a
+        compare-and-set on its version (a schedule changed meanwhile is converted by that
+        change). Quarantined ones are left for the registration that fixes them. → counts:
+        old, converted, quarantined (left), gone (deleted meanwhile)."""
+        names = self.legacy_names()
+        counts = {"old": 0, "converted": 0, "quarantined": 0, "gone": 0}
+        for i in range(0, len(names), BACKFILL_CHUNK):
+            chunk = names[i : i + BACKFILL_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            sent = 0
+            for name, (side, packed) in zip(chunk, self._raw_records(chunk), strict=True):
+                p = self.keys.partition_of_schedule(name)
+                if packed is not None or not side.get(b"version"):
+                    # converted meanwhile (an upsert), or an index entry without a record
+                    counts["gone"] += packed is None
+                    if not dry_run:
+                        pipe.zrem(self.keys.schedules(p), name)
+                    continue
+                counts["old"] += 1
+                if side.get(b"quarantined"):
+                    counts["quarantined"] += 1
+                    continue
+                flat = {k.decode(errors="replace"): v for k, v in side.items()}
+                nxt = side.get(b"next_ms")
+                keys, args = tr.schedule_upsert(
+                    self.keys, p, name, pack_definition(name, flat), side[b"version"].decode(),
+                    _int(nxt) if nxt else None, False, keep=True)
+                if not dry_run:
+                    self.scripts.schedule_upsert(keys=keys, args=args, client=pipe)
+                sent += 1
+            if not dry_run and len(pipe):
+                for res in self._call(pipe.execute):
+                    if isinstance(res, builtins.list) and tr.status_detail(res)[0] != "conflict":
+                        counts["converted"] += 1
+            elif dry_run:
+                counts["converted"] += sent
+            if progress:
+                progress(len(chunk))
+        return counts
+
     def get(self, name: str, payload: bool = True) -> ScheduleInfo:
         """One schedule; `payload=False` leaves its payload in Redis (args/kwargs empty)."""
         self._where(name)
