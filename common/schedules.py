@@ -502,8 +502,11 @@ RECORD_DEFAULTS: dict[str, str] = {
     "backoff_max": "300000", "timeout": "0", "idempotent": "1",
     "miss_tolerance_ms": str(MISS_TOLERANCE_MS), "stagger_ms": "auto",
 }
-# a cron's (its trigger's other kinds have none of these fields)
-CRON_DEFAULTS: dict[str, str] = {"t.tz": "UTC", "t.dst_gap": "shift", "t.dst_fold": "auto"}
+# a trigger's, by its kind (the other kinds have none of these fields)
+KIND_DEFAULTS: dict[str, dict[str, str]] = {
+    "cron": {"t.tz": "UTC", "t.dst_gap": "shift", "t.dst_fold": "auto"},
+    "every": {"t.anchor": "1970-01-01T00:00:00Z"},
+}
 # the fields a record written before the packed layout holds in its side hash that the
 # packed record replaces (an upsert converting it removes them from the side hash)
 LEGACY_MOVED = ("name", *RECORD_KEYS, *STATE_KEYS, "def_hash", "evaluated")
@@ -548,8 +551,8 @@ def definition_record(name: str, fields: dict[str, Any]) -> dict[str, bytes]:
             continue
         raw = _bytes(v)
         text = raw.decode(errors="replace")
-        if raw == b"" or RECORD_DEFAULTS.get(f) == text or (kind == "cron" and (
-                CRON_DEFAULTS.get(f) == text or (f == "t.seed" and text == name))):
+        if raw == b"" or RECORD_DEFAULTS.get(f) == text or KIND_DEFAULTS.get(kind, {}).get(
+                f) == text or (kind == "cron" and f == "t.seed" and text == name):
             continue
         out[short] = raw
     return out
@@ -580,9 +583,10 @@ def expand_record(name: str, raw: bytes) -> dict[bytes, bytes]:
         if named is None:
             continue  # a key a later version added: not this version's to read
         out[named.encode()] = v
-    if out.get(b"t.kind") == b"cron":
-        for f, default in CRON_DEFAULTS.items():
-            out.setdefault(f.encode(), default.encode())
+    kind = out.get(b"t.kind", b"").decode(errors="replace")
+    for f, default in KIND_DEFAULTS.get(kind, {}).items():
+        out.setdefault(f.encode(), default.encode())
+    if kind == "cron":
         out.setdefault(b"t.seed", name.encode())
     return out
 
