@@ -492,7 +492,7 @@ local function schedule_dead(prefix, run_key, run_id, now, err)
   local sched, name = prefix .. K.sched .. r[1], r[1]
   if wrong_type(sched, 'hash') then return nil end
   local rec, packed = sched_load(prefix, name)
-  if packed == 'damaged' or (not packed and redis.call('HEXISTS', sched, 'version') == 0) then
+  if packed == 'damaged' or (not packed and not redis.call('HGET', sched, 'version')) then
     return nil  -- no such schedule (or the evaluator's to quarantine)
   end
   local streak = redis.pcall('HINCRBY', sched, 'fail_streak', 1)

@@ -16,7 +16,7 @@
 local sched_due_key, prefix, name, pause = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local sched_key = prefix .. K.sched .. name
 local rec, packed = sched_load(prefix, name)
-if not packed and redis.call('HEXISTS', sched_key, 'version') == 0 then return 'missing' end
+if not packed and not redis.call('HGET', sched_key, 'version') then return 'missing' end
 local now = now_ms()
 if pause == '1' then
   redis.call('HSET', sched_key, 'paused', '1', 'pause_note', ARGV[4], 'paused_at', now)
