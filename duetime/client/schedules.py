@@ -220,10 +220,14 @@ class ScheduleStore:
                 break
             where = [self._where(defs[i].name) for i in todo]
             raw = self._raw_records([defs[i].name for i in todo])
+            pipe = self.client.pipeline(transaction=False)
+            for (p, _key), i in zip(where, todo, strict=True):
+                pipe.zscore(self.keys.sched_due(p), defs[i].name)
+            indexed = [s is not None for s in self._replies(pipe, None)]
             now = self._call(server_time_ms, self.client)
             pipe = self.client.pipeline(transaction=False)
             sent = []
-            for i, (p, _key), (side, packed) in zip(todo, where, raw, strict=True):
+            for i, (p, _key), (side, packed), listed in zip(todo, where, raw, indexed, strict=True):
                 d = defs[i]
                 m = merged_record(d.name, side, packed)
                 version, quarantined = _int(m.get(b"version")), m.get(b"quarantined")
@@ -233,10 +237,12 @@ class ScheduleStore:
                         same = same_definition(unpack_record(packed), d.name, fields)
                     except ValueError:
                         same = False  # undecodable: replaced
-                    if version and same and not quarantined:
+                    if version and same and not quarantined and listed:
                         out[i] = ("unchanged", version)
                         continue
-                    keep = False
+                    # out of its due index (a scheduler of the previous version, meeting a
+                    # record it cannot read, drops it from there): put back, version kept
+                    keep = bool(version and same and not quarantined)
                 else:  # written before it: the same definition is converted, version kept
                     stored_hash = m.get(b"def_hash")
                     keep = bool(version and stored_hash and stored_hash.decode() == d.def_hash()

@@ -192,3 +192,18 @@ def test_migrate_converts_the_old_layout_in_place_after_a_dry_run(app):
         assert score == (float("inf") if was.paused else int(was.next_fire.timestamp() * 1000))
     out = ok(cli(app.redis_url, k.namespace, "schedule", "migrate"))
     assert "1 schedule(s) in the old layout: converted 0, left 1 quarantined" in out
+
+
+def test_a_packed_schedule_dropped_from_its_due_index_is_put_back_by_its_next_registration(app):
+    """A scheduler of the previous version, meeting a packed record during a rolling upgrade,
+    takes it for an orphan and removes it from the due set: the next registration of the same
+    definition (a deploy) puts it back, version and cursor kept."""
+    r, k = app.store.client, app.keys
+    every = duetime.Every(timedelta(minutes=5))
+    assert app.schedule("dropped", every, basic.noop) == "created"
+    p = k.partition_of_schedule("dropped")
+    score = r.zscore(k.sched_due(p), "dropped")
+    r.zrem(k.sched_due(p), "dropped")  # what that scheduler's quarantine.lua does
+    assert app.schedule("dropped", every, basic.noop) == "unchanged"
+    assert r.zscore(k.sched_due(p), "dropped") == score
+    assert app.get_schedule("dropped").version == 1
