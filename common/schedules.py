@@ -488,6 +488,9 @@ RECORD_KEYS: dict[str, str] = {
     "calendar": "cal", "on_excluded": "oe", "pause_after_failures": "paf", "start_ms": "sa",
     "end_ms": "en", "max_runs": "mr",
 }
+# a payload longer than this waits in the side hash's `payload` field (the record has `pl`,
+# its length): listings that show no payload leave it in Redis (lua/_lib.lua SCHED_INLINE)
+SCHED_INLINE = 256
 # the cursor state in the same map (materialize.lua and schedule_upsert.lua write them)
 STATE_KEYS: dict[str, str] = {
     "version": "v", "next_ms": "n", "last_ms": "l", "created": "c", "updated": "u",
@@ -563,10 +566,13 @@ def pack_definition(name: str, fields: dict[str, Any]) -> bytes:
     return encode_record(definition_record(name, fields))
 
 
-def same_definition(stored: dict[bytes, bytes], name: str, fields: dict[str, Any]) -> bool:
-    """Whether a packed record holds this definition (state keys aside): an upsert of it
-    changes nothing."""
+def same_definition(stored: dict[bytes, bytes], name: str, fields: dict[str, Any],
+                    side: dict[bytes, bytes] | None = None) -> bool:
+    """Whether a packed record (and its side hash, which holds a long payload) holds this
+    definition (state keys aside): an upsert of it changes nothing."""
     defs = {s.encode() for s in RECORD_KEYS.values()}
+    if b"pl" in stored:
+        stored = {**stored, b"p": (side or {}).get(b"payload", b"")}
     new = {k.encode(): v for k, v in definition_record(name, fields).items()}
     return {k: v for k, v in stored.items() if k in defs} == new
 

@@ -462,6 +462,10 @@ end
 local SCHED_DEFAULTS = {q = 'default', ow = '', o = 'allow', lt = '0', ma = '4', bb = '1000',
   bm = '300000', to = '0', id = '1'}
 
+-- The longest payload a packed record holds itself: a longer one is the side hash's
+-- `payload` field (the record then has `pl`, its length), so listings can leave it in Redis.
+local SCHED_INLINE = 256
+
 -- Write a packed record back: its entries by key (common/schedules.py encode_record alike);
 -- a number is written as an integer.
 local function sched_save(prefix, name, rec)

@@ -60,7 +60,8 @@ local function val(k)  -- a packed value, its default when left out
 end
 local s, g, last
 if packed then
-  s = {val('v'), val('n'), redis.call('HGET', sched_key, 'paused'), val('t'), val('q'), val('p'),
+  local side = redis.call('HMGET', sched_key, 'paused', 'payload')
+  s = {val('v'), val('n'), side[1], val('t'), val('q'), rec.p or (rec.pl and side[2]) or nil,
     val('ma'), val('bb'), val('bm'), val('to'), val('id'), val('ow'), val('o'), val('lt'),
     val('tn')}
   g = {val('en'), val('mr'), val('r')}

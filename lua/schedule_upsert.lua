@@ -88,6 +88,14 @@ if version == 0 then
   if paused == '1' then redis.call('HSET', sched_key, 'paused', '1') end
 end
 new.n = cursor ~= '' and cursor or nil  -- nil: no more occurrences
+-- a payload longer than SCHED_INLINE bytes waits in the side hash (listings leave it in
+-- Redis); `pl` says so, with its length
+if new.p and #new.p > SCHED_INLINE then
+  redis.call('HSET', sched_key, 'payload', new.p)
+  new.pl, new.p = #new.p, nil
+elseif packed == true and rec.pl then
+  redis.call('HDEL', sched_key, 'payload')
+end
 sched_save(prefix, name, new)
 -- every schedule is in its due index: paused or without a next occurrence at +inf
 if cursor == '' or paused == '1' then

@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from duetime.client.fields import hashes_without
 from duetime.common import transitions as tr
 from duetime.common.codec import unpack_payload
 from duetime.common.connection import server_time_ms, translated
@@ -234,7 +235,7 @@ class ScheduleStore:
                 fields = d.fields()
                 if packed is not None:  # the packed layout: its definition compared
                     try:
-                        same = same_definition(unpack_record(packed), d.name, fields)
+                        same = same_definition(unpack_record(packed), d.name, fields, side)
                     except ValueError:
                         same = False  # undecodable: replaced
                     if version and same and not quarantined and listed:
@@ -328,30 +329,41 @@ class ScheduleStore:
     def get(self, name: str, payload: bool = True) -> ScheduleInfo:
         """One schedule; `payload=False` leaves its payload in Redis (args/kwargs empty)."""
         self._where(name)
-        h = self.records([name])[0]
-        if not payload:
-            h.pop(b"payload", None)
+        h = self.records([name], payload)[0]
         if not h:
             raise ScheduleNotFound(f"no schedule {name!r} in namespace {self.keys.namespace!r}")
         return ScheduleInfo.decode(h)
 
-    def _raw_records(self, names: builtins.list[str]
+    def _raw_records(self, names: builtins.list[str], payload: bool = True
                      ) -> builtins.list[tuple[dict[bytes, bytes], bytes | None]]:
         """(side hash, packed record) of each schedule: both layouts (common/schedules.py);
-        a key of the wrong type (damaged by hand) reads as absent."""
+        a key of the wrong type (damaged by hand) reads as absent. `payload=False` leaves a
+        payload kept in a side hash in Redis (a long one; every one of the old layout)."""
         pipe = self.client.pipeline(transaction=False)
         for n in names:
-            p = self.keys.partition_of_schedule(n)
-            pipe.hgetall(self.keys.sched(p, n))
-            pipe.hget(self.keys.scheds(p), n)
-        res = self._replies(pipe, None)
-        return [(res[2 * i] or {}, res[2 * i + 1]) for i in range(len(names))]
+            pipe.hget(self.keys.scheds(self.keys.partition_of_schedule(n)), n)
+        packed = self._replies(pipe, None)
+        keys = [self.keys.sched(self.keys.partition_of_schedule(n), n) for n in names]
+        if payload:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            sides = [s or {} for s in self._replies(pipe, None)]
+        else:
+            sides = hashes_without(self.client, keys, PAYLOAD, self._exec)
+        return list(zip(sides, packed, strict=True))
 
-    def records(self, names: builtins.list[str]) -> builtins.list[dict[bytes, bytes]]:
+    def records(self, names: builtins.list[str], payload: bool = True
+                ) -> builtins.list[dict[bytes, bytes]]:
         """Each schedule as the named fields of docs/keys.md, whichever layout holds it ({}:
-        no such schedule)."""
-        return [merged_record(n, side, packed) if side or packed is not None else {}
-                for n, (side, packed) in zip(names, self._raw_records(names), strict=True)]
+        no such schedule); `payload=False`: without its payload."""
+        out = []
+        for n, (side, packed) in zip(names, self._raw_records(names, payload), strict=True):
+            h = merged_record(n, side, packed) if side or packed is not None else {}
+            if not payload:
+                h.pop(b"payload", None)
+            out.append(h)
+        return out
 
     def names(self) -> Iterator[str]:
         """Every schedule: the packed records' names, and those written before that layout
@@ -373,10 +385,7 @@ class ScheduleStore:
         out = []
         for i in range(0, len(names), 500):
             # names read from the index: no check, no refusal
-            hashes = self.records(names[i : i + 500])
-            if not payload:
-                for h in hashes:
-                    h.pop(b"payload", None)
+            hashes = self.records(names[i : i + 500], payload)
             out += [ScheduleInfo.decode(h) for h in hashes if h]
         return out
 

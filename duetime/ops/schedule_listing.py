@@ -107,9 +107,7 @@ def page_schedules(store: ScheduleStore, order: str = "created", after: Position
             break
     more = len(names) > limit
     names = names[:limit]
-    hashes = store.records([n for n, _ in names])
-    for h in hashes:
-        h.pop(b"payload", None)  # the page shows none
+    hashes = store.records([n for n, _ in names], payload=False)  # the page shows none
     infos = [ScheduleInfo.decode(h) for h in hashes if h]
     nxt = Position(order, names[-1][1], names[-1][0]) if more and names else None
     return infos, nxt
