@@ -54,19 +54,28 @@ def register(url: str, n: int) -> None:
     print(f"register: {n} schedules in {dt:.2f} s = {n / dt:,.0f}/s; "
           f"Redis memory {mem / n:,.0f} bytes/schedule ({mem / 2**20:,.1f} MiB)")
     k = app.keys
+    parts = range(k.partitions)
     names = [f"job-{j:06d}" for j in range(0, n, max(1, n // 200))]
-    record = sum(r.memory_usage(k.sched(k.partition_of_schedule(x), x), samples=0) or 0
-                 for x in names) / len(names)
+    side = sum(r.exists(k.sched(k.partition_of_schedule(x), x)) for x in names)
+    packed = sum(r.hlen(k.scheds(p)) for p in parts)
     index = {}
-    for label, key in (("due order", k.sched_due), ("listing", k.schedules)):
-        parts = range(k.partitions)
-        index[label] = (sum(r.memory_usage(key(p), samples=0) or 0 for p in parts)
-                        / max(1, sum(r.zcard(key(p)) for p in parts)))
-    sample = k.sched(k.partition_of_schedule(names[0]), names[0])
-    fields = r.hgetall(sample)
-    text = sum(len(f) + len(v) for f, v in fields.items())
-    print(f"  per schedule: its hash {record:,.0f} B ({len(fields)} fields, {text} B of field "
-          f"names and values), " + ", ".join(f"{lb} index {b:,.0f} B" for lb, b in index.items()))
+    for label, key in (("due order", k.sched_due), ("listing (old layout)", k.schedules)):
+        count = sum(r.zcard(key(p)) for p in parts)
+        if count:
+            index[label] = sum(r.memory_usage(key(p), samples=0) or 0 for p in parts) / count
+    if packed:  # the packed layout: one field of T:scheds per schedule
+        record = sum(r.memory_usage(k.scheds(p), samples=0) or 0 for p in parts) / packed
+        x = names[0]
+        raw = r.hget(k.scheds(k.partition_of_schedule(x)), x) or b""
+        what = f"its packed record {record:,.0f} B ({len(raw)} B of text), side hashes {side}/{len(names)}"
+    else:
+        record = sum(r.memory_usage(k.sched(k.partition_of_schedule(x), x), samples=0) or 0
+                     for x in names) / len(names)
+        fields = r.hgetall(k.sched(k.partition_of_schedule(names[0]), names[0]))
+        text = sum(len(f) + len(v) for f, v in fields.items())
+        what = f"its hash {record:,.0f} B ({len(fields)} fields, {text} B of field names and values)"
+    print(f"  per schedule (MEMORY USAGE): {what}, "
+          + ", ".join(f"{lb} index {b:,.0f} B" for lb, b in index.items()))
     t0 = time.perf_counter()
     app.schedule_many([app.schedule_def(f"job-{j:06d}", duetime.Cron("H H * * *"), noop, args=[j])
                        for j in range(min(n, CHUNK))])

@@ -62,10 +62,16 @@ PARTITION_KEYS: dict[str, KeyKind] = {
                         "succeed (the succeeded one is inline in the run hash)", "run"),
     "notify": KeyKind("notify:", "list", "a run's final state, pushed for each client waiting on "
                       "it (exists briefly, only while someone waits)", "run"),
-    "sched": KeyKind("sched:", "hash", "schedule definition and evaluation state", "name"),
-    "sched_due": KeyKind("sched_due", "zset", "schedule name -> next fire time (ms)"),
+    "sched": KeyKind("sched:", "hash", "a schedule's side state (paused, buffered, fail_streak, "
+                     "counters; only while it has any); a schedule written before the packed "
+                     "layout: its whole record", "name"),
+    "scheds": KeyKind("scheds", "hash", "schedule name -> its packed record (msgpack: "
+                      "definition and cursor state)"),
+    "sched_due": KeyKind("sched_due", "zset", "schedule name -> next fire time (ms); +inf: "
+                         "paused, ended or quarantined (every schedule is in it)"),
     "schedules": KeyKind("schedules", "zset",
-                         "schedule name -> created (ms): the partition's schedule index"),
+                         "schedule name -> created (ms): the index of schedules written before "
+                         "the packed layout (emptied as they are converted)"),
     "quarantine": KeyKind("quarantine", "zset", "schedule name -> time (ms) it was set aside "
                           "because its record could not be evaluated"),
     "sched_running": KeyKind("sched_running:", "set",
@@ -295,6 +301,9 @@ class Keyspace:
 
     def sched_due(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["sched_due"]
+
+    def scheds(self, p: int) -> str:
+        return self.prefix(p) + SUFFIX["scheds"]
 
     def schedules(self, p: int) -> str:
         return self.prefix(p) + SUFFIX["schedules"]

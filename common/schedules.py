@@ -7,6 +7,7 @@ I/O stays thin and every catch-up rule is unit-testable without Redis.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -463,3 +464,182 @@ def kept_cursor(d: ScheduleDef, stored: list[bytes | None], computed: int | None
     if not same or (d.end_ms and stored_next > d.end_ms):
         return computed
     return min(stored_next, computed)
+
+
+# -- the stored record (docs/keys.md "The schedule record") ---------------------------------
+# A schedule is one field of its partition's `T:scheds` hash, named by the schedule: its
+# definition and cursor state as `<key><length>:<value>` entries under short keys, sorted
+# (`k5:everyi7:1000000t4:noopv1:1...`: readable with redis-cli, parsed by a few lines of Lua
+# on every server, fakeredis included), values equal to their default left out. What other
+# transitions write about a schedule -- `paused` and its note, `buffered`, `fail_streak`,
+# `auto_paused`, the skipped/missed/cancelled/excluded counters, `quarantined` -- lives in
+# its side hash `T:sched:<name>`, which exists only while it has one of them. A schedule
+# written before this layout has no `T:scheds` field and its side hash holds every field
+# under its own name (detected per schedule: the side hash has `version`); every reader
+# takes both, and its next upsert (or `duetime schedule migrate`) converts it. No
+# namespace-wide format version is needed for it.
+RECORD_KEYS: dict[str, str] = {
+    "t.kind": "k", "t.expr": "x", "t.tz": "z", "t.dst_gap": "g", "t.dst_fold": "f",
+    "t.seed": "s", "t.interval_us": "i", "t.anchor": "a", "t.instant": "at",
+    "task": "t", "queue": "q", "payload": "p", "catchup": "cu", "max_catchup": "mc",
+    "lateness_ms": "lt", "overlap": "o", "jitter_ms": "j", "owner": "ow",
+    "max_attempts": "ma", "backoff_base": "bb", "backoff_max": "bm", "timeout": "to",
+    "idempotent": "id", "miss_tolerance_ms": "mt", "stagger_ms": "st", "tenant": "tn",
+    "calendar": "cal", "on_excluded": "oe", "pause_after_failures": "paf", "start_ms": "sa",
+    "end_ms": "en", "max_runs": "mr",
+}
+# a payload longer than this waits in the side hash's `payload` field (the record has `pl`,
+# its length): listings that show no payload leave it in Redis (lua/_lib.lua SCHED_INLINE)
+SCHED_INLINE = 256
+# the cursor state in the same map (materialize.lua and schedule_upsert.lua write them)
+STATE_KEYS: dict[str, str] = {
+    "version": "v", "next_ms": "n", "last_ms": "l", "created": "c", "updated": "u",
+    "materialized_count": "m", "runs_made": "r", "cal_v": "cv", "ended": "ed",
+}
+# a definition value equal to its default is not stored (fixed for good: lua/_lib.lua
+# SCHED_DEFAULTS holds the ones materialize.lua copies into runs); '' is never stored either
+RECORD_DEFAULTS: dict[str, str] = {
+    "queue": "default",
+    "catchup": "latest", "max_catchup": "100", "lateness_ms": "0", "overlap": "allow",
+    "jitter_ms": "0", "owner": "", "max_attempts": "4", "backoff_base": "1000",
+    "backoff_max": "300000", "timeout": "0", "idempotent": "1",
+    "miss_tolerance_ms": str(MISS_TOLERANCE_MS), "stagger_ms": "auto",
+}
+# a trigger's, by its kind (the other kinds have none of these fields)
+KIND_DEFAULTS: dict[str, dict[str, str]] = {
+    "cron": {"t.tz": "UTC", "t.dst_gap": "shift", "t.dst_fold": "auto"},
+    "every": {"t.anchor": "1970-01-01T00:00:00Z"},
+}
+# the fields a record written before the packed layout holds in its side hash that the
+# packed record replaces (an upsert converting it removes them from the side hash)
+LEGACY_MOVED = ("name", *RECORD_KEYS, *STATE_KEYS, "def_hash", "evaluated")
+_SHORT_TO_FIELD = {v: k for k, v in {**RECORD_KEYS, **STATE_KEYS}.items()}
+_ENTRY = re.compile(rb"([a-z]+)(\d+):")
+
+
+def encode_record(rec: dict[str, bytes]) -> bytes:
+    """`<key><length>:<value>` per entry, keys sorted (lua/_lib.lua sched_encode alike)."""
+    return b"".join(k.encode() + str(len(v)).encode() + b":" + v for k, v in sorted(rec.items()))
+
+
+def unpack_record(raw: bytes) -> dict[bytes, bytes]:
+    """A stored record as its short keys → values; ValueError when it is not one."""
+    out: dict[bytes, bytes] = {}
+    pos = 0
+    while pos < len(raw):
+        m = _ENTRY.match(raw, pos)
+        if m is None or m.end() + int(m.group(2)) > len(raw):
+            raise ValueError(f"packed record cannot be read at byte {pos}: {raw[pos:pos + 20]!r}")
+        out[m.group(1)] = raw[m.end():m.end() + int(m.group(2))]
+        pos = m.end() + int(m.group(2))
+    return out
+
+
+def _bytes(v: Any) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, bool):
+        return b"1" if v else b"0"
+    return str(v).encode()
+
+
+def definition_record(name: str, fields: dict[str, Any]) -> dict[str, bytes]:
+    """A definition's stored fields (ScheduleDef.fields(), or a record of the old layout
+    read back) as the packed record's entries: short keys, defaults and '' left out."""
+    out: dict[str, bytes] = {}
+    kind = _bytes(fields.get("t.kind", b"")).decode(errors="replace")
+    for f, short in RECORD_KEYS.items():
+        v = fields.get(f)
+        if v is None:
+            continue
+        raw = _bytes(v)
+        text = raw.decode(errors="replace")
+        if raw == b"" or RECORD_DEFAULTS.get(f) == text or KIND_DEFAULTS.get(kind, {}).get(
+                f) == text or (kind == "cron" and f == "t.seed" and text == name):
+            continue
+        out[short] = raw
+    return out
+
+
+def pack_definition(name: str, fields: dict[str, Any]) -> bytes:
+    """What schedule_upsert.lua is given: the definition's entries."""
+    return encode_record(definition_record(name, fields))
+
+
+def same_definition(stored: dict[bytes, bytes], name: str, fields: dict[str, Any],
+                    side: dict[bytes, bytes] | None = None) -> bool:
+    """Whether a packed record (and its side hash, which holds a long payload) holds this
+    definition (state keys aside): an upsert of it changes nothing."""
+    defs = {s.encode() for s in RECORD_KEYS.values()}
+    if b"pl" in stored:
+        stored = {**stored, b"p": (side or {}).get(b"payload", b"")}
+    new = {k.encode(): v for k, v in definition_record(name, fields).items()}
+    return {k: v for k, v in stored.items() if k in defs} == new
+
+
+def expand_record(name: str, raw: bytes) -> dict[bytes, bytes]:
+    """A packed record as the named fields of the old layout (defaults filled in), so every
+    reader takes either layout alike."""
+    rec = unpack_record(raw)
+    out: dict[bytes, bytes] = {b"name": name.encode()}
+    for f, default in RECORD_DEFAULTS.items():
+        out[f.encode()] = default.encode()
+    for k, v in rec.items():
+        named = _SHORT_TO_FIELD.get(k.decode(errors="replace"))
+        if named is None:
+            continue  # a key a later version added: not this version's to read
+        out[named.encode()] = v
+    kind = out.get(b"t.kind", b"").decode(errors="replace")
+    for f, default in KIND_DEFAULTS.get(kind, {}).items():
+        out.setdefault(f.encode(), default.encode())
+    if kind == "cron":
+        out.setdefault(b"t.seed", name.encode())
+    return out
+
+
+def merged_record(name: str, side: dict[bytes, bytes] | None, packed: bytes | None
+                  ) -> dict[bytes, bytes]:
+    """One schedule as named fields, from its side hash and its packed record (either may be
+    absent; a record of the old layout is its side hash alone). A packed record that cannot
+    be decoded reads as none, with `problem` saying so (the evaluator quarantines it)."""
+    out = dict(side or {})
+    if packed is not None:
+        out.setdefault(b"paused", b"0")  # its side hash has it only while paused (or resumed)
+        try:
+            out.update(expand_record(name, packed))
+        except ValueError as exc:
+            out[b"name"] = name.encode()
+            out[b"problem"] = str(exc).encode()
+    return out
+
+
+def read_records(client: Any, keys: Keyspace, names: list[str]) -> list[dict[bytes, bytes]]:
+    """The records of `names` (both layouts), two pipelined reads per schedule; a schedule
+    that does not exist reads as {}; a side key of the wrong type (damaged by hand) as none."""
+    pipe = client.pipeline(transaction=False)
+    for n in names:
+        p = keys.partition_of_schedule(n)
+        pipe.hgetall(keys.sched(p, n))
+        pipe.hget(keys.scheds(p), n)
+    res = pipe.execute(raise_on_error=False)
+    out = []
+    for i, n in enumerate(names):
+        side, packed = res[2 * i], res[2 * i + 1]
+        for r in (side, packed):
+            if isinstance(r, Exception) and not str(r).startswith("WRONGTYPE"):
+                raise r
+        side = {} if isinstance(side, Exception) else side
+        packed = None if isinstance(packed, Exception) else packed
+        out.append(merged_record(n, side, packed) if side or packed is not None else {})
+    return out
+
+
+def record_fields(name: str, fields: tuple[str, ...], side: list[Any],
+                  packed: bytes | None) -> list[Any]:
+    """HMGET-like values of `fields` for one schedule, from `HMGET side *fields` and its
+    packed record (the evaluator's read; either layout)."""
+    if packed is None:
+        return side
+    m = merged_record(name, {f.encode(): v for f, v in zip(fields, side, strict=True)
+                             if v is not None}, packed)
+    return [m.get(f.encode()) for f in fields]

@@ -314,11 +314,13 @@ def materialize(k: Keyspace, p: int, name: str, queue: str, runs: list[Any],
              k.sched_wake, n, *runs, *starts[:n], calendar, *(excluded or [])])
 
 
-def schedule_upsert(k: Keyspace, p: int, name: str, def_hash: str, version: int | str,
-                    cursor_ms: int | None, paused: bool, fields: list[Any]) -> Call:
+def schedule_upsert(k: Keyspace, p: int, name: str, packed: bytes, version: int | str,
+                    cursor_ms: int | None, paused: bool, keep: bool = False) -> Call:
+    """`packed`: the definition (common/schedules.py pack_definition); `keep`: it is the
+    stored one (a record of the old layout converted: version kept)."""
     return ([k.sched_due(p), k.schedules(p), k.quarantine(p)],
-            [k.prefix(p), name, def_hash, version, "" if cursor_ms is None else cursor_ms,
-             int(paused), k.sched_wake, p, *fields])
+            [k.prefix(p), name, packed, version, "" if cursor_ms is None else cursor_ms,
+             int(paused), k.sched_wake, p, int(keep)])
 
 
 def schedule_pause(k: Keyspace, p: int, name: str, paused: bool, note: str = "") -> Call:

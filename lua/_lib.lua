@@ -461,6 +461,56 @@ local function step_out_of_schedule(prefix, sched, run_id)
   if sched and sched ~= '' then redis.call('SREM', prefix .. K.sched_running .. sched, run_id) end
 end
 
+-- A schedule's packed record (docs/keys.md "The schedule record") as a table: its
+-- `<key><length>:<value>` entries under short keys (common/schedules.py RECORD_KEYS), every
+-- value a string; nil when `raw` is not one.
+local function sched_parse(raw)
+  local rec, pos, n = {}, 1, #raw
+  while pos <= n do
+    local a, b, k, len = string.find(raw, '^([a-z]+)(%d+):', pos)
+    len = tonumber(len)
+    if not a or b + len > n then return nil end
+    rec[k] = string.sub(raw, b + 1, b + len)
+    pos = b + len + 1
+  end
+  return rec
+end
+
+-- The schedule `name`'s packed record, the field of the partition's T:scheds hash. Returns
+-- (record table, true), (nil, false) when it has none (absent, or a schedule written before
+-- the packed layout: its side hash T:sched:<name> holds every field then) or (nil,
+-- 'damaged') when it cannot be read.
+local function sched_load(prefix, name)
+  local raw = redis.call('HGET', prefix .. K.scheds, name)
+  if not raw then return nil, false end
+  local rec = sched_parse(raw)
+  if rec then return rec, true end
+  return nil, 'damaged'
+end
+
+-- The defaults a packed record leaves out, for the values materialize.lua copies into a run
+-- (common/schedules.py RECORD_DEFAULTS; fixed for good).
+local SCHED_DEFAULTS = {q = 'default', ow = '', o = 'allow', lt = '0', ma = '4', bb = '1000',
+  bm = '300000', to = '0', id = '1'}
+
+-- The longest payload a packed record holds itself: a longer one is the side hash's
+-- `payload` field (the record then has `pl`, its length), so listings can leave it in Redis.
+local SCHED_INLINE = 256
+
+-- Write a packed record back: its entries by key (common/schedules.py encode_record alike);
+-- a number is written as an integer.
+local function sched_save(prefix, name, rec)
+  local keys, out = {}, {}
+  for k in pairs(rec) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local v = rec[k]
+    if type(v) == 'number' then v = int_s(v) end
+    out[#out + 1] = k .. #v .. ':' .. v
+  end
+  redis.call('HSET', prefix .. K.scheds, name, table.concat(out))
+end
+
 -- Guardrails (pause_after_failures): a run of a schedule ended dead. Its schedule's hash lives
 -- in the run's partition (scheduled run ids are '<schedule>@<ms>', common/keys.py), so the
 -- consecutive-failure count (`fail_streak`) is kept in the same atomic step as the dead
@@ -475,20 +525,24 @@ local function schedule_dead(prefix, run_key, run_id, now, err)
   if r.err or not r[1] or r[1] == '' or (r[2] and r[2] ~= '') then return nil end
   if string.find(run_id, '@m', 1, true) then return nil end
   local sched, name = prefix .. K.sched .. r[1], r[1]
-  if wrong_type(sched, 'hash') or redis.call('EXISTS', sched) == 0 then return nil end
+  if wrong_type(sched, 'hash') then return nil end
+  local rec, packed = sched_load(prefix, name)
+  if packed == 'damaged' or (not packed and not redis.call('HGET', sched, 'version')) then
+    return nil  -- no such schedule (or the evaluator's to quarantine)
+  end
   local streak = redis.pcall('HINCRBY', sched, 'fail_streak', 1)
   if type(streak) ~= 'number' then  -- a count edited by hand: counting starts again
     streak = 1
     redis.call('HSET', sched, 'fail_streak', 1)
   end
   local s = redis.call('HMGET', sched, 'pause_after_failures', 'paused')
-  local limit = num(s[1])
+  local limit = num(packed and rec.paf or s[1])
   if not limit or limit < 1 or streak < limit or s[2] == '1' then return nil end
   local note = 'paused after ' .. int_s(streak) .. ' consecutive dead runs; last error: '
     .. string.sub(err or '', 1, 300)
   redis.call('HSET', sched, 'paused', '1', 'pause_note', note, 'paused_at', now,
     'auto_paused', int_s(streak))
-  redis.call('ZREM', prefix .. K.sched_due, name)
+  redis.call('ZADD', prefix .. K.sched_due, 'inf', name)  -- every schedule stays in its index
   emit(prefix .. K.events, run_id, 'schedule_auto_paused', name .. ': ' .. note)
   return name
 end

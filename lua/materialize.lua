@@ -34,6 +34,8 @@
 -- pairs (run id, occurrence ms) of occurrences the calendar excluded: each is recorded once
 -- as a `skipped` run with the reason 'excluded by calendar NAME vN' (materialize/calendar.lua)
 -- @include materialize/calendar.lua
+-- The schedule's record is read in either layout (docs/keys.md "The schedule record"): the
+-- packed one (T:scheds) is written back in one HSET; one written before it keeps its fields.
 -- Returns (status) {status, created}: status 'ok', 'conflict', 'paused' or 'missing'.
 local sched_due_key, due_key, deadlines_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, name, expected = ARGV[1], ARGV[2], ARGV[3]
@@ -41,12 +43,34 @@ local sched_key = prefix .. K.sched .. name
 -- checked before the first write: a key of the wrong type refuses the call (the evaluator
 -- quarantines the schedule with this reason), never a run left in no index
 local bad = damaged_index({sched_due_key, 'zset', due_key, 'zset', deadlines_key, 'zset',
-  events_key, 'stream', sched_key, 'hash', KEYS[5], 'zset', prefix .. K.caps, 'hash'})
+  events_key, 'stream', sched_key, 'hash', KEYS[5], 'zset', prefix .. K.caps, 'hash',
+  prefix .. K.scheds, 'hash'})
 if bad then return bad end
 
-local s = redis.call('HMGET', sched_key, 'version', 'next_ms', 'paused', 'task', 'queue',
-  'payload', 'max_attempts', 'backoff_base', 'backoff_max', 'timeout', 'idempotent', 'owner',
-  'overlap', 'lateness_ms', 'tenant')
+-- the schedule's record: packed (T:scheds) or, written before that layout, its side hash
+local rec, packed = sched_load(prefix, name)
+if packed == 'damaged' then
+  return redis.error_reply('DAMAGED schedule ' .. name .. ': its packed record in ' .. prefix
+    .. K.scheds .. ' cannot be decoded; register it again')
+end
+local function val(k)  -- a packed value, its default when left out
+  local x = rec[k]
+  if x == nil then x = SCHED_DEFAULTS[k] end
+  return x
+end
+local s, g, last
+if packed then
+  local side = redis.call('HMGET', sched_key, 'paused', 'payload')
+  s = {val('v'), val('n'), side[1], val('t'), val('q'), rec.p or (rec.pl and side[2]) or nil,
+    val('ma'), val('bb'), val('bm'), val('to'), val('id'), val('ow'), val('o'), val('lt'),
+    val('tn')}
+  g = {val('en'), val('mr'), val('r')}
+  last = num(rec.l) or 0
+else
+  s = redis.call('HMGET', sched_key, 'version', 'next_ms', 'paused', 'task', 'queue',
+    'payload', 'max_attempts', 'backoff_base', 'backoff_max', 'timeout', 'idempotent', 'owner',
+    'overlap', 'lateness_ms', 'tenant')
+end
 if not s[1] then return {'missing', 0} end
 if expected ~= '' then
   if s[1] ~= expected or s[2] ~= ARGV[4] then return {'conflict', 0} end
@@ -64,7 +88,10 @@ end
 local now = now_ms()
 local lateness = num(s[14]) or 0  -- 1e400 or nan (edited by hand) is no deadline
 local created = 0
-local last = num(redis.call('HGET', sched_key, 'last_ms')) or 0
+if not packed then
+  last = num(redis.call('HGET', sched_key, 'last_ms')) or 0
+  g = redis.call('HMGET', sched_key, 'end_ms', 'max_runs', 'runs_made')
+end
 local partition, queue = ARGV[8], ARGV[9]
 local n_runs = tonumber(ARGV[11]) or 0
 local extras = 12 + 5 * n_runs  -- the interval starts, then the calendar's part
@@ -72,7 +99,6 @@ local extras = 12 + 5 * n_runs  -- the interval starts, then the calendar's part
 -- evaluator has made that many runs (`runs_made`, counted here, where each run is created
 -- once). Absent or '' (cleared by an upsert): no bound. Runs made by backfill or trigger-now
 -- (no expected version) are not counted.
-local g = redis.call('HMGET', sched_key, 'end_ms', 'max_runs', 'runs_made')
 local end_ms, max_runs, runs_made = num(g[1]), num(g[2]), num(g[3]) or 0
 local made_before, bounded = runs_made, false
 local function beyond_bounds(occ)
@@ -112,32 +138,45 @@ for i = 12, 11 + 5 * n_runs, 5 do
   end
   if occ > last and not beyond then last = occ end
 end
-if last > 0 then redis.call('HSET', sched_key, 'last_ms', last) end
 local cal = ARGV[extras + n_runs]
 if cal and cal ~= '' then
   record_excluded(prefix, name, sched_key, cal, extras + n_runs + 1, now, KEYS[5], events_key)
-  if expected ~= '' then redis.call('HSET', sched_key, 'cal_v', cal) end
 end
-
-if runs_made ~= made_before then redis.call('HSET', sched_key, 'runs_made', runs_made) end
 local cursor = ARGV[5]
 if expected ~= '' and cursor ~= '' then  -- guardrails: a bound reached ends the schedule
   if end_ms and (num(cursor) or 0) > end_ms then bounded = 'end' end
   if max_runs and runs_made >= max_runs then bounded = 'max_runs' end
-  if bounded then
-    cursor = ''
-    redis.call('HSET', sched_key, 'ended', bounded)
-  end
+  if bounded then cursor = '' end
 end
 if expected ~= '' then
   local skipped = tonumber(ARGV[6]) or 0
   if skipped > 0 then redis.call('HINCRBY', sched_key, 'skipped_count', skipped) end
+  -- every schedule stays in its due index: one that has no next occurrence at +inf
+  redis.call('ZADD', sched_due_key, cursor == '' and 'inf' or tonumber(cursor), name)
+end
+
+if packed then  -- the state goes back into the record, one write
+  if last > 0 then rec.l = last end
+  if runs_made ~= made_before then rec.r = runs_made end
+  if created > 0 then rec.m = (tonumber(rec.m) or 0) + created end
+  if expected ~= '' then
+    if cal and cal ~= '' then rec.cv = cal end
+    if bounded then rec.ed = bounded end
+    rec.n = cursor ~= '' and cursor or nil  -- '' (no more occurrences) removes it
+  end
+  sched_save(prefix, name, rec)
+  return {'ok', created}
+end
+-- a record written before the packed layout: its fields, as that version wrote them
+if last > 0 then redis.call('HSET', sched_key, 'last_ms', last) end
+if expected ~= '' and cal and cal ~= '' then redis.call('HSET', sched_key, 'cal_v', cal) end
+if runs_made ~= made_before then redis.call('HSET', sched_key, 'runs_made', runs_made) end
+if expected ~= '' then
+  if bounded then redis.call('HSET', sched_key, 'ended', bounded) end
   if cursor == '' then
     redis.call('HDEL', sched_key, 'next_ms')
-    redis.call('ZREM', sched_due_key, name)
   else
     redis.call('HSET', sched_key, 'next_ms', cursor)
-    redis.call('ZADD', sched_due_key, tonumber(cursor), name)
   end
   redis.call('HSET', sched_key, 'evaluated', now)
 end

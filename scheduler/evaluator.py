@@ -35,6 +35,7 @@ from duetime.common.schedules import (
     effective_stagger_ms,
     plan,
     read_stagger_policy,
+    record_fields,
     run_id_for,
     stored_stagger,
     trigger_from_fields,
@@ -377,7 +378,11 @@ class Evaluator:
         pipe = self.client.pipeline(transaction=False)
         for p, name in due:
             pipe.hmget(k.sched(p, name), *SCHED_FIELDS)
-        records = pipe.execute(raise_on_error=False)
+            pipe.hget(k.scheds(p), name)  # the packed record (common/schedules.py)
+        res = pipe.execute(raise_on_error=False)
+        records = [side if isinstance(side, Exception) else packed if isinstance(packed, Exception)
+                   else record_fields(name, SCHED_FIELDS, side, packed)
+                   for (_, name), side, packed in zip(due, res[::2], res[1::2], strict=True)]
         policy_ms = self._stagger_policy()
         calendars = read_calendars(self.client, self.keys, {
             f[N_CAL].decode(errors="replace") for f in records

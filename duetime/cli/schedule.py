@@ -341,6 +341,25 @@ def _capacity(app: App) -> tuple[int, str]:
     return DEFAULT_MAX_PER_SECOND, f"no live worker: the default {DEFAULT_MAX_PER_SECOND}"
 
 
+@schedule.command("migrate")
+@click.option("--dry-run", is_flag=True, help="Count what would be converted; write nothing.")
+@click.pass_context
+@fail_cleanly
+def schedule_migrate(ctx: click.Context, dry_run: bool) -> None:
+    """Convert schedules written before the packed schedule record (one hash of named fields
+    each) in place: same definition, version, cursor and pause; quarantined ones are left
+    for the registration that fixes them. Safe while schedulers run (compare-and-set per
+    schedule); not needed for correctness: both layouts are read (docs/keys.md)."""
+    store = plain_app(ctx).schedules
+    total = len(store.legacy_names())
+    with _maybe_progress(total >= PROGRESS_FROM, total, "converting schedules") as advance:
+        counts = store.migrate(dry_run, advance)
+    verb = "would convert" if dry_run else "converted"
+    click.echo(f"{counts['old']} schedule(s) in the old layout: {verb} {counts['converted']}, "
+               f"left {counts['quarantined']} quarantined (converted when registered again)"
+               + (f"; {counts['gone']} index entr(ies) without a record" if counts["gone"] else ""))
+
+
 @schedule.command("lint")
 @duration_option("--horizon", span=HORIZON, default="24h", show_default=True,
                  help="How far ahead to count runs.")

@@ -183,7 +183,9 @@ class CalendarStore:
 
         store = ScheduleStore(self.client, self.keys, self.url)
         for info in store.list(payload=False):
-            if info.calendar == name:
+            # paused, ended or quarantined ones (at +inf in the due set) stay where they are
+            if info.calendar == name and not (info.paused or info.quarantined
+                                              or info.next_fire is None):
                 p = self.keys.partition_of_schedule(info.name)
                 self._call(self.client.zadd, self.keys.sched_due(p), {info.name: now}, xx=True,
                            lt=True)

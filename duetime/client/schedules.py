@@ -24,14 +24,17 @@ from duetime.common.schedules import (
     POLICY_STAGGER,
     TRIGGER_FIELDS,
     ScheduleDef,
-    cleared_guardrails,
     first_cursor,
     guardrail_state,
     kept_cursor,
+    merged_record,
+    pack_definition,
     read_stagger_policy,
     run_id_for,
+    same_definition,
     stored_stagger,
     trigger_from_fields,
+    unpack_record,
 )
 from duetime.common.scripts import Scripts
 from duetime.common.time.parse import from_ms, parse_instant, to_ms
@@ -217,68 +220,164 @@ class ScheduleStore:
             if not todo:
                 break
             where = [self._where(defs[i].name) for i in todo]
+            raw = self._raw_records([defs[i].name for i in todo])
             pipe = self.client.pipeline(transaction=False)
-            for _, key in where:
-                pipe.hmget(key, "version", "last_ms", "def_hash", "quarantined", *CURSOR_FIELDS)
-            # a damaged key: replaced by the upsert
-            current = self._replies(pipe, [None] * (4 + len(CURSOR_FIELDS)))
+            for (p, _key), i in zip(where, todo, strict=True):
+                pipe.zscore(self.keys.sched_due(p), defs[i].name)
+            indexed = [s is not None for s in self._replies(pipe, None)]
             now = self._call(server_time_ms, self.client)
             pipe = self.client.pipeline(transaction=False)
             sent = []
-            for i, (p, _key), (version, last, stored_hash, quarantined, *stored) in zip(
-                    todo, where, current, strict=True):
-                d, version = defs[i], int(version or 0)
-                def_hash = d.def_hash()
-                if version and stored_hash and stored_hash.decode() == def_hash and not quarantined:
-                    out[i] = ("unchanged", version)
-                    continue
-                # the next occurrence after the newest one that already has a run (or now)
-                cursor = first_cursor(d, max(now, _int(last)),  # within start/end
-                                      self.calendared(d.trigger, d.calendar, d.on_excluded))
-                # the same trigger (and no calendar, whose edits the evaluator re-plans):
-                # occurrences not yet evaluated stay due
-                if not quarantined and not d.calendar:
-                    cursor = kept_cursor(d, stored, cursor)
-                flat: list[Any] = []
-                for k, v in d.fields().items():
-                    flat += [k, v]
-                if not d.tenant:  # a tenant removed from the definition is cleared
-                    flat += ["tenant", ""]
-                if not d.calendar:  # likewise a calendar
-                    flat += ["calendar", "", "on_excluded", ""]
-                flat += cleared_guardrails(d)
-                keys, args = tr.schedule_upsert(self.keys, p, d.name, def_hash, version,
-                                                cursor, paused,
-                                                flat)
+            for i, (p, _key), (side, packed), listed in zip(todo, where, raw, indexed, strict=True):
+                d = defs[i]
+                m = merged_record(d.name, side, packed)
+                version, quarantined = _int(m.get(b"version")), m.get(b"quarantined")
+                fields = d.fields()
+                if packed is not None:  # the packed layout: its definition compared
+                    try:
+                        same = same_definition(unpack_record(packed), d.name, fields, side)
+                    except ValueError:
+                        same = False  # undecodable: replaced
+                    if version and same and not quarantined and listed:
+                        out[i] = ("unchanged", version)
+                        continue
+                    # out of its due index (a scheduler of the previous version, meeting a
+                    # record it cannot read, drops it from there): put back, version kept
+                    keep = bool(version and same and not quarantined)
+                else:  # written before it: the same definition is converted, version kept
+                    stored_hash = m.get(b"def_hash")
+                    keep = bool(version and stored_hash and stored_hash.decode() == d.def_hash()
+                                and not quarantined)
+                stored = [m.get(f.encode()) for f in CURSOR_FIELDS]
+                if keep:  # a conversion: the cursor stays exactly where it is
+                    cursor: int | None = _int(stored[0]) if stored[0] else None
+                else:
+                    # the next occurrence after the newest one that already has a run (or now)
+                    cursor = first_cursor(d, max(now, _int(m.get(b"last_ms"))),  # start/end
+                                          self.calendared(d.trigger, d.calendar, d.on_excluded))
+                    # the same trigger (and no calendar, whose edits the evaluator re-plans):
+                    # occurrences not yet evaluated stay due
+                    if not quarantined and not d.calendar:
+                        cursor = kept_cursor(d, stored, cursor)
+                keys, args = tr.schedule_upsert(self.keys, p, d.name, pack_definition(d.name, fields),
+                                                version, cursor, paused, keep)
                 self.scripts.schedule_upsert(keys=keys, args=args, client=pipe)
                 sent.append(i)
             todo = []
             for i, res in zip(sent, self._call(pipe.execute) if sent else [], strict=True):
-                status, version = tr.status_detail(res)
+                status, written = tr.status_detail(res)
                 if status == "conflict":
                     todo.append(i)
                 else:
-                    out[i] = (status, int(version))
+                    out[i] = (status, int(written))
         if todo:
             raise DuetimeError(f"schedule {defs[todo[0]].name!r} kept changing under us; try again")
         return [out[i] for i in range(len(defs))]
 
+    def legacy_names(self) -> builtins.list[str]:
+        """Schedules whose record is still in the layout before the packed one (their index,
+        `T:schedules`, lists them until they are converted)."""
+        pipe = self.client.pipeline(transaction=False)
+        for p in range(self.keys.partitions):
+            pipe.zrange(self.keys.schedules(p), 0, -1)
+        return sorted({n.decode(errors="replace") for names in self._replies(pipe, [])
+                       for n in names})
+
+    def migrate(self, dry_run: bool = False, progress: Callable[[int], None] | None = None
+                ) -> dict[str, int]:
+        """Convert every schedule of the layout before the packed record in place (the same
+        definition, version, cursor, counters and pause; docs/keys.md), in chunks, each one a
+        compare-and-set on its version (a schedule changed meanwhile is converted by that
+        change). Quarantined ones are left for the registration that fixes them. → counts:
+        old, converted, quarantined (left), gone (deleted meanwhile)."""
+        names = self.legacy_names()
+        counts = {"old": 0, "converted": 0, "quarantined": 0, "gone": 0}
+        for i in range(0, len(names), BACKFILL_CHUNK):
+            chunk = names[i : i + BACKFILL_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            sent = 0
+            for name, (side, packed) in zip(chunk, self._raw_records(chunk), strict=True):
+                p = self.keys.partition_of_schedule(name)
+                if packed is not None or not side.get(b"version"):
+                    # converted meanwhile (an upsert), or an index entry without a record
+                    counts["gone"] += packed is None
+                    if not dry_run:
+                        pipe.zrem(self.keys.schedules(p), name)
+                    continue
+                counts["old"] += 1
+                if side.get(b"quarantined"):
+                    counts["quarantined"] += 1
+                    continue
+                flat = {k.decode(errors="replace"): v for k, v in side.items()}
+                nxt = side.get(b"next_ms")
+                keys, args = tr.schedule_upsert(
+                    self.keys, p, name, pack_definition(name, flat), side[b"version"].decode(),
+                    _int(nxt) if nxt else None, False, keep=True)
+                if not dry_run:
+                    self.scripts.schedule_upsert(keys=keys, args=args, client=pipe)
+                sent += 1
+            if not dry_run and len(pipe):
+                for res in self._call(pipe.execute):
+                    if isinstance(res, builtins.list) and tr.status_detail(res)[0] != "conflict":
+                        counts["converted"] += 1
+            elif dry_run:
+                counts["converted"] += sent
+            if progress:
+                progress(len(chunk))
+        return counts
+
     def get(self, name: str, payload: bool = True) -> ScheduleInfo:
         """One schedule; `payload=False` leaves its payload in Redis (args/kwargs empty)."""
-        _, key = self._where(name)
-        h = (self._call(self.client.hgetall, key) if payload
-             else hashes_without(self.client, [key], PAYLOAD, self._exec)[0])
+        self._where(name)
+        h = self.records([name], payload)[0]
         if not h:
             raise ScheduleNotFound(f"no schedule {name!r} in namespace {self.keys.namespace!r}")
         return ScheduleInfo.decode(h)
 
+    def _raw_records(self, names: builtins.list[str], payload: bool = True
+                     ) -> builtins.list[tuple[dict[bytes, bytes], bytes | None]]:
+        """(side hash, packed record) of each schedule: both layouts (common/schedules.py);
+        a key of the wrong type (damaged by hand) reads as absent. `payload=False` leaves a
+        payload kept in a side hash in Redis (a long one; every one of the old layout)."""
+        pipe = self.client.pipeline(transaction=False)
+        for n in names:
+            pipe.hget(self.keys.scheds(self.keys.partition_of_schedule(n)), n)
+        packed = self._replies(pipe, None)
+        keys = [self.keys.sched(self.keys.partition_of_schedule(n), n) for n in names]
+        if payload:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            sides = [s or {} for s in self._replies(pipe, None)]
+        else:
+            sides = hashes_without(self.client, keys, PAYLOAD, self._exec)
+        return list(zip(sides, packed, strict=True))
+
+    def records(self, names: builtins.list[str], payload: bool = True
+                ) -> builtins.list[dict[bytes, bytes]]:
+        """Each schedule as the named fields of docs/keys.md, whichever layout holds it ({}:
+        no such schedule); `payload=False`: without its payload."""
+        out = []
+        for n, (side, packed) in zip(names, self._raw_records(names, payload), strict=True):
+            h = merged_record(n, side, packed) if side or packed is not None else {}
+            if not payload:
+                h.pop(b"payload", None)
+            out.append(h)
+        return out
+
     def names(self) -> Iterator[str]:
+        """Every schedule: the packed records' names, and those written before that layout
+        (their index, `T:schedules`), each once."""
         pipe = self.client.pipeline(transaction=False)
         for p in range(self.keys.partitions):
+            pipe.hkeys(self.keys.scheds(p))
             pipe.zrange(self.keys.schedules(p), 0, -1)
+        seen: set[bytes] = set()
         for names in self._replies(pipe, []):
             for n in names:
-                yield n.decode(errors="replace")
+                if n not in seen:
+                    seen.add(n)
+                    yield n.decode(errors="replace")
 
     def list(self, payload: bool = True) -> list[ScheduleInfo]:
         """Every schedule by name; `payload=False` for a listing that does not show them."""
@@ -286,14 +385,7 @@ class ScheduleStore:
         out = []
         for i in range(0, len(names), 500):
             # names read from the index: no check, no refusal
-            keys = [self.keys.sched(self.keys.partition_of_schedule(n), n) for n in names[i : i + 500]]
-            if payload:
-                pipe = self.client.pipeline(transaction=False)
-                for key in keys:
-                    pipe.hgetall(key)
-                hashes = self._replies(pipe, {})
-            else:
-                hashes = hashes_without(self.client, keys, PAYLOAD, self._exec)
+            hashes = self.records(names[i : i + 500], payload)
             out += [ScheduleInfo.decode(h) for h in hashes if h]
         return out
 

@@ -223,6 +223,7 @@ def check_schedules(client: redis.Redis, keys: Keyspace) -> list[Finding]:
 # the per-partition index keys and the type the scripts need them to be
 INDEX_TYPES = (("leases", "zset"), ("deadlines", "zset"), ("dead", "zset"), ("uncertain", "zset"),
                ("done", "zset"), ("sched_due", "zset"), ("schedules", "zset"),
+               ("scheds", "hash"),
                ("quarantine", "zset"), ("events", "stream"), ("limits", "hash"))
 # of these, the ones whose scores are times (an edited +-inf is no time)
 TIMED = ("leases", "deadlines", "sched_due")
@@ -248,7 +249,7 @@ def check_damaged(client: redis.Redis, keys: Keyspace, insp: Inspector | None = 
             key = getattr(keys, kind)(p)
             for op in (pipe.zrange, pipe.zrevrange):
                 op(key, 0, 0, withscores=True)
-                plan.append((key, "score", ""))
+                plan.append((key, "score", kind))
     found: dict[str, str] = {}
     for (key, what, want), res in zip(plan, pipe.execute(raise_on_error=False), strict=True):
         if isinstance(res, Exception):
@@ -257,7 +258,8 @@ def check_damaged(client: redis.Redis, keys: Keyspace, insp: Inspector | None = 
             t = res.decode() if isinstance(res, bytes) else str(res)
             if t not in ("none", want):
                 found[key] = f"is a {t}, not a {want}"
-        elif res and res[0][1] in (float("inf"), float("-inf")):
+        elif res and res[0][1] in (float("inf"), float("-inf")) and not (
+                want == "sched_due" and res[0][1] == float("inf")):  # +inf: not due (paused)
             found.setdefault(key, f"member {res[0][0].decode(errors='replace')!r} has score "
                              f"{res[0][1]} (not a time)")
     for key, why in (insp.damaged.items() if insp is not None else ()):
@@ -276,6 +278,7 @@ def check_surges(client: redis.Redis, keys: Keyspace, url: str) -> list[Finding]
     (their total concurrency; 100 when none is live): one line, from `schedule lint`'s code."""
     pipe = client.pipeline(transaction=False)
     for p in range(keys.partitions):
+        pipe.hlen(keys.scheds(p))  # packed records, and those written before that layout
         pipe.zcard(keys.schedules(p))
     total = sum(pipe.execute())
     if not total:

@@ -77,7 +77,7 @@ class KeyGuide:
         for p in range(k.partitions):
             pipe.zrange(k.leases(p), 0, 0)
             pipe.zrevrange(k.done(p), 0, 0)
-            pipe.zrange(k.schedules(p), 0, 99)
+            pipe.zrange(k.sched_due(p), 0, 99)  # every schedule is in its due index
             pipe.zrevrange(k.dead(p), 0, 0)
             pipe.zrevrange(k.uncertain(p), 0, 0)
         # a damaged key (of the wrong type) gives no sample; `duetime doctor` names it

@@ -7,10 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from duetime.client.fields import hashes_without
-from duetime.client.schedules import PAYLOAD, ScheduleInfo, ScheduleStore
+from duetime.client.schedules import ScheduleInfo, ScheduleStore
 from duetime.common.errors import InvalidInput
-from duetime.common.schedules import TRIGGER_FIELDS, run_id_for, stored_stagger, trigger_from_fields
+from duetime.common.schedules import (
+    TRIGGER_FIELDS,
+    record_fields,
+    run_id_for,
+    stored_stagger,
+    trigger_from_fields,
+)
 from duetime.common.time.spec import Trigger
 from duetime.ops.inspect import Position, keyset_merge
 from duetime.ops.surge import H_ITEM, LintSchedule
@@ -37,8 +42,13 @@ def lint_schedules(store: ScheduleStore, progress: Callable[[int], None] | None 
         chunk = names[i : i + LINT_CHUNK]
         pipe = store.client.pipeline(transaction=False)
         for n in chunk:
-            pipe.hmget(k.sched(k.partition_of_schedule(n), n), *LINT_FIELDS)
-        for n, values in zip(chunk, store._replies(pipe, [None] * len(LINT_FIELDS)), strict=True):
+            p = k.partition_of_schedule(n)
+            pipe.hmget(k.sched(p, n), *LINT_FIELDS)
+            pipe.hget(k.scheds(p), n)  # the packed record (both layouts read)
+        res = store._replies(pipe, None)
+        rows = [record_fields(n, LINT_FIELDS, side or [None] * len(LINT_FIELDS), packed)
+                for n, side, packed in zip(chunk, res[::2], res[1::2], strict=True)]
+        for n, values in zip(chunk, rows, strict=True):
             paused, quarantined, jitter, stagger, *raw = values
             if paused == b"1" or quarantined:
                 inactive += 1
@@ -66,16 +76,21 @@ def lint_schedules(store: ScheduleStore, progress: Callable[[int], None] | None 
 
 
 # -- pages and occurrence lookups (the web console) -----------------------------------------
-SCHEDULE_ORDERS = {"created": "schedules", "next": "sched_due"}
+# every schedule is in its partition's due index (paused, ended and quarantined ones at +inf,
+# by name); `created` is the same listing under the name pages and links used before the
+# packed layout dropped the creation index (docs/keys.md)
+SCHEDULE_ORDERS = {"next": "sched_due", "created": "sched_due"}
 OCCURRENCE_FIELDS = ("state", "due", "started", "finished", "attempt", "coalesced",
                      "coalesced_from", "reason", "error")
 
 
 def page_schedules(store: ScheduleStore, order: str = "created", after: Position | None = None,
                    limit: int = 50) -> tuple[list[ScheduleInfo], Position | None]:
-    """One page of schedules: `created` (newest first, every schedule) or `next` (soonest
-    next fire first; paused and finished ones have none), from the partitions' indexes by
-    score, so any page of 100,000 schedules costs what the first costs."""
+    """One page of schedules, soonest next fire first (paused, ended and quarantined ones
+    after, by name), from the partitions' due indexes by score, so any page of 100,000
+    schedules costs what the first costs. Schedules written before the packed layout that
+    are paused or ended appear once converted (their next upsert, `duetime schedule
+    migrate`); `duetime schedule list` shows them meanwhile."""
     if order not in SCHEDULE_ORDERS:
         raise InvalidInput(f"order must be one of {', '.join(SCHEDULE_ORDERS)}; got {order!r}")
     if after is not None and after.group != order:
@@ -85,16 +100,14 @@ def page_schedules(store: ScheduleStore, order: str = "created", after: Position
     zkeys = [index(p) for p in range(k.partitions)]
     bound = (after.score, after.member) if after else None
     names: list[tuple[str, float]] = []
-    for name, score in keyset_merge(store.client, store.url, zkeys, order == "created", bound,
+    for name, score in keyset_merge(store.client, store.url, zkeys, False, bound,
                                     min(limit + 1, 500)):
         names.append((name, score))
         if len(names) > limit:
             break
     more = len(names) > limit
     names = names[:limit]
-    # the page shows no payload: it stays in Redis (client/fields.py)
-    hashes = hashes_without(store.client, [k.sched(k.partition_of_schedule(n), n) for n, _ in names],
-                            PAYLOAD, store._exec)
+    hashes = store.records([n for n, _ in names], payload=False)  # the page shows none
     infos = [ScheduleInfo.decode(h) for h in hashes if h]
     nxt = Position(order, names[-1][1], names[-1][0]) if more and names else None
     return infos, nxt

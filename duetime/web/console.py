@@ -168,9 +168,15 @@ class Console:
                 candidates += [(f"key of {task}", rid, k.run(k.partition_of_run(rid), rid))
                                for rid in ids]
             pipe = client.pipeline(transaction=False)
-            for _, _, key in candidates:
-                pipe.exists(key)
+            for kind, target, key in candidates:
+                if kind == "schedule":  # its packed record, or a record of the old layout
+                    pipe.hget(k.scheds(k.partition_of_schedule(target)), target)
+                    pipe.exists(key)
+                else:
+                    pipe.exists(key)
             found = pipe.execute()
+            packed, side = found.pop(1), found.pop(1)  # the schedule's two reads
+            found.insert(1, packed is not None or bool(side))
         hits, seen = [], set()
         for (kind, target, _), there in zip(candidates, found, strict=True):
             if there and (kind, target) not in seen:

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 from duetime.common.connection import server_time_ms
 from duetime.common.keys import Keyspace
+from duetime.common.schedules import merged_record
 
 INDEXES = ("leases", "dead", "uncertain", "done", "deadlines")
 
@@ -124,6 +125,7 @@ def take(client: redis.Redis, keys: Keyspace, queues: list[str]) -> Snapshot:
             pipe.lrange(keys.attempts(p, k[len(run_tag):]), 0, -1)
         for k in sched_keys:
             pipe.hgetall(k)
+        pipe.hgetall(keys.scheds(p))  # the packed records (docs/keys.md)
         for name in INDEXES:
             pipe.zrange(getattr(keys, name)(p), 0, -1, withscores=True)
         for q in queues:
@@ -137,10 +139,13 @@ def take(client: redis.Redis, keys: Keyspace, queues: list[str]) -> Snapshot:
             rid = k[len(run_tag):]
             f = {_s(a): _s(b) for a, b in h.items() if a != b"payload"}
             runs[rid] = Record(rid, p, f, with_inline([Entry.decode(x) for x in att], f))
-        for k in sched_keys:
-            schedules[k[len(sched_tag):]] = {_s(a): _s(b) for a, b in res[i].items()
-                                             if a != b"payload"}
-            i += 1
+        sides = {k[len(sched_tag):]: res[i + j] for j, k in enumerate(sched_keys)}
+        i += len(sched_keys)
+        packed = {_s(n): v for n, v in res[i].items()}
+        i += 1
+        for n in set(sides) | set(packed):
+            rec = merged_record(n, sides.get(n), packed.get(n))
+            schedules[n] = {_s(a): _s(b) for a, b in rec.items() if a != b"payload"}
         for name in INDEXES:
             index.setdefault(name, {}).update({_s(m): s for m, s in res[i]})
             i += 1

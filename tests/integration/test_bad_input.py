@@ -11,6 +11,7 @@ from duetime.common.errors import InvalidInput, PayloadTooLarge, RedisUnavailabl
 
 from duetime import App
 from duetime.embedded import free_port
+from tests import schedrec
 from tests.apps import basic
 from tests.conftest import ROOT
 
@@ -130,8 +131,7 @@ def test_operator_tools_show_the_rest_when_one_record_is_damaged(app, url, names
                                       "task": b"\xff\xfe"})
     r.hset(k.run(k.partition_of_run(ids[1]), ids[1]), "payload", b"\xc1\xc1")
     app.schedule("damaged", duetime.Every(60), basic.noop)
-    r.hset(k.sched(k.partition_of_schedule("damaged"), "damaged"),
-           mapping={"t.kind": "weekly", "max_catchup": "lots"})
+    schedrec.edit(r, k, "damaged", **{"t.kind": "weekly", "max_catchup": "lots"})
     for cmd in (["runs", "list"], ["runs", "list", "--json"], ["runs", "show", ids[0]],
                 ["runs", "show", ids[1], "--json"], ["schedule", "list"], ["top", "--once"],
                 ["keys"]):

@@ -17,9 +17,11 @@ import time
 
 import pytest
 from duetime.common.codec import unpack_payload
+from duetime.common.schedules import same_definition, unpack_record
 from duetime.scheduler.evaluator import Evaluator
 
 import duetime
+from tests import schedrec
 from tests.conftest import ROOT, wait_for
 from tests.integration.upsert_replica import FINAL, N
 from tests.integration.upsert_replica import defs as declared
@@ -85,8 +87,8 @@ def test_eight_replicas_upserting_200_schedules_1000_rounds(app, url, namespace,
     settled = {}
     for i in range(N):
         name = f"cu-{i:03d}"
-        settled[name] = int(r.hget(k.sched(k.partition_of_schedule(name), name), "next_ms") or 0)
-    wait_for(lambda: all(int(r.hget(k.sched(k.partition_of_schedule(n), n), "last_ms") or 0)
+        settled[name] = int(schedrec.field(r, k, name, "next_ms") or 0)
+    wait_for(lambda: all(int(schedrec.field(r, k, n, "last_ms") or 0)
                          > settled[n] for n in settled), timeout=60)
     stop.set()
     for t in evaluators:
@@ -99,24 +101,25 @@ def test_eight_replicas_upserting_200_schedules_1000_rounds(app, url, namespace,
     @mirror.task(name="cu.noop")
     def noop(v: int = 0) -> None: ...
 
-    final = {d.name: d.def_hash() for d in declared(mirror, noop, FINAL)}
+    final = {d.name: d for d in declared(mirror, noop, FINAL)}
     mirror.close()
     assert int(r.get(f"{namespace}:test:dup_versions") or 0) == 0
     names = []
     for p in range(k.partitions):
-        names += [n.decode() for n in r.zrange(k.schedules(p), 0, -1)]
+        names += [n.decode() for n in r.hkeys(k.scheds(p))]  # the packed records
         assert r.zcard(k.quarantine(p)) == 0
     assert sorted(names) == [f"cu-{i:03d}" for i in range(N)]  # none lost, none twice
     for name in names:
         p = k.partition_of_schedule(name)
-        s = {f.decode(): v for f, v in r.hgetall(k.sched(p, name)).items()}
+        s = {f.decode(): v for f, v in schedrec.record(r, k, name).items()}
         assert s["paused"] == b"0" and "quarantined" not in s, name
         assert s.get("next_ms") and r.zscore(k.sched_due(p), name) is not None, name
         # the last definition wins: the stored one is the final rounds' definition, and the
         # write that made its version (when its replica lived to report it) wrote just that
-        assert s["def_hash"].decode() == final[name], name
+        assert same_definition(unpack_record(r.hget(k.scheds(p), name)), name,
+                               final[name].fields()), name
         wrote = r.hget(f"{namespace}:test:wrote:{name}", s["version"].decode())
-        assert wrote is None or wrote == s["def_hash"], name
+        assert wrote is None or wrote.decode() == final[name].def_hash(), name
         _, kwargs = unpack_payload(s["payload"])
         assert kwargs == ({"v": FINAL} if int(name[3:]) % 4 == 0 else {}), name
         # exactly one run per occurrence: consecutive seconds from the first to the last

@@ -29,6 +29,7 @@ import redis
 from duetime.scheduler.evaluator import Evaluator
 
 import duetime
+from tests import schedrec
 from tests.apps import basic
 from tests.integration.inproc import reaper_thread, serving, until
 
@@ -116,7 +117,7 @@ class Fuzz:
                                 ("miss_tolerance_ms", "-1"), ("payload", "\xff"),
                                 ("t.interval_us", "1"), ("lateness_ms", "1e400"),
                                 ("jitter_ms", "nan"), ("max_catchup", "0"), ("t.kind", "weekly")])
-        self.r.hset(self.k.sched(p, name), f, v)
+        schedrec.edit(self.r, self.k, name, **{f: v})  # where that field is stored
         self.damaged_schedules.add(name)
         return Damage(f"schedule field {f}={v!r}", self.k.sched(p, name),
                       self._quarantined(name, p, f.split(".")[-1] if f != "t.kind" else ""))
@@ -302,7 +303,7 @@ def _fired(r: redis.Redis, app: Any) -> dict[str, int]:
         n = f"fz{i}"
         p = app.keys.partition_of_schedule(n)
         key = app.keys.sched(p, n)
-        v = r.hget(key, "materialized_count") if r.type(key) == b"hash" else None
+        v = schedrec.field(r, app.keys, n, "materialized_count") if r.type(key) != b"string" else None
         out[n] = int(v or 0)
     return out
 

@@ -23,6 +23,7 @@ from duetime.scheduler.reaper import Reaper
 import duetime
 from duetime.ops.doctor import run_checks
 from duetime.ops.inspect import Inspector
+from tests import schedrec
 from tests.apps import basic
 from tests.integration.opkit import cli
 
@@ -142,7 +143,7 @@ def test_an_infinite_due_score_does_not_break_top_or_the_gauges(app, kit, url):
 def test_a_lateness_of_1e400_is_quarantined_and_writes_no_infinite_deadline(app, kit, url):
     app.schedule("late", duetime.Every(timedelta(seconds=1)), basic.noop, lateness="10s")
     p = kit.k.partition_of_schedule("late")
-    kit.r.hset(kit.k.sched(p, "late"), "lateness_ms", "1e400")
+    schedrec.edit(kit.r, kit.k, "late", lateness_ms="1e400")
     ev = Evaluator(url, kit.k, lead_ms=2000)
     try:
         ev.tick()
@@ -339,7 +340,7 @@ def test_a_due_entry_whose_schedule_was_deleted_is_removed_without_spinning(app,
 def test_a_damaged_schedule_field_is_quarantined_naming_it(app, kit, url, field, value):
     app.schedule("fld", duetime.Every(timedelta(seconds=1)), basic.noop)
     p = kit.k.partition_of_schedule("fld")
-    kit.r.hset(kit.k.sched(p, "fld"), field, value)
+    schedrec.edit(kit.r, kit.k, "fld", **{field: value})
     ev = Evaluator(url, kit.k, lead_ms=2000)
     try:
         ev.tick()
@@ -429,7 +430,7 @@ def test_a_trigger_field_damaged_after_a_first_evaluation_is_quarantined(app, ki
     ev = Evaluator(url, kit.k, lead_ms=2000)
     try:
         assert ev.tick() >= 1
-        kit.r.hset(kit.k.sched(p, "cached"), "t.kind", "weekly")
+        schedrec.edit(kit.r, kit.k, "cached", t_kind="weekly")
         kit.r.zadd(kit.k.sched_due(p), {"cached": 0})  # due again now
         ev.tick()
     finally:

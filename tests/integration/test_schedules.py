@@ -13,6 +13,7 @@ from duetime.common.time.parse import from_ms as at_ms
 from duetime.scheduler.evaluator import Evaluator
 
 import duetime
+from tests import schedrec
 from tests.apps import basic
 from tests.conftest import wait_for
 from tests.integration.inproc import burst, serving, until
@@ -337,15 +338,17 @@ def test_a_damaged_schedule_is_quarantined_and_the_others_keep_firing(app, procs
     for name in ("good", "bad-kind", "bad-cursor"):
         app.schedule(name, every, basic.noop)
     r, k = app.store.client, app.keys
-    r.hset(k.sched(k.partition_of_schedule("bad-kind"), "bad-kind"), "t.kind", "weekly")
-    r.hset(k.sched(k.partition_of_schedule("bad-cursor"), "bad-cursor"), "next_ms", "abc")
+    schedrec.edit(r, k, "bad-kind", t_kind="weekly")
+    schedrec.edit(r, k, "bad-cursor", next_ms="abc")
     procs.duetime("scheduler", "--tick", "100ms")
     wait_for(lambda: len(runs_of(app, "good")) >= 3, 20, what="the good schedule to keep firing")
     for name in ("bad-kind", "bad-cursor"):
         wait_for(lambda n=name: app.get_schedule(n).quarantined, 10, what=f"{name} quarantined")
         assert not runs_of(app, name)
         p = k.partition_of_schedule(name)
-        assert r.zscore(k.quarantine(p), name) is not None and r.zscore(k.sched_due(p), name) is None
+        # never due again (listed at +inf) until registered again
+        assert r.zscore(k.quarantine(p), name) is not None
+        assert r.zscore(k.sched_due(p), name) == float("inf")
     assert "weekly" in app.get_schedule("bad-kind").quarantined
     assert app.get_schedule("bad-kind").problem  # listings mark it instead of failing
     assert "abc" in app.get_schedule("bad-cursor").quarantined
