@@ -65,8 +65,8 @@ PARTITION_KEYS: dict[str, KeyKind] = {
     "sched": KeyKind("sched:", "hash", "a schedule's side state (paused, buffered, fail_streak, "
                      "counters; only while it has any); a schedule written before the packed "
                      "layout: its whole record", "name"),
-    "scheds": KeyKind("scheds", "hash", "schedule name -> its packed record (msgpack: "
-                      "definition and cursor state)"),
+    "scheds": KeyKind("scheds", "hash", "schedule name -> its packed record (<key><length>:<value> "
+                      "text entries: definition and cursor state)"),
     "sched_due": KeyKind("sched_due", "zset", "schedule name -> next fire time (ms); +inf: "
                          "paused, ended or quarantined (every schedule is in it)"),
     "schedules": KeyKind("schedules", "zset",

@@ -33,6 +33,7 @@ from duetime.common.errors import Continue, Fatal, InvalidInput, RateLimited, Re
 from duetime.common.logs import get as get_logger
 from duetime.common.logs import run_binder
 from duetime.common.models import from_ms
+from duetime.common.names import check_name
 from duetime.common.outcomes import FailMode, Outcome
 from duetime.common.retrycost import ATTEMPT_ENDINGS
 from duetime.common.tasks import Registry, TaskSpec
@@ -312,7 +313,12 @@ class Executor:
         except UnknownTask as exc:
             report, mode, exc_type = "fail", "fatal", "UnknownTask"
             err = f"{exc}; worker {self.worker_id} cannot run it"
-            if self.unknown is not None:  # a rolling deploy: back for a worker that knows it
+            if self.unknown is not None and not _valid_task_name(ctx.task):
+                # no worker can ever publish a task by this name (empty, or a character a name
+                # refuses): a damaged record, dead-lettered now instead of handed back for the
+                # rolling deploy's grace period
+                err = f"{exc}; the run's task name is not a valid task name (damaged record?)"
+            elif self.unknown is not None:  # a rolling deploy: back for a worker that knows it
                 try:
                     reason = await self.unknown.verdict(ctx.task, c.due_ms)
                 except asyncio.CancelledError:  # stopping meanwhile: it goes back all the same
@@ -653,6 +659,15 @@ class Executor:
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.processes is not None:
             self.processes.close()
+
+
+def _valid_task_name(name: str) -> bool:
+    """Whether `name` is one `@app.task` would accept (common/names.py)."""
+    try:
+        check_name("task", name)
+    except InvalidInput:
+        return False
+    return True
 
 
 def _retry_delay_ms(exc: Retry) -> tuple[int, str]:

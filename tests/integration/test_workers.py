@@ -219,6 +219,19 @@ def test_unknown_task_goes_dead_after_the_grace_and_worker_keeps_going(app, r, p
     producer.app.close()
 
 
+def test_a_run_whose_task_name_no_worker_could_publish_is_dead_lettered_at_once(app, r):
+    """A record whose task was overwritten with an empty name (a damaged key): no worker of
+    any deploy can know it, so it is not handed back for the rolling-deploy grace (10 minutes
+    by default, which this burst worker keeps) but dead-lettered with a reason saying why."""
+    run_id = app.enqueue(basic.noop)
+    k = app.keys
+    r.hset(k.run(k.partition_of_run(run_id), run_id), "task", "")
+    burst(app)
+    run = app.get_run(run_id)
+    assert run.state == "dead"
+    assert "not a valid task name" in run.reason and run.attempt == 1
+
+
 def test_async_timeout_fails_the_attempt(app, r):
     run_id = app.enqueue(basic.times_out)
     burst(app)

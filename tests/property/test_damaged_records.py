@@ -55,7 +55,10 @@ def fleet(request: pytest.FixtureRequest, servers: dict[str, EmbeddedServer],
     workdir = Path(tmp_path_factory.mktemp("damaged"))
     with chaos_fleet(server.port, server.url, namespace, workdir) as f:
         f.add("scheduler", "--tick", "100ms", "--reap-tick", "100ms")
-        f.add("worker", "--lease", "1s", "--concurrency", "8")
+        # a task name damaged into another valid name ("zzz") is a task no live worker has
+        # published: dead-lettered after the rolling-deploy grace, kept short here (its own
+        # tests are in tests/seams); an invalid one ('') is dead-lettered at once
+        f.add("worker", "--lease", "1s", "--concurrency", "8", "--unknown-task-grace", "1s")
         r = chaos_app.app.store.ready()
         wait_for(lambda: r.zcard(chaos_app.app.keys.workers) >= 1, 30, what="the worker")
         yield f
