@@ -204,10 +204,16 @@ class Reaper:
             n = sum(done.values())
         except redis.ResponseError as exc:  # a damaged notice list: the others go on
             log.error("dependency relay refused", error=str(exc))
-            return 0
-        if n:
             with self._relay_lock:
-                self._relay_told |= told
+                self._relay_told |= told  # read again next pass, as before the notices
+            return 0
+        # read again next pass: partitions that had entries (a pass takes RELAY_BATCH), and
+        # those of a node that did not answer (backing off, or its call still in flight)
+        again = set(told) if n else {p for node, ps in self.relays.groups(told).items()
+                                     if node not in done for p in ps}
+        if again:
+            with self._relay_lock:
+                self._relay_told |= again
         if n:
             log.info("dependency notices relayed", count=n)
         return n

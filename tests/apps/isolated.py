@@ -116,9 +116,10 @@ async def awhoami(x: int) -> dict[str, object]:
     return {"pid": os.getpid(), "x": x, "attempt": run.attempt}
 
 
-@app.task(name="spawner", isolation="process", timeout=0.5, retries=0)
+@app.task(name="spawner", isolation="process", timeout=5, retries=0)
 def spawner() -> None:
-    """Starts a process of its own, then hangs: the kill at the timeout ends both."""
+    """Starts a process of its own, then hangs: the kill at the timeout ends both (5 s: a
+    fresh child on a busy machine must have started it and recorded both pids by then)."""
     import subprocess
 
     sub = subprocess.Popen(["sleep", "1000"])
