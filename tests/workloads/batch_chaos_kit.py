@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.apps import workloads as w
+from tests.conftest import wait_for
 
 FINAL = ("succeeded", "dead", "cancelled", "missed", "skipped")
 
@@ -149,7 +150,8 @@ def run(app: Any, worker: Callable[[], subprocess.Popen[bytes]], the_plan: Plan,
         b = app.wait_batch(bid, timeout=max(1.0, deadline - time.monotonic()))
         # callbacks end as they end: released ones run (a kill may have landed in one: it is
         # retried like any run), the one the outcome rules out is cancelled
-        _wait(lambda: all(_state(app, c) in FINAL for c in cbs.values() if c), 120.0)
+        wait_for(lambda: all(_state(app, c) in FINAL for c in cbs.values() if c), 120.0,
+                 what="the batch's callbacks to finish")
     finally:
         tail.finish()
     seconds = time.monotonic() - started
@@ -214,11 +216,3 @@ def check(app: Any, bid: str, the_plan: Plan, b: Any, cbs: dict[str, str | None]
 
 def _state(app: Any, run_id: str) -> str:
     return str(app.get_run(run_id).state)
-
-
-def _wait(pred: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError("callbacks did not finish")
-        time.sleep(0.1)
