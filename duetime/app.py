@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import date, datetime, timedelta
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
 
@@ -91,6 +93,38 @@ CATALOGUE_TTL_S = 60.0  # how long a producer trusts the task options it read by
 RECENT_S = 7 * 24 * 3600.0
 log = get_logger("duetime.app")
 
+
+
+def _async_twin(sync: Callable[P, str]) -> Callable[[Callable[..., Awaitable[str]]],
+                                                     Callable[P, Awaitable[str]]]:
+    """Give an asyncio twin the parameters of its sync method (`aenqueue` of `enqueue`): one
+    parameter list, seen by type checkers (ParamSpec) and by `help()` (`__signature__`)."""
+
+    def wrap(f: Callable[..., Awaitable[str]]) -> Callable[P, Awaitable[str]]:
+        f.__signature__ = inspect.signature(sync)  # type: ignore[attr-defined]
+        return f
+
+    return wrap
+
+
+_signature = cache(inspect.signature)  # read once per function, not per call
+
+
+def _bound(f: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """The arguments of a call to `f`, by name, defaults filled in (a wrong name or a
+    missing argument raises TypeError as the call itself would)."""
+    bound = _signature(f).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _enqueue_request(spec: TaskSpec, o: dict[str, Any]) -> EnqueueRequest:
+    """The request `enqueue` / `aenqueue` make of their arguments `o` (by name)."""
+    return EnqueueRequest(spec, o["args"], o["kwargs"] or {}, o["at"], o["delay"], o["key"],
+                          o["queue"], tenant=o["tenant"], priority=o["priority"],
+                          debounce=o["debounce"], max_wait=o["max_wait"],
+                          throttle=o["throttle"], depends_on=tuple(o["depends_on"]),
+                          allow_failed_dependencies=o["allow_failed_dependencies"])
 
 class App:
     """`app = App(redis_url=...)`; decorate tasks with `@app.task(...)`; enqueue and inspect."""
@@ -303,11 +337,7 @@ class App:
         ends dead, cancelled, missed or skipped cancels it (the reason names it), unless
         `allow_failed_dependencies` (then it waits for all to finish, whatever the outcome).
         An unknown id raises UnknownDependency (docs/workloads.md)."""
-        req = EnqueueRequest(self._resolve(task, allow_unknown=allow_unknown), args,
-                             kwargs or {}, at, delay, key, queue, tenant=tenant, priority=priority,
-                             debounce=debounce, max_wait=max_wait, throttle=throttle,
-                             depends_on=tuple(depends_on),
-                             allow_failed_dependencies=allow_failed_dependencies)
+        req = _enqueue_request(self._resolve(task, allow_unknown=allow_unknown), locals())
         if self.registry.middleware.for_producer:
             [run_id] = self._hooked([req], lambda: [self.store.enqueue(req)])
         else:
@@ -315,30 +345,12 @@ class App:
         self._remember_queues({req.spec.queue if req.queue is None else req.queue})
         return run_id
 
-    async def aenqueue(
-        self,
-        task: TaskRef,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        at: Instant | None = None,
-        delay: Duration | None = None,
-        key: str | None = None,
-        queue: str | None = None,
-        tenant: str | None = None,
-        priority: int = 0,
-        allow_unknown: bool = False,
-        debounce: Duration | None = None,
-        max_wait: Duration | None = None,
-        throttle: Duration | None = None,
-        depends_on: Sequence[str] = (),
-        allow_failed_dependencies: bool = False,
-    ) -> str:
-        """`enqueue` for asyncio code: never blocks the event loop."""
-        spec = await self._aresolve(task, allow_unknown)
-        req = EnqueueRequest(spec, args, kwargs or {}, at, delay, key, queue, tenant=tenant,
-                             priority=priority, debounce=debounce, max_wait=max_wait,
-                             throttle=throttle, depends_on=tuple(depends_on),
-                             allow_failed_dependencies=allow_failed_dependencies)
+    @_async_twin(enqueue)
+    async def aenqueue(self, task: TaskRef, *args: Any, **options: Any) -> str:
+        """`enqueue` for asyncio code, with the same arguments: never blocks the event loop."""
+        o = _bound(App.enqueue, self, task, *args, **options)
+        spec = await self._aresolve(task, o["allow_unknown"])
+        req = _enqueue_request(spec, o)
         store = await self._astore()
         if self.registry.middleware.for_producer:
             [run_id] = await self._ahooked([req], lambda: store.aenqueue_many([req]))

@@ -1,6 +1,6 @@
 """Upgrading a live namespace from the previous layout (format 1) to this one (format 2, the
 succeeded attempt inline in the run hash; docs/keys.md "Namespace format"): the previous
-release's scripts (tests/fixtures/format1, assembled verbatim from its lua/) write a namespace
+release's scripts (tests/fixtures/format1.tar.gz, assembled verbatim from its lua/) write a namespace
 with runs due, running with leases held, retrying, dead and finished; then this version and
 the previous one serve it side by side, as in a rolling upgrade, while new runs keep
 arriving. Nothing is lost or run twice, and every reader sees one history whichever version
@@ -10,6 +10,7 @@ wrote it.
 from __future__ import annotations
 
 import os
+import tarfile
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,7 +28,10 @@ from tests.conftest import wait_for
 
 pytestmark = pytest.mark.scripts
 
-OLD = Path(__file__).resolve().parent.parent / "fixtures" / "format1"
+# the previous release's scripts as it shipped them: an archive, not source files, because they
+# stand for code already deployed and are never edited (tests/fixtures/format1.md says where
+# they come from)
+OLD = Path(__file__).resolve().parent.parent / "fixtures" / "format1.tar.gz"
 
 
 class Version:
@@ -60,7 +64,10 @@ class Version:
 def _old_source(name: str, memory: bool) -> str:
     """The previous release's script; without its `#!lua` line for the in-memory backend
     (as common/scripts.py `plain` loads it there)."""
-    src = (OLD / f"{name}.lua").read_text()
+    with tarfile.open(OLD) as archive:
+        member = archive.extractfile(f"{name}.lua")
+        assert member is not None, f"{name}.lua missing from {OLD}"
+        src = member.read().decode()
     return "\n" + src.split("\n", 1)[1] if memory and src.startswith("#!") else src
 
 
