@@ -43,8 +43,9 @@ class WakeListener:
         self._partitions = due.keys.partitions
 
     async def run(self, closing: asyncio.Event) -> None:
-        """Listen until `closing` (worker/loops.py): each read waits 1 s at most, and what a
-        read or PING returns is not trusted to carry a cancellation sent meanwhile."""
+        """Listen until `closing` (worker/loops.py): a read waits 1 s at most, and after each
+        the listener looks at `closing`, and raises for a cancellation that the read (or a
+        PING before it) swallowed."""
         outage = Outage("wake listener", log, worker_id=self.worker_id)
         while not closing.is_set():
             pubsub = self.client.pubsub()
