@@ -83,7 +83,7 @@ async def stopped(task: asyncio.Task[Any], timeout: float) -> None:
         where = stacks()
         print(where, file=sys.stderr)
         task.cancel()
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
         raise TimeoutError(f"the worker did not stop within {timeout}s; stacks:\n{where}")
     task.result()
