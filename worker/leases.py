@@ -29,6 +29,7 @@ from duetime.worker.checkpoints import progress_arg
 from duetime.worker.config import WorkerConfig
 from duetime.worker.errors import ANY_REDIS_ERROR, REDIS_ERRORS
 from duetime.worker.execution import Execution, Executor
+from duetime.worker.loops import cancelled, pause
 
 log = get_logger("duetime.worker")
 
@@ -44,8 +45,10 @@ class LeaseKeeper:
         self.outage = Outage("heartbeat", log, cap_s=min(2.0, self.interval_s),
                              worker_id=cfg.worker_id)
 
-    async def run(self) -> None:
-        while True:
+    async def run(self, closing: asyncio.Event) -> None:
+        """Heartbeats until `closing` (worker/loops.py): set once the in-flight runs drained
+        and their reports went, so the leases are kept through the shutdown's grace period."""
+        while not closing.is_set():
             # liveness: the worker's event loop turns (this loop is one of its tasks);
             # readiness: its heartbeats reach Redis
             metrics.health.beat("worker")
@@ -63,14 +66,12 @@ class LeaseKeeper:
                 metrics.health.ready("worker", False, f"redis refused a heartbeat: {bounded(exc)}")
                 log.warning("heartbeat refused", error=bounded(exc), worker_id=self.cfg.worker_id)
                 wait = self.interval_s
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                # the worker is stopping: a cancellation that reached a Redis call can come out
-                # of it as a connection error; swallowed here, it would keep this loop (and the
-                # worker's shutdown, which waits for it) going forever
-                raise asyncio.CancelledError
+            # the worker is stopping: a cancellation that reached a Redis call can come out of
+            # it as a connection error, or as the call's success (worker/loops.py); swallowed
+            # here, it would keep this loop (and the worker's shutdown, which waits for it) going
+            cancelled()
             next_expiry = self.expire_unrenewed()
-            await asyncio.sleep(max(0.01, min(wait, next_expiry - time.monotonic())))
+            await pause(closing, max(0.01, min(wait, next_expiry - time.monotonic())))
 
     def expire_unrenewed(self) -> float:
         """Stop the attempts whose lease was not renewed for a whole lease length; → when the

@@ -41,6 +41,7 @@ from duetime.worker.errors import REDIS_ERRORS
 from duetime.worker.execution import Execution, Executor
 from duetime.worker.isolation import ProcessPool
 from duetime.worker.leases import LeaseKeeper
+from duetime.worker.loops import end as end_tasks
 from duetime.worker.reporter import Reporter
 from duetime.worker.unknown import UnknownTasks
 from duetime.worker.wake import WakeListener
@@ -75,6 +76,9 @@ class Worker:
         self.clock = ServerClock()
         self._wake = asyncio.Event()  # something for the claim loop to look at
         self._stopping = asyncio.Event()
+        # set once the in-flight runs drained and the reports went: the background loops end
+        # (worker/loops.py; the heartbeat keeps the leases until then)
+        self._closing = asyncio.Event()
         self.ready = asyncio.Event()  # running, and wake notices reach us
         self.due = DueTimes(keys, config.queues, self.id, on_earlier=self._wake.set,
                             weights=config.queue_weights)
@@ -163,9 +167,9 @@ class Worker:
                  concurrency=self.cfg.concurrency, lease_ms=self.cfg.lease_ms,
                  partitions=self.keys.partitions)
         background = [
-            asyncio.create_task(self.listener.run(), name="duetime-wake"),
-            asyncio.create_task(self.leases.run(), name="duetime-heartbeat"),
-            asyncio.create_task(self.unknown.run(), name="duetime-task-seen"),
+            asyncio.create_task(self.listener.run(self._closing), name="duetime-wake"),
+            asyncio.create_task(self.leases.run(self._closing), name="duetime-heartbeat"),
+            asyncio.create_task(self.unknown.run(self._closing), name="duetime-task-seen"),
         ]
         reporter = asyncio.create_task(self.reporter.run(), name="duetime-report")
         try:
@@ -185,10 +189,10 @@ class Worker:
             if self.executor.hooks is not None:  # on_dead / on_uncertain of the last reports
                 await self.executor.hooks.drain()
         finally:
-            reporter.cancel()
-            for t in background:
-                t.cancel()
-            await asyncio.gather(reporter, *background, return_exceptions=True)
+            # each loop ends on `_closing` even if the cancellation does not reach it (a Redis
+            # call can swallow one: worker/loops.py)
+            self._closing.set()
+            await end_tasks([reporter, *background], log, self.id)
             await self.leases.deregister()
             await self._run_hooks(self.registry.on_stop, "on_worker_stop", stop_on_error=False)
             self.executor.shutdown()

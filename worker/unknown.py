@@ -25,6 +25,7 @@ from duetime.common.tasks import Registry
 from duetime.common.time.fmt import format_duration
 from duetime.worker.clock import ServerClock
 from duetime.worker.errors import ANY_REDIS_ERROR
+from duetime.worker.loops import pause
 
 log = get_logger("duetime.worker")
 
@@ -49,10 +50,10 @@ class UnknownTasks:
             now = int(self.clock.now_ms())
             await self.client.hset(self.keys.task_seen, mapping=dict.fromkeys(names, now))
 
-    async def run(self) -> None:
-        """Publish every SEEN_EVERY_S; a failure is logged and tried again next time."""
-        while True:
-            await asyncio.sleep(SEEN_EVERY_S)
+    async def run(self, closing: asyncio.Event) -> None:
+        """Publish every SEEN_EVERY_S until `closing` (worker/loops.py); a failure is logged
+        and tried again next time."""
+        while not await pause(closing, SEEN_EVERY_S):
             try:
                 await self.publish()
             except ANY_REDIS_ERROR as exc:

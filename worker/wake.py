@@ -24,6 +24,7 @@ from duetime.common.outage import Outage, bounded
 from duetime.common.wake import parse_worker_wake
 from duetime.worker.due import DueTimes
 from duetime.worker.errors import ANY_REDIS_ERROR
+from duetime.worker.loops import cancelled, pause
 
 log = get_logger("duetime.worker")
 
@@ -41,15 +42,22 @@ class WakeListener:
         self._queues = set(due.queues)
         self._partitions = due.keys.partitions
 
-    async def run(self) -> None:
+    async def run(self, closing: asyncio.Event) -> None:
+        """Listen until `closing` (worker/loops.py): a read waits 1 s at most, and after each
+        the listener looks at `closing`, and raises for a cancellation that the read (or a
+        PING before it) swallowed."""
         outage = Outage("wake listener", log, worker_id=self.worker_id)
-        while True:
+        while not closing.is_set():
             pubsub = self.client.pubsub()
+            delay = 0.0
             try:
                 await pubsub.subscribe(self.channel)
                 heard = pinged = time.monotonic()
                 while True:
                     msg = await pubsub.get_message(timeout=1.0)
+                    if closing.is_set():
+                        break
+                    cancelled()
                     now = time.monotonic()
                     if msg is None:
                         if now - heard >= PING_EVERY_S + REPLY_TIMEOUT_S:
@@ -79,7 +87,7 @@ class WakeListener:
                 delay = 1.0
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
-            await asyncio.sleep(delay)
+            await pause(closing, delay)
 
     def on_message(self, data: object) -> None:
         parsed = parse_worker_wake(data, self._partitions)

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import sys
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -55,7 +58,35 @@ async def serving(app: Any, **settings: Any) -> AsyncIterator[Worker]:
         yield worker
     finally:
         worker.stop()
-        await asyncio.wait_for(task, 60)
+        await stopped(task, 60)
+
+
+def stacks() -> str:
+    """Every asyncio task's stack and every thread's: what a worker that does not stop waits on."""
+    out = io.StringIO()
+    for t in asyncio.all_tasks():
+        out.write(f"--- task {t.get_name()} {t!r}\n")
+        t.print_stack(file=out)
+    for ident, frame in sys._current_frames().items():
+        name = next((th.name for th in threading.enumerate() if th.ident == ident), "?")
+        out.write(f"--- thread {name} ({ident})\n")
+        out.write("".join(traceback.format_stack(frame)))
+    return out.getvalue()
+
+
+async def stopped(task: asyncio.Task[Any], timeout: float) -> None:
+    """Await a worker's run task; one not ended within `timeout` is reported with every task's
+    and thread's stack (printed, and in the error) before it is cancelled: the hang names
+    itself."""
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        where = stacks()
+        print(where, file=sys.stderr)
+        task.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        raise TimeoutError(f"the worker did not stop within {timeout}s; stacks:\n{where}")
+    task.result()
 
 
 async def drain(app: Any, timeout: float = 60.0, **settings: Any) -> Worker:
@@ -65,7 +96,7 @@ async def drain(app: Any, timeout: float = 60.0, **settings: Any) -> Worker:
     (enqueue due now, or move a run's due time with `due_now`)."""
     settings.setdefault("queues", ["default"])
     worker = Worker(app.registry, app.redis_url, app.keys, WorkerConfig(**settings))
-    await asyncio.wait_for(worker.run(handle_signals=False, until_idle=True), timeout)
+    await stopped(asyncio.create_task(worker.run(handle_signals=False, until_idle=True)), timeout)
     return worker
 
 
