@@ -62,7 +62,7 @@ local function not_waiting(c, id, run_key, state)
   -- any other state: a stale index entry (cancelled, deleted)
 end
 
--- Reads candidate `id` (one HMGET, fields below) and decides: returns its fields, whether it
+-- Reads candidate `id` (one HGETALL, fields below) and decides: returns its fields, whether it
 -- starts now, and then the starting deadline entry to clear (if any). A candidate that does not
 -- start was finished (cancelled, missed, skipped), buffered, dead-lettered, or is stale.
 -- Fields: 1 state, 2 deadline, 3 schedule, 4 overlap, 5 fence, 6 attempt, 7 task, 8 payload,
@@ -78,8 +78,11 @@ local ADMIT_AT = {state = 1, deadline = 2, schedule = 3, overlap = 4, fence = 5,
   cancel_requested = 13, limited_by = 14, interval_start = 15, interval_end = 16, tenant = 17,
   headers = 18}
 
+-- `f` is made with its 18 slots (false: absent), so picking the fields fills an array in place
+-- instead of growing a table field by field (each growth a rehash).
 local function admit(c, id, run_key)
-  local f, unreadable = {}, nil
+  local f, unreadable = {false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false}, nil
   local all = redis.pcall('HGETALL', run_key)
   if all.err then
     unreadable = 'key ' .. run_key .. ' is not a hash (' .. all.err .. ')'

@@ -15,18 +15,20 @@ local function lease_starter(c)
   local worker, now, now_s, until_s = c.worker, c.now, c.now_s, c.until_s
   local out, leased, deadlines_key = c.out, c.leased, c.deadlines_key
   return function(id, run_key, f, ready, deadline, scopes)
-    local fence, attempt = (tonumber(f[5]) or 0) + 1, (tonumber(f[6]) or 0) + 1
-    local fence_s = int_s(fence)
+    -- a first claim (no fence, no attempt yet): '1' as it is, no number formatted
+    local fence, attempt, fence_s, attempt_s = 1, 1, '1', '1'
+    if f[5] then fence = (tonumber(f[5]) or 0) + 1; fence_s = int_s(fence) end
+    if f[6] then attempt = (tonumber(f[6]) or 0) + 1; attempt_s = int_s(attempt) end
     -- claimed ahead of its due time: the attempt starts at the due time (the score)
     local started = now_s
     if tonumber(ready) > now then started = ready end
     local held = scopes and take(c, scopes, id) or ''
     if held == '' then
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt',
-        int_s(attempt), 'worker', worker, 'started', started)
+        attempt_s, 'worker', worker, 'started', started)
     else  -- the concurrency slots it took, freed when the attempt ends
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt',
-        int_s(attempt), 'worker', worker, 'started', started, 'held', held)
+        attempt_s, 'worker', worker, 'started', started, 'held', held)
     end
     if deadline then redis.call('ZREM', deadlines_key, id) end
     leased[#leased + 1] = until_s
