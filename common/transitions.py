@@ -28,12 +28,15 @@ from duetime.common.keys import Keyspace
 Call = tuple[list[str], list[Any]]
 
 # The claim reply, defined once: a header, then these fields per run, in this order. claim.lua
-# documents the same order and lua/claim/lease.lua writes it (`reply_run`, one `-- name` per
-# line); tests/unit/test_script_assembly.py checks the two agree.
+# documents the same order and lua/claim/lease.lua writes it (one `-- name` per line);
+# tests/unit/test_script_assembly.py checks the two agree. `extra` is b'' for a run that has
+# none of the optional fields (most runs: 8 reply values per run, not 16), else the list of
+# CLAIM_EXTRA_FIELDS.
 CLAIM_REPLY_HEADER = ("next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
-CLAIM_RUN_FIELDS = ("run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
-                    "idempotent", "key", "schedule", "ready_ms", "limited_by", "interval_start",
-                    "interval_end", "tenant", "headers")
+CLAIM_RUN_FIELDS = ("run_id", "fence", "attempt", "task", "payload", "due_ms", "ready_ms",
+                    "extra")
+CLAIM_EXTRA_FIELDS = ("timeout_ms", "idempotent", "key", "schedule", "limited_by",
+                      "interval_start", "interval_end", "tenant", "headers")
 CLAIM_HEADER, CLAIM_FIELDS = len(CLAIM_REPLY_HEADER), len(CLAIM_RUN_FIELDS)
 
 
@@ -45,11 +48,6 @@ def _at(fields: tuple[str, ...], *names: str) -> tuple[int, ...]:
 # positions read by name once, at import: parsing a reply does no name lookup per run
 _NEXT, _MISSED, _SKIPPED, _HELD_C, _HELD_R = _at(
     CLAIM_REPLY_HEADER, "next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
-(_RUN_ID, _FENCE, _ATTEMPT, _TASK, _PAYLOAD, _DUE, _TIMEOUT, _IDEMPOTENT, _KEY, _SCHEDULE,
- _READY, _LIMITED_BY, _IV_START, _IV_END, _TENANT, _HEADERS) = _at(
-    CLAIM_RUN_FIELDS, "run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
-    "idempotent", "key", "schedule", "ready_ms", "limited_by", "interval_start", "interval_end",
-    "tenant", "headers")
 
 
 @dataclass(slots=True, eq=False)
@@ -101,8 +99,9 @@ def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms:
 
 # parse_claim unpacks each run's fields by position, in this order (checked at import)
 assert CLAIM_RUN_FIELDS == ("run_id", "fence", "attempt", "task", "payload", "due_ms",
-                            "timeout_ms", "idempotent", "key", "schedule", "ready_ms",
-                            "limited_by", "interval_start", "interval_end", "tenant", "headers")
+                            "ready_ms", "extra")
+assert CLAIM_EXTRA_FIELDS == ("timeout_ms", "idempotent", "key", "schedule", "limited_by",
+                              "interval_start", "interval_end", "tenant", "headers")
 
 
 def parse_claim(res: list[Any]) -> ClaimReply:
@@ -110,13 +109,18 @@ def parse_claim(res: list[Any]) -> ClaimReply:
     runs = []
     # the runs' fields, CLAIM_FIELDS at a time, unpacked without a slice or an index per field
     fields = iter(res[CLAIM_HEADER:])
-    for (run_id, fence, attempt, task, payload, due, timeout, idempotent, key, schedule, ready,
-         limited_by, iv_start, iv_end, tenant, headers) in zip(*[fields] * CLAIM_FIELDS,
-                                                                strict=True):
+    for (run_id, fence, attempt, task, payload, due, ready, extra) in zip(
+            *[fields] * CLAIM_FIELDS, strict=True):
         # id, fence, attempt and the score come from the script; the rest is the run record,
         # which an operator's HSET may have damaged: one bad run must not sink its batch
         run_id, fence, attempt, ready = run_id.decode(), int(fence), int(attempt), int(ready)
         try:
+            if not extra:  # none of the optional fields: a plain run
+                runs.append(Claimed(run_id, fence, attempt, task.decode() if task else "",
+                                    payload or b"", int(due or 0), 0, True, None, None, ready))
+                continue
+            (timeout, idempotent, key, schedule, limited_by, iv_start, iv_end, tenant,
+             headers) = extra
             runs.append(Claimed(
                 run_id, fence, attempt, task.decode() if task else "", payload or b"",
                 int(due or 0), int(timeout or 0), idempotent != b"0",
@@ -125,7 +129,7 @@ def parse_claim(res: list[Any]) -> ClaimReply:
                 int(iv_start or 0), int(iv_end or 0),
                 tenant.decode() if tenant else "", headers or b"",
             ))
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
             runs.append(Claimed(
                 run_id=run_id, fence=fence, attempt=attempt,
                 task=(task or b"").decode(errors="replace"), payload=b"",

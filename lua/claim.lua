@@ -52,8 +52,10 @@
 -- Returns a header, then the same fields for each run claimed (common/transitions.py
 -- CLAIM_REPLY_HEADER and CLAIM_RUN_FIELDS, checked by tests/unit/test_script_assembly.py):
 -- Reply header: next_due_ms missed skipped held_concurrency held_rate
--- Reply per run: run_id fence attempt task payload due_ms timeout_ms idempotent key schedule
---   ready_ms limited_by interval_start interval_end tenant headers
+-- Reply per run: run_id fence attempt task payload due_ms ready_ms extra
+-- extra: '' (none set: most runs), or the run's optional fields (CLAIM_EXTRA_FIELDS):
+-- Reply extra: timeout_ms idempotent key schedule limited_by interval_start interval_end tenant
+--   headers
 -- next_due_ms is the earliest due/retry time left in this partition and queue (or when a
 -- limit frees), -1 for none; missed/skipped count the runs this call finished instead of
 -- starting; held_* count runs a limit held back for the first time (per limit).

@@ -4,6 +4,27 @@
 -- attempt ends; while it runs, the run hash holds worker, fence and start.
 -- Tested by: tests/integration/test_scripts.py, tests/unit/test_script_assembly.py
 
+-- The reply's last field of a run: '' for a plain run, else its optional fields, in the order
+-- of common/transitions.py CLAIM_EXTRA_FIELDS (a test reads the `-- name` of each `x[N]` line).
+-- Most runs have none of them: the reply then carries 8 values per run, not 16 (each value
+-- is a reply element Redis writes and the worker decodes).
+local function reply_extra(f)
+  if not (f[10] or f[11] or f[12] or f[3] or f[14] or f[15] or f[16] or f[17] or f[18]) then
+    return ''
+  end
+  local x = {'', '', '', '', '', '', '', '', ''}
+  x[1] = f[10] or ''  -- timeout_ms
+  x[2] = f[11] or ''  -- idempotent
+  x[3] = f[12] or ''  -- key
+  x[4] = f[3] or ''  -- schedule
+  x[5] = f[14] or ''  -- limited_by
+  x[6] = f[15] or ''  -- interval_start
+  x[7] = f[16] or ''  -- interval_end
+  x[8] = f[17] or ''  -- tenant
+  x[9] = f[18] or ''  -- headers
+  return x
+end
+
 -- The step that starts a run, bound once per call to the claim `c` (its values become the
 -- function's upvalues: no table lookup per run). start(id, run_key, f, ready, deadline,
 -- scopes): `f` are the run's fields as admit read them, `ready` its score (when it became
@@ -40,15 +61,7 @@ local function lease_starter(c)
     out[o + 4] = f[7] or ''  -- task
     out[o + 5] = f[8] or ''  -- payload
     out[o + 6] = f[9] or ''  -- due_ms
-    out[o + 7] = f[10] or ''  -- timeout_ms
-    out[o + 8] = f[11] or ''  -- idempotent
-    out[o + 9] = f[12] or ''  -- key
-    out[o + 10] = f[3] or ''  -- schedule
-    out[o + 11] = ready  -- ready_ms
-    out[o + 12] = f[14] or ''  -- limited_by
-    out[o + 13] = f[15] or ''  -- interval_start
-    out[o + 14] = f[16] or ''  -- interval_end
-    out[o + 15] = f[17] or ''  -- tenant
-    out[o + 16] = f[18] or ''  -- headers
+    out[o + 7] = ready  -- ready_ms
+    out[o + 8] = reply_extra(f)  -- extra
   end
 end

@@ -28,6 +28,7 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.scripts
 
 OLD = Path(__file__).resolve().parent.parent / "fixtures" / "format1"
+OLD_CLAIM_FIELDS = 16  # the previous claim.lua's reply per run (its CLAIM_RUN_FIELDS)
 
 
 class Version:
@@ -46,7 +47,11 @@ class Version:
 
     def claim(self, p: int, n: int) -> list:
         keys, args = tr.claim(self.k, p, "default", self.worker, n, 60_000)
-        return tr.parse_claim(self.s["claim"](keys=keys, args=args)).runs
+        res = self.s["claim"](keys=keys, args=args)
+        if self.old:  # the previous release's reply: 16 values per run, read by its own code
+            return [SimpleNamespace(run_id=res[i].decode(), fence=int(res[i + 1]))
+                    for i in range(tr.CLAIM_HEADER, len(res), OLD_CLAIM_FIELDS)]
+        return tr.parse_claim(res).runs
 
     def complete(self, p: int, runs: list) -> list[str]:
         keys, args = tr.complete(self.k, p, [(c.run_id, c.fence) for c in runs])
