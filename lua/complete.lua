@@ -32,7 +32,6 @@ local freed = {}  -- queues where a limit slot was freed: their workers are woke
 for i = 4, #ARGV, 4 do
   local run_id, fence, result_value, fault = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local run_key = prefix .. K.run .. run_id
-  local attempts_key = prefix .. K.attempts .. run_id
   -- only what decides (state, fence, attempt) and the optional features that add work; the
   -- rest is read where a branch needs it (a plain run is most of them, and every field asked
   -- of a listpack hash that lacks it scans the whole record).
@@ -46,11 +45,11 @@ for i = 4, #ARGV, 4 do
   elseif state == 'succeeded' and f[2] == fence then
     result = 'succeeded'  -- this very report, sent again
     if fault and fault ~= '' then
-      set_attempt(attempts_key, fence, {report_fault = fault}, run_key)
+      set_attempt(prefix .. K.attempts .. run_id, fence, {report_fault = fault}, run_key)
     end
   elseif f[2] ~= fence or not (state == 'running' or state == 'retrying' or state == 'uncertain') then
-    set_attempt(attempts_key, fence, {late = true, late_outcome = 'succeeded', late_at = now},
-      run_key)
+    set_attempt(prefix .. K.attempts .. run_id, fence,
+      {late = true, late_outcome = 'succeeded', late_at = now}, run_key)
     emit(events_key, run_id, 'late_result_rejected', 'succeeded:' .. fence)
     result = 'stale'
   elseif state == 'running' then
@@ -61,9 +60,10 @@ for i = 4, #ARGV, 4 do
     -- type loses the entry, not the success, and the events say so)
     if fault and fault ~= '' then
       local w = redis.call('HMGET', run_key, 'worker', 'started')
-      local damaged = push_attempt(attempts_key, f[3], fence, w[1], w[2], 'succeeded', now_s, nil)
+      local a_key = prefix .. K.attempts .. run_id
+      local damaged = push_attempt(a_key, f[3], fence, w[1], w[2], 'succeeded', now_s, nil)
       if damaged then emit(events_key, run_id, 'attempt_not_recorded', damaged) end
-      set_attempt(attempts_key, fence, {report_fault = fault})
+      set_attempt(a_key, fence, {report_fault = fault})
     end
     unleased[#unleased + 1] = run_id
     if result_value ~= '' then
@@ -91,7 +91,8 @@ for i = 4, #ARGV, 4 do
     redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
     if result_value ~= '' then redis.call('HSET', run_key, 'result', result_value) end
     redis.call('HDEL', run_key, 'retry_at', 'reason', 'error')
-    set_attempt(attempts_key, fence, {outcome = 'succeeded', late = true, late_at = now})
+    set_attempt(prefix .. K.attempts .. run_id, fence,
+      {outcome = 'succeeded', late = true, late_at = now})
     emit(events_key, run_id, 'succeeded', 'late result of attempt ' .. fence)
     result = 'late_succeeded'
   end
