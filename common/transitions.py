@@ -36,7 +36,7 @@ CLAIM_REPLY_HEADER = ("next_due_ms", "missed", "skipped", "held_concurrency", "h
 CLAIM_RUN_FIELDS = ("run_id", "fence", "attempt", "task", "payload", "due_ms", "ready_ms",
                     "extra")
 CLAIM_EXTRA_FIELDS = ("timeout_ms", "idempotent", "key", "schedule", "limited_by",
-                      "interval_start", "interval_end", "tenant", "headers")
+                      "interval_start", "interval_end", "tenant", "headers", "bare")
 CLAIM_HEADER, CLAIM_FIELDS = len(CLAIM_REPLY_HEADER), len(CLAIM_RUN_FIELDS)
 
 
@@ -73,6 +73,9 @@ class Claimed:
     interval_end: int = 0
     tenant: str = ""  # who the run is for ('' if none): for middleware's run context
     headers: bytes = b""  # what middleware stored on the run at enqueue (JSON; b'' if none)
+    # no schedule, no batch, no limit slot taken (claim.lua): its success report says so, and
+    # complete.lua then looks none of them up
+    bare: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms:
 assert CLAIM_RUN_FIELDS == ("run_id", "fence", "attempt", "task", "payload", "due_ms",
                             "ready_ms", "extra")
 assert CLAIM_EXTRA_FIELDS == ("timeout_ms", "idempotent", "key", "schedule", "limited_by",
-                              "interval_start", "interval_end", "tenant", "headers")
+                              "interval_start", "interval_end", "tenant", "headers", "bare")
 
 
 def parse_claim(res: list[Any]) -> ClaimReply:
@@ -117,17 +120,18 @@ def parse_claim(res: list[Any]) -> ClaimReply:
         try:
             if not extra:  # none of the optional fields: a plain run
                 runs.append(Claimed(run_id, fence, attempt, task.decode() if task else "",
-                                    payload or b"", int(due or 0), 0, True, None, None, ready))
+                                    payload or b"", int(due or 0), 0, True, None, None, ready,
+                                    bare=True))
                 continue
             (timeout, idempotent, key, schedule, limited_by, iv_start, iv_end, tenant,
-             headers) = extra
+             headers, bare) = extra
             runs.append(Claimed(
                 run_id, fence, attempt, task.decode() if task else "", payload or b"",
                 int(due or 0), int(timeout or 0), idempotent != b"0",
                 key.decode() if key else None, schedule.decode() if schedule else None,
                 ready, "", limited_by.decode() if limited_by else "",
                 int(iv_start or 0), int(iv_end or 0),
-                tenant.decode() if tenant else "", headers or b"",
+                tenant.decode() if tenant else "", headers or b"", bare == b"1",
             ))
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
             runs.append(Claimed(
@@ -140,16 +144,16 @@ def parse_claim(res: list[Any]) -> ClaimReply:
                       int(res[_HELD_C]), int(res[_HELD_R]))
 
 
-def complete(k: Keyspace, p: int, done: list[tuple[str, int]] | list[tuple[str, int, bytes]]
-             | list[tuple[str, int, bytes, str]]) -> Call:
-    """done: (run id, fence), (run id, fence, result as msgpack) or (..., the fault an earlier
-    send of this report met, recorded on the attempt) of one partition, acknowledged in one
-    call."""
+def complete(k: Keyspace, p: int, done: Sequence[tuple[Any, ...]]) -> Call:
+    """done: (run id, fence), (run id, fence, result as msgpack), (..., the fault an earlier
+    send of this report met, recorded on the attempt) or (..., bare: the claim of this fence
+    said the run is bare, `Claimed.bare`) of one partition, acknowledged in one call."""
     keys = [k.leases(p), k.done(p), k.uncertain(p), k.events(p)]
     args: list[Any] = [k.prefix(p), k.wake_channel, p]
     for item in done:
-        args += [item[0], item[1], item[2] if len(item) > 2 else b"",
-                 item[3] if len(item) > 3 else ""]
+        n = len(item)
+        args += [item[0], item[1], item[2] if n > 2 else b"", item[3] if n > 3 else "",
+                 "1" if n > 4 and item[4] else ""]
     return keys, args
 
 

@@ -55,7 +55,9 @@
 -- Reply per run: run_id fence attempt task payload due_ms ready_ms extra
 -- extra: '' (none set: most runs), or the run's optional fields (CLAIM_EXTRA_FIELDS):
 -- Reply extra: timeout_ms idempotent key schedule limited_by interval_start interval_end tenant
---   headers
+--   headers bare
+-- bare: '1' when the run has no schedule, no batch and took no limit slot (a plain run: extra
+-- ''): its success report says so and complete.lua reads three fields fewer.
 -- next_due_ms is the earliest due/retry time left in this partition and queue (or when a
 -- limit frees), -1 for none; missed/skipped count the runs this call finished instead of
 -- starting; held_* count runs a limit held back for the first time (per limit).

@@ -15,8 +15,11 @@
 --         the run's queue) and schedule keys are built from it; they share this partition's
 --         hash tag (a batch of hundreds of runs would otherwise send three key names per run)
 -- ARGV[2] wake channel   ARGV[3] partition index
--- ARGV[4..] per run, 4 values: run id, fence, result (msgpack; '' = none stored), the fault
---         an earlier send of this report met ('' = none)
+-- ARGV[4..] per run, 5 values: run id, fence, result (msgpack; '' = none stored), the fault
+--         an earlier send of this report met ('' = none), bare: '1' when the claim of this
+--         fence said the run has no schedule, no batch and took no limit slot (claim.lua's
+--         reply, `bare`: fields no script changes while the attempt runs), so they are not
+--         looked up; '' = look them up (any other caller)
 -- Returns (each) per run: 'succeeded' (accepted), 'late_succeeded' (a late success finished
 -- the run), 'stale' (refused: another attempt owns the run, or it finished) or 'missing'.
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -29,15 +32,23 @@ local now_s = int_s(now)  -- one number-to-string per call, not per run
 local out, finished, unleased = {}, {}, {}
 local freed = {}  -- queues where a limit slot was freed: their workers are woken once
 
-for i = 4, #ARGV, 4 do
+for i = 4, #ARGV, 5 do
   local run_id, fence, result_value, fault = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local run_key = prefix .. K.run .. run_id
   -- only what decides (state, fence, attempt) and the optional features that add work; the
   -- rest is read where a branch needs it (a plain run is most of them, and every field asked
-  -- of a listpack hash that lacks it scans the whole record).
+  -- of a listpack hash that lacks it scans the whole record). f: 1 state, 2 fence, 3 attempt,
+  -- 4 schedule, 5 waited, 6 held, 7 batch, 8 deps_out (4, 6 and 7 absent for a bare run:
+  -- waited and deps_out may be set while it runs, by wait.lua and deps_link.lua).
   -- A record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
-  local f = run_fields(run_key, 'state', 'fence', 'attempt', 'schedule', 'waited', 'held',
-    'batch', 'deps_out') or {}
+  local f
+  if ARGV[i + 4] == '1' then
+    local g = run_fields(run_key, 'state', 'fence', 'attempt', 'waited', 'deps_out') or {}
+    f = {g[1], g[2], g[3], false, g[4], false, false, g[5]}
+  else
+    f = run_fields(run_key, 'state', 'fence', 'attempt', 'schedule', 'waited', 'held', 'batch',
+      'deps_out') or {}
+  end
   local state = f[1]
   local result
   if not state then

@@ -7,12 +7,17 @@
 -- The reply's last field of a run: '' for a plain run, else its optional fields, in the order
 -- of common/transitions.py CLAIM_EXTRA_FIELDS (a test reads the `-- name` of each `x[N]` line).
 -- Most runs have none of them: the reply then carries 8 values per run, not 16 (each value
--- is a reply element Redis writes and the worker decodes).
-local function reply_extra(f)
-  if not (f[10] or f[11] or f[12] or f[3] or f[14] or f[15] or f[16] or f[17] or f[18]) then
+-- is a reply element Redis writes and the worker decodes). `bare` ('1', or '' for a plain
+-- run) says the run has no schedule, no batch and holds no limit slot (`held`, the scopes
+-- this claim took): fields that never change while the attempt runs, so the worker's report
+-- of its success passes it on and complete.lua does not look them up (three fields fewer
+-- asked of the record; each absent one scans it whole).
+local function reply_extra(f, held)
+  local bare = not (f[3] or f[19] or held ~= '')
+  if bare and not (f[10] or f[11] or f[12] or f[14] or f[15] or f[16] or f[17] or f[18]) then
     return ''
   end
-  local x = {'', '', '', '', '', '', '', '', ''}
+  local x = {'', '', '', '', '', '', '', '', '', ''}
   x[1] = f[10] or ''  -- timeout_ms
   x[2] = f[11] or ''  -- idempotent
   x[3] = f[12] or ''  -- key
@@ -22,6 +27,7 @@ local function reply_extra(f)
   x[7] = f[16] or ''  -- interval_end
   x[8] = f[17] or ''  -- tenant
   x[9] = f[18] or ''  -- headers
+  x[10] = bare and '1' or ''  -- bare
   return x
 end
 
@@ -62,6 +68,6 @@ local function lease_starter(c)
     out[o + 5] = f[8] or ''  -- payload
     out[o + 6] = f[9] or ''  -- due_ms
     out[o + 7] = ready  -- ready_ms
-    out[o + 8] = reply_extra(f)  -- extra
+    out[o + 8] = reply_extra(f, held)  -- extra
   end
 end
