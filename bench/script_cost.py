@@ -83,6 +83,7 @@ def _enqueue_all(r: redis.Redis, lua_dir: Path, n: int) -> None:
     src = _source(lua_dir, "enqueue")
     enqueue = r.register_script(src)
     fresh = "ARGV[5] fresh" in src
+    forms = "the runs' form" in src  # a copy that reads the plain form (2 values per run)
     k = app.keys
     shared = task_fields(noop.spec, "default")
     entropy = os.urandom(10 * n).hex()
@@ -94,7 +95,8 @@ def _enqueue_all(r: redis.Redis, lua_dir: Path, n: int) -> None:
     pipe, created, calls = r.pipeline(transaction=False), 0, 0
     for p, runs in by_p.items():
         for j in range(0, len(runs), 200):
-            keys, args = tr.enqueue(k, p, "default", shared, runs[j : j + 200], fresh=fresh)
+            keys, args = tr.enqueue(k, p, "default", shared, runs[j : j + 200], fresh=fresh,
+                                    forms=forms)
             if not fresh:
                 del args[4]
             enqueue(keys=keys, args=args, client=pipe)

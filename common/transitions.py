@@ -158,14 +158,27 @@ def complete(k: Keyspace, p: int, done: Sequence[tuple[Any, ...]]) -> Call:
 
 
 def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
-            runs: list[tuple[str, str, int, list[Any]]], fresh: bool = False) -> Call:
+            runs: list[tuple[str, str, int, list[Any]]], fresh: bool = False,
+            forms: bool = True) -> Call:
     """shared: field/value pairs common to every run of the call; runs: (run id, due ms or '',
     delay ms, the run's own field/value pairs) of one partition and queue. fresh: every id is
-    random and sent for the first time, so none can exist (enqueue.lua skips its EXISTS)."""
+    random and sent for the first time, so none can exist (enqueue.lua skips its EXISTS).
+    A call whose runs all have one delay, no due time and no own field but `payload` is sent
+    in the plain form (two values per run, enqueue.lua's header); `forms=False` sends the
+    arguments of an enqueue.lua from before the forms (a benchmark's or a test's old copy)."""
     args: list[Any] = [k.prefix(p), k.wake_channel, p, queue, "1" if fresh else "", len(shared),
                        *shared]
-    for run_id, due, delay_ms, fields in runs:
-        args += [run_id, due, delay_ms, len(fields), *fields]
+    delay = runs[0][2] if runs else 0
+    if forms and runs and all(due == "" and d == delay and len(f) == 2 and f[0] == "payload"
+                              for _, due, d, f in runs):
+        args.append(delay)
+        for run_id, _, _, fields in runs:
+            args += [run_id, fields[1]]
+    else:
+        if forms:
+            args.append("")
+        for run_id, due, delay_ms, fields in runs:
+            args += [run_id, due, delay_ms, len(fields), *fields]
     return [k.due(p, queue), k.prio(p, queue), k.laned(p, queue), k.lanes(p, queue)], args
 
 

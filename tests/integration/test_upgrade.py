@@ -40,7 +40,7 @@ class Version:
     def enqueue(self, p: int, ids: list[str]) -> int:
         keys, args = tr.enqueue(self.k, p, "default", task_fields(basic.noop.spec, "default"),
                                 [(i, "", 0, ["payload", pack_payload([], {})]) for i in ids],
-                                fresh=not self.old)
+                                fresh=not self.old, forms=not self.old)
         if self.old:
             del args[4]  # the previous enqueue.lua had no `fresh` mark
         return int(self.s["enqueue"](keys=keys, args=args))
