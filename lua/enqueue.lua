@@ -56,7 +56,7 @@ local created = 0
 local fresh_call = ARGV[5] == '1'
 local shared_n = tonumber(ARGV[6])
 local plain_delay = ARGV[7 + shared_n]
-local plain = plain_delay ~= ''
+local plain = (plain_delay or '') ~= ''
 local i, nargs = 8 + shared_n, #ARGV
 local added, earliest = {}, nil
 local last_delay, last_due, last_due_s
