@@ -37,28 +37,29 @@ for i = 4, #ARGV, 5 do
   local run_key = prefix .. K.run .. run_id
   -- only what decides (state, fence, attempt) and the optional features that add work; the
   -- rest is read where a branch needs it (a plain run is most of them, and every field asked
-  -- of a listpack hash that lacks it scans the whole record). f: 1 state, 2 fence, 3 attempt,
-  -- 4 schedule, 5 waited, 6 held, 7 batch, 8 deps_out (4, 6 and 7 absent for a bare run:
-  -- waited and deps_out may be set while it runs, by wait.lua and deps_link.lua).
+  -- of a listpack hash that lacks it scans the whole record). A bare run's schedule, held and
+  -- batch are not asked (absent: its claim said so); waited and deps_out may be set while it
+  -- runs (wait.lua, deps_link.lua), so they are always read.
   -- A record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
-  local f
+  local state, rec_fence, attempt, sched, waited, held, batch, deps_out
   if ARGV[i + 4] == '1' then
-    local g = run_fields(run_key, 'state', 'fence', 'attempt', 'waited', 'deps_out') or {}
-    f = {g[1], g[2], g[3], false, g[4], false, false, g[5]}
+    local f = run_fields(run_key, 'state', 'fence', 'attempt', 'waited', 'deps_out') or {}
+    state, rec_fence, attempt, waited, deps_out = f[1], f[2], f[3], f[4], f[5]
   else
-    f = run_fields(run_key, 'state', 'fence', 'attempt', 'schedule', 'waited', 'held', 'batch',
-      'deps_out') or {}
+    local f = run_fields(run_key, 'state', 'fence', 'attempt', 'schedule', 'waited', 'held',
+      'batch', 'deps_out') or {}
+    state, rec_fence, attempt, sched, waited, held, batch, deps_out =
+      f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8]
   end
-  local state = f[1]
   local result
   if not state then
     result = 'missing'
-  elseif state == 'succeeded' and f[2] == fence then
+  elseif state == 'succeeded' and rec_fence == fence then
     result = 'succeeded'  -- this very report, sent again
     if fault and fault ~= '' then
       set_attempt(prefix .. K.attempts .. run_id, fence, {report_fault = fault}, run_key)
     end
-  elseif f[2] ~= fence or not (state == 'running' or state == 'retrying' or state == 'uncertain') then
+  elseif rec_fence ~= fence or not (state == 'running' or state == 'retrying' or state == 'uncertain') then
     set_attempt(prefix .. K.attempts .. run_id, fence,
       {late = true, late_outcome = 'succeeded', late_at = now}, run_key)
     emit(events_key, run_id, 'late_result_rejected', 'succeeded:' .. fence)
@@ -72,7 +73,7 @@ for i = 4, #ARGV, 5 do
     if fault and fault ~= '' then
       local w = redis.call('HMGET', run_key, 'worker', 'started')
       local a_key = prefix .. K.attempts .. run_id
-      local damaged = push_attempt(a_key, f[3], fence, w[1], w[2], 'succeeded', now_s, nil)
+      local damaged = push_attempt(a_key, attempt, fence, w[1], w[2], 'succeeded', now_s, nil)
       if damaged then emit(events_key, run_id, 'attempt_not_recorded', damaged) end
       set_attempt(a_key, fence, {report_fault = fault})
     end
@@ -83,14 +84,14 @@ for i = 4, #ARGV, 5 do
       redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
     end
     -- an earlier attempt's error stays in its attempt entry, not on a succeeded run
-    if f[3] ~= '1' then redis.call('HDEL', run_key, 'error', 'reason') end
-    if f[4] then
+    if attempt ~= '1' then redis.call('HDEL', run_key, 'error', 'reason') end
+    if sched then
       local overlap = redis.call('HGET', run_key, 'overlap')
       if overlap and overlap ~= 'allow' then
         leave_running(prefix, run_key, run_id, now, channel, partition)
       end
     end
-    if f[6] and free_limits(prefix, run_key, run_id, f[6]) then
+    if held and free_limits(prefix, run_key, run_id, held) then
       freed[redis.call('HGET', run_key, 'queue') or ''] = true
     end
     result = 'succeeded'
@@ -110,11 +111,11 @@ for i = 4, #ARGV, 5 do
   if (result == 'succeeded' and state == 'running') or result == 'late_succeeded' then
     finished[#finished + 1] = now_s
     finished[#finished + 1] = run_id
-    if f[5] or f[7] or f[8] then  -- waited on, in a batch, or depended on
-      wake_waiters(prefix, run_key, run_id, 'succeeded', f[5] or '0', {f[7] or false, f[8] or false})
+    if waited or batch or deps_out then  -- waited on, in a batch, or depended on
+      wake_waiters(prefix, run_key, run_id, 'succeeded', waited or '0', {batch or false, deps_out or false})
     end
-    if f[4] then  -- guardrails: the streak ends
-      schedule_succeeded(prefix, f[4], redis.call('HGET', run_key, 'replay_of'))
+    if sched then  -- guardrails: the streak ends
+      schedule_succeeded(prefix, sched, redis.call('HGET', run_key, 'replay_of'))
     end
   end
   out[#out + 1] = result

@@ -54,7 +54,10 @@ class Version:
         return tr.parse_claim(res).runs
 
     def complete(self, p: int, runs: list) -> list[str]:
-        keys, args = tr.complete(self.k, p, [(c.run_id, c.fence) for c in runs])
+        keys, args = tr.complete(self.k, p, [(c.run_id, c.fence, b"", "", getattr(c, "bare", False))
+                                             for c in runs])
+        if self.old:  # the previous complete.lua read 4 values per run (no `bare` mark)
+            args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 5 < 4]
         return [x.decode() for x in self.s["complete"](keys=keys, args=args)]
 
     def fail(self, p: int, c, mode: str) -> str:
