@@ -10,7 +10,7 @@ from typing import Any
 from duetime.common import transitions as tr
 from duetime.common.keys import Keyspace
 
-Held = dict[int, list[tuple[str, int]]]  # partition -> (run id, fence) claimed there
+Held = dict[int, list[tuple[Any, ...]]]  # partition -> (run id, fence, ...) claimed there
 Script = Callable[..., Any]  # a script object: script(keys=..., args=...)
 
 
@@ -20,7 +20,7 @@ def fences(res: Any) -> list[tuple[str, int]]:
 
 
 def claim_all(k: Keyspace, claim: Script, batch: int, lease_ms: int, n: int,
-              decode: Callable[[Any], list[tuple[str, int]]] = fences) -> Held:
+              decode: Callable[[Any], list[Any]] = fences) -> Held:
     """Claim every run of the queue 'default', partition by partition, `batch` per call,
     with `claim`; `n` runs must have been claimed (an assertion, for a benchmark)."""
     held: Held = {}

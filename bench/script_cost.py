@@ -50,15 +50,20 @@ def _source(lua_dir: Path, name: str) -> str:
 
 
 def _decoder(lua_dir: Path) -> Any:
-    """(run id, fence) of each run of a claim reply of `lua_dir`'s claim.lua, however many
-    fields per run its copy replies (claim/lease.lua's `out[o + N]` lines; the reply grew)."""
+    """(run id, fence, bare) of each run of a claim reply of `lua_dir`'s claim.lua, however
+    many fields per run its copy replies (claim/lease.lua's `out[o + N]` lines; the reply grew,
+    then shrank to 8 with the optional fields nested, `bare` the last of them). `bare` is what
+    the worker passes back to complete.lua (False for copies before it)."""
     lease = lua_dir / "claim" / "lease.lua"
     if not lease.exists():
-        return fences
+        return lambda res: [(i, f, False) for i, f in fences(res)]
     width = max(int(m) for m in re.findall(r"out\[o \+ (\d+)\]", lease.read_text()))
+    nested = width == tr.CLAIM_FIELDS and "-- bare" in lease.read_text()
 
-    def decode(res: Any) -> list[tuple[str, int]]:
-        return [(res[i].decode(), int(res[i + 1])) for i in range(tr.CLAIM_HEADER, len(res), width)]
+    def decode(res: Any) -> list[tuple[str, int, bool]]:
+        return [(res[i].decode(), int(res[i + 1]),
+                 nested and (not res[i + width - 1] or res[i + width - 1][-1] == b"1"))
+                for i in range(tr.CLAIM_HEADER, len(res), width)]
 
     return decode
 
@@ -78,6 +83,7 @@ def _enqueue_all(r: redis.Redis, lua_dir: Path, n: int) -> None:
     src = _source(lua_dir, "enqueue")
     enqueue = r.register_script(src)
     fresh = "ARGV[5] fresh" in src
+    forms = "the runs' form" in src  # a copy that reads the plain form (2 values per run)
     k = app.keys
     shared = task_fields(noop.spec, "default")
     entropy = os.urandom(10 * n).hex()
@@ -89,7 +95,8 @@ def _enqueue_all(r: redis.Redis, lua_dir: Path, n: int) -> None:
     pipe, created, calls = r.pipeline(transaction=False), 0, 0
     for p, runs in by_p.items():
         for j in range(0, len(runs), 200):
-            keys, args = tr.enqueue(k, p, "default", shared, runs[j : j + 200], fresh=fresh)
+            keys, args = tr.enqueue(k, p, "default", shared, runs[j : j + 200], fresh=fresh,
+                                    forms=forms)
             if not fresh:
                 del args[4]
             enqueue(keys=keys, args=args, client=pipe)
@@ -113,8 +120,8 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     claim = r.register_script(_source(lua_dir, "claim"))
     complete_src = _source(lua_dir, "complete")
     complete = r.register_script(complete_src)
-    # copies before the report-fault field read 3 values per run, not 4
-    per_run = 4 if "#ARGV, 4 do" in complete_src else 3
+    # copies before the `bare` mark read 4 values per run, before the report-fault field 3
+    per_run = next((n for n in (5, 4) if f"#ARGV, {n} do" in complete_src), 3)
     k = app.keys
     m0 = r.info("memory")["used_memory"]
     c0 = meter(r)
@@ -124,16 +131,15 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     c2 = meter(r)
     for p, items in held.items():
         for i in range(0, len(items), batch):
-            done = [(run_id, fence, result) if result else (run_id, fence)
-                    for run_id, fence in items[i : i + batch]]
+            done = [(run_id, fence, result, "", bare) for run_id, fence, bare in items[i : i + batch]]
             keys, args = tr.complete(k, p, done)
-            if per_run == 3:
-                args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 4 != 3]
+            if per_run < 5:  # an older copy: its values per run, the first of the five
+                args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 5 < per_run]
             assert set(complete(keys=keys, args=args)) <= {b"succeeded", b"ok"}  # ok: old copies
     c3 = meter(r)
     grown = (r.info("memory")["used_memory"] - m0) / n
     if memory is not None:
-        sample = [(p, run_id) for p, items in held.items() for run_id, _ in items][:: max(1, n // 500)]
+        sample = [(p, run_id) for p, items in held.items() for run_id, *_ in items][:: max(1, n // 500)]
         memory.append(statistics.mean(r.memory_usage(k.run(p, run_id), samples=0)
                                       for p, run_id in sample))
     r.flushall()

@@ -28,12 +28,15 @@ from duetime.common.keys import Keyspace
 Call = tuple[list[str], list[Any]]
 
 # The claim reply, defined once: a header, then these fields per run, in this order. claim.lua
-# documents the same order and lua/claim/lease.lua writes it (`reply_run`, one `-- name` per
-# line); tests/unit/test_script_assembly.py checks the two agree.
+# documents the same order and lua/claim/lease.lua writes it (one `-- name` per line);
+# tests/unit/test_script_assembly.py checks the two agree. `extra` is b'' for a run that has
+# none of the optional fields (most runs: 8 reply values per run, not 16), else the list of
+# CLAIM_EXTRA_FIELDS.
 CLAIM_REPLY_HEADER = ("next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
-CLAIM_RUN_FIELDS = ("run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
-                    "idempotent", "key", "schedule", "ready_ms", "limited_by", "interval_start",
-                    "interval_end", "tenant", "headers")
+CLAIM_RUN_FIELDS = ("run_id", "fence", "attempt", "task", "payload", "due_ms", "ready_ms",
+                    "extra")
+CLAIM_EXTRA_FIELDS = ("timeout_ms", "idempotent", "key", "schedule", "limited_by",
+                      "interval_start", "interval_end", "tenant", "headers", "bare")
 CLAIM_HEADER, CLAIM_FIELDS = len(CLAIM_REPLY_HEADER), len(CLAIM_RUN_FIELDS)
 
 
@@ -45,11 +48,6 @@ def _at(fields: tuple[str, ...], *names: str) -> tuple[int, ...]:
 # positions read by name once, at import: parsing a reply does no name lookup per run
 _NEXT, _MISSED, _SKIPPED, _HELD_C, _HELD_R = _at(
     CLAIM_REPLY_HEADER, "next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
-(_RUN_ID, _FENCE, _ATTEMPT, _TASK, _PAYLOAD, _DUE, _TIMEOUT, _IDEMPOTENT, _KEY, _SCHEDULE,
- _READY, _LIMITED_BY, _IV_START, _IV_END, _TENANT, _HEADERS) = _at(
-    CLAIM_RUN_FIELDS, "run_id", "fence", "attempt", "task", "payload", "due_ms", "timeout_ms",
-    "idempotent", "key", "schedule", "ready_ms", "limited_by", "interval_start", "interval_end",
-    "tenant", "headers")
 
 
 @dataclass(slots=True, eq=False)
@@ -75,6 +73,9 @@ class Claimed:
     interval_end: int = 0
     tenant: str = ""  # who the run is for ('' if none): for middleware's run context
     headers: bytes = b""  # what middleware stored on the run at enqueue (JSON; b'' if none)
+    # no schedule, no batch, no limit slot taken (claim.lua): its success report says so, and
+    # complete.lua then looks none of them up
+    bare: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,9 @@ def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms:
 
 # parse_claim unpacks each run's fields by position, in this order (checked at import)
 assert CLAIM_RUN_FIELDS == ("run_id", "fence", "attempt", "task", "payload", "due_ms",
-                            "timeout_ms", "idempotent", "key", "schedule", "ready_ms",
-                            "limited_by", "interval_start", "interval_end", "tenant", "headers")
+                            "ready_ms", "extra")
+assert CLAIM_EXTRA_FIELDS == ("timeout_ms", "idempotent", "key", "schedule", "limited_by",
+                              "interval_start", "interval_end", "tenant", "headers", "bare")
 
 
 def parse_claim(res: list[Any]) -> ClaimReply:
@@ -110,22 +112,28 @@ def parse_claim(res: list[Any]) -> ClaimReply:
     runs = []
     # the runs' fields, CLAIM_FIELDS at a time, unpacked without a slice or an index per field
     fields = iter(res[CLAIM_HEADER:])
-    for (run_id, fence, attempt, task, payload, due, timeout, idempotent, key, schedule, ready,
-         limited_by, iv_start, iv_end, tenant, headers) in zip(*[fields] * CLAIM_FIELDS,
-                                                                strict=True):
+    for (run_id, fence, attempt, task, payload, due, ready, extra) in zip(
+            *[fields] * CLAIM_FIELDS, strict=True):
         # id, fence, attempt and the score come from the script; the rest is the run record,
         # which an operator's HSET may have damaged: one bad run must not sink its batch
         run_id, fence, attempt, ready = run_id.decode(), int(fence), int(attempt), int(ready)
         try:
+            if not extra:  # none of the optional fields: a plain run
+                runs.append(Claimed(run_id, fence, attempt, task.decode() if task else "",
+                                    payload or b"", int(due or 0), 0, True, None, None, ready,
+                                    bare=True))
+                continue
+            (timeout, idempotent, key, schedule, limited_by, iv_start, iv_end, tenant,
+             headers, bare) = extra
             runs.append(Claimed(
                 run_id, fence, attempt, task.decode() if task else "", payload or b"",
                 int(due or 0), int(timeout or 0), idempotent != b"0",
                 key.decode() if key else None, schedule.decode() if schedule else None,
                 ready, "", limited_by.decode() if limited_by else "",
                 int(iv_start or 0), int(iv_end or 0),
-                tenant.decode() if tenant else "", headers or b"",
+                tenant.decode() if tenant else "", headers or b"", bare == b"1",
             ))
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
             runs.append(Claimed(
                 run_id=run_id, fence=fence, attempt=attempt,
                 task=(task or b"").decode(errors="replace"), payload=b"",
@@ -136,28 +144,41 @@ def parse_claim(res: list[Any]) -> ClaimReply:
                       int(res[_HELD_C]), int(res[_HELD_R]))
 
 
-def complete(k: Keyspace, p: int, done: list[tuple[str, int]] | list[tuple[str, int, bytes]]
-             | list[tuple[str, int, bytes, str]]) -> Call:
-    """done: (run id, fence), (run id, fence, result as msgpack) or (..., the fault an earlier
-    send of this report met, recorded on the attempt) of one partition, acknowledged in one
-    call."""
+def complete(k: Keyspace, p: int, done: Sequence[tuple[Any, ...]]) -> Call:
+    """done: (run id, fence), (run id, fence, result as msgpack), (..., the fault an earlier
+    send of this report met, recorded on the attempt) or (..., bare: the claim of this fence
+    said the run is bare, `Claimed.bare`) of one partition, acknowledged in one call."""
     keys = [k.leases(p), k.done(p), k.uncertain(p), k.events(p)]
     args: list[Any] = [k.prefix(p), k.wake_channel, p]
     for item in done:
-        args += [item[0], item[1], item[2] if len(item) > 2 else b"",
-                 item[3] if len(item) > 3 else ""]
+        n = len(item)
+        args += [item[0], item[1], item[2] if n > 2 else b"", item[3] if n > 3 else "",
+                 "1" if n > 4 and item[4] else ""]
     return keys, args
 
 
 def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],
-            runs: list[tuple[str, str, int, list[Any]]], fresh: bool = False) -> Call:
+            runs: list[tuple[str, str, int, list[Any]]], fresh: bool = False,
+            forms: bool = True) -> Call:
     """shared: field/value pairs common to every run of the call; runs: (run id, due ms or '',
     delay ms, the run's own field/value pairs) of one partition and queue. fresh: every id is
-    random and sent for the first time, so none can exist (enqueue.lua skips its EXISTS)."""
+    random and sent for the first time, so none can exist (enqueue.lua skips its EXISTS).
+    A call whose runs all have one delay, no due time and no own field but `payload` is sent
+    in the plain form (two values per run, enqueue.lua's header); `forms=False` sends the
+    arguments of an enqueue.lua from before the forms (a benchmark's or a test's old copy)."""
     args: list[Any] = [k.prefix(p), k.wake_channel, p, queue, "1" if fresh else "", len(shared),
                        *shared]
-    for run_id, due, delay_ms, fields in runs:
-        args += [run_id, due, delay_ms, len(fields), *fields]
+    delay = runs[0][2] if runs else 0
+    if forms and runs and all(due == "" and d == delay and len(f) == 2 and f[0] == "payload"
+                              for _, due, d, f in runs):
+        args.append(delay)
+        for run_id, _, _, fields in runs:
+            args += [run_id, fields[1]]
+    else:
+        if forms:
+            args.append("")
+        for run_id, due, delay_ms, fields in runs:
+            args += [run_id, due, delay_ms, len(fields), *fields]
     return [k.due(p, queue), k.prio(p, queue), k.laned(p, queue), k.lanes(p, queue)], args
 
 

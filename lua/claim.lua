@@ -52,8 +52,12 @@
 -- Returns a header, then the same fields for each run claimed (common/transitions.py
 -- CLAIM_REPLY_HEADER and CLAIM_RUN_FIELDS, checked by tests/unit/test_script_assembly.py):
 -- Reply header: next_due_ms missed skipped held_concurrency held_rate
--- Reply per run: run_id fence attempt task payload due_ms timeout_ms idempotent key schedule
---   ready_ms limited_by interval_start interval_end tenant headers
+-- Reply per run: run_id fence attempt task payload due_ms ready_ms extra
+-- extra: '' (none set: most runs), or the run's optional fields (CLAIM_EXTRA_FIELDS):
+-- Reply extra: timeout_ms idempotent key schedule limited_by interval_start interval_end tenant
+--   headers bare
+-- bare: '1' when the run has no schedule, no batch and took no limit slot (a plain run: extra
+-- ''): its success report says so and complete.lua reads three fields fewer.
 -- next_due_ms is the earliest due/retry time left in this partition and queue (or when a
 -- limit frees), -1 for none; missed/skipped count the runs this call finished instead of
 -- starting; held_* count runs a limit held back for the first time (per limit).
@@ -82,6 +86,7 @@ local c = {
   -- numbers sent to Redis as strings built once per call, not once per run (see int_s)
   now_s = int_s(now), until_s = int_s(now + lease),
   -- what the partition has besides plain runs (read_options)
+  options = false,  -- one of the option keys exists (step 0)
   lims = nil, prio = false, lanes = false, paused = false, scan = tonumber(ARGV[3]),
   holds = nil, queue_held = nil,  -- rate-limit holds in force (claim/limits.lua read_holds)
   -- the candidates (claim/candidates.lua, lanes.lua: picked, past_read)
@@ -96,9 +101,17 @@ local c = {
 -- 0. checked before the first write: an index of the wrong type (edited by hand) refuses the
 -- call, naming the key, so this partition and queue wait and nothing is left half done; a due
 -- or retry score edited to +inf (never claimable) is put back from the run record
-local bad = damaged_index({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset',
-  KEYS[5], 'zset', KEYS[6], 'stream', KEYS[7], 'zset', KEYS[8], 'hash', KEYS[9], 'zset',
-  KEYS[10], 'zset', KEYS[11], 'zset', KEYS[12], 'hash', KEYS[13], 'hash'})
+-- The option keys (limits, priority index, lanes, pause, holds) are one EXISTS first: their
+-- types are checked only when one of them exists (none does on the hot path: five TYPE
+-- calls fewer per claim), and read_options reads them only then
+local indexes = {KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset',
+  KEYS[5], 'zset', KEYS[6], 'stream', KEYS[7], 'zset', KEYS[11], 'zset'}
+c.options = redis.call('EXISTS', KEYS[8], KEYS[9], KEYS[10], KEYS[12], KEYS[13]) > 0
+if c.options then
+  for _, x in ipairs({KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'zset', KEYS[12], 'hash',
+                      KEYS[13], 'hash'}) do indexes[#indexes + 1] = x end
+end
+local bad = damaged_index(indexes)
 if bad then return bad end
 repair_unending(c)
 

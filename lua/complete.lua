@@ -15,8 +15,11 @@
 --         the run's queue) and schedule keys are built from it; they share this partition's
 --         hash tag (a batch of hundreds of runs would otherwise send three key names per run)
 -- ARGV[2] wake channel   ARGV[3] partition index
--- ARGV[4..] per run, 4 values: run id, fence, result (msgpack; '' = none stored), the fault
---         an earlier send of this report met ('' = none)
+-- ARGV[4..] per run, 5 values: run id, fence, result (msgpack; '' = none stored), the fault
+--         an earlier send of this report met ('' = none), bare: '1' when the claim of this
+--         fence said the run has no schedule, no batch and took no limit slot (claim.lua's
+--         reply, `bare`: fields no script changes while the attempt runs), so they are not
+--         looked up; '' = look them up (any other caller)
 -- Returns (each) per run: 'succeeded' (accepted), 'late_succeeded' (a late success finished
 -- the run), 'stale' (refused: another attempt owns the run, or it finished) or 'missing'.
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -29,28 +32,36 @@ local now_s = int_s(now)  -- one number-to-string per call, not per run
 local out, finished, unleased = {}, {}, {}
 local freed = {}  -- queues where a limit slot was freed: their workers are woken once
 
-for i = 4, #ARGV, 4 do
+for i = 4, #ARGV, 5 do
   local run_id, fence, result_value, fault = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local run_key = prefix .. K.run .. run_id
-  local attempts_key = prefix .. K.attempts .. run_id
   -- only what decides (state, fence, attempt) and the optional features that add work; the
   -- rest is read where a branch needs it (a plain run is most of them, and every field asked
-  -- of a listpack hash that lacks it scans the whole record).
+  -- of a listpack hash that lacks it scans the whole record). A bare run's schedule, held and
+  -- batch are not asked (absent: its claim said so); waited and deps_out may be set while it
+  -- runs (wait.lua, deps_link.lua), so they are always read.
   -- A record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
-  local f = run_fields(run_key, 'state', 'fence', 'attempt', 'schedule', 'waited', 'held',
-    'batch', 'deps_out') or {}
-  local state = f[1]
+  local state, rec_fence, attempt, sched, waited, held, batch, deps_out
+  if ARGV[i + 4] == '1' then
+    local f = run_fields(run_key, 'state', 'fence', 'attempt', 'waited', 'deps_out') or {}
+    state, rec_fence, attempt, waited, deps_out = f[1], f[2], f[3], f[4], f[5]
+  else
+    local f = run_fields(run_key, 'state', 'fence', 'attempt', 'schedule', 'waited', 'held',
+      'batch', 'deps_out') or {}
+    state, rec_fence, attempt, sched, waited, held, batch, deps_out =
+      f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8]
+  end
   local result
   if not state then
     result = 'missing'
-  elseif state == 'succeeded' and f[2] == fence then
+  elseif state == 'succeeded' and rec_fence == fence then
     result = 'succeeded'  -- this very report, sent again
     if fault and fault ~= '' then
-      set_attempt(attempts_key, fence, {report_fault = fault}, run_key)
+      set_attempt(prefix .. K.attempts .. run_id, fence, {report_fault = fault}, run_key)
     end
-  elseif f[2] ~= fence or not (state == 'running' or state == 'retrying' or state == 'uncertain') then
-    set_attempt(attempts_key, fence, {late = true, late_outcome = 'succeeded', late_at = now},
-      run_key)
+  elseif rec_fence ~= fence or not (state == 'running' or state == 'retrying' or state == 'uncertain') then
+    set_attempt(prefix .. K.attempts .. run_id, fence,
+      {late = true, late_outcome = 'succeeded', late_at = now}, run_key)
     emit(events_key, run_id, 'late_result_rejected', 'succeeded:' .. fence)
     result = 'stale'
   elseif state == 'running' then
@@ -61,9 +72,10 @@ for i = 4, #ARGV, 4 do
     -- type loses the entry, not the success, and the events say so)
     if fault and fault ~= '' then
       local w = redis.call('HMGET', run_key, 'worker', 'started')
-      local damaged = push_attempt(attempts_key, f[3], fence, w[1], w[2], 'succeeded', now_s, nil)
+      local a_key = prefix .. K.attempts .. run_id
+      local damaged = push_attempt(a_key, attempt, fence, w[1], w[2], 'succeeded', now_s, nil)
       if damaged then emit(events_key, run_id, 'attempt_not_recorded', damaged) end
-      set_attempt(attempts_key, fence, {report_fault = fault})
+      set_attempt(a_key, fence, {report_fault = fault})
     end
     unleased[#unleased + 1] = run_id
     if result_value ~= '' then
@@ -72,14 +84,14 @@ for i = 4, #ARGV, 4 do
       redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
     end
     -- an earlier attempt's error stays in its attempt entry, not on a succeeded run
-    if f[3] ~= '1' then redis.call('HDEL', run_key, 'error', 'reason') end
-    if f[4] then
+    if attempt ~= '1' then redis.call('HDEL', run_key, 'error', 'reason') end
+    if sched then
       local overlap = redis.call('HGET', run_key, 'overlap')
       if overlap and overlap ~= 'allow' then
         leave_running(prefix, run_key, run_id, now, channel, partition)
       end
     end
-    if f[6] and free_limits(prefix, run_key, run_id, f[6]) then
+    if held and free_limits(prefix, run_key, run_id, held) then
       freed[redis.call('HGET', run_key, 'queue') or ''] = true
     end
     result = 'succeeded'
@@ -91,18 +103,19 @@ for i = 4, #ARGV, 4 do
     redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)
     if result_value ~= '' then redis.call('HSET', run_key, 'result', result_value) end
     redis.call('HDEL', run_key, 'retry_at', 'reason', 'error')
-    set_attempt(attempts_key, fence, {outcome = 'succeeded', late = true, late_at = now})
+    set_attempt(prefix .. K.attempts .. run_id, fence,
+      {outcome = 'succeeded', late = true, late_at = now})
     emit(events_key, run_id, 'succeeded', 'late result of attempt ' .. fence)
     result = 'late_succeeded'
   end
   if (result == 'succeeded' and state == 'running') or result == 'late_succeeded' then
     finished[#finished + 1] = now_s
     finished[#finished + 1] = run_id
-    if f[5] or f[7] or f[8] then  -- waited on, in a batch, or depended on
-      wake_waiters(prefix, run_key, run_id, 'succeeded', f[5] or '0', {f[7] or false, f[8] or false})
+    if waited or batch or deps_out then  -- waited on, in a batch, or depended on
+      wake_waiters(prefix, run_key, run_id, 'succeeded', waited or '0', {batch or false, deps_out or false})
     end
-    if f[4] then  -- guardrails: the streak ends
-      schedule_succeeded(prefix, f[4], redis.call('HGET', run_key, 'replay_of'))
+    if sched then  -- guardrails: the streak ends
+      schedule_succeeded(prefix, sched, redis.call('HGET', run_key, 'replay_of'))
     end
   end
   out[#out + 1] = result

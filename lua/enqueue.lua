@@ -18,8 +18,12 @@
 --         ids, a resend of a call whose reply was lost)
 -- ARGV[6] count S of shared values, then S values: field, value pairs every run of the call
 --         gets (task, queue, retry policy: the same for a batch of one task)
--- then per run: run id, due ms ('' = server time + delay), delay ms, field count F,
---         then F values: the run's own field, value pairs (payload, key, ...)
+-- ARGV[7 + S] the runs' form: '' = each run is: run id, due ms ('' = server time + delay),
+--         delay ms, field count F, then F values: the run's own field, value pairs (payload,
+--         key, ...); else a delay in ms, and each run is two values, run id and payload: due
+--         at server time + that delay, no own field but its payload (a plain enqueue_many:
+--         two values per run sent and read, not six)
+-- then the runs, in that form
 -- Fields left at their defaults are not stored: attempt/fence absent = 0, idempotent absent =
 -- yes, timeout absent = none; the id is the key's suffix.
 -- A run with a `priority` field (1..100) is also indexed in T:prio:<queue> (score
@@ -51,7 +55,9 @@ local now = now_ms()
 local created = 0
 local fresh_call = ARGV[5] == '1'
 local shared_n = tonumber(ARGV[6])
-local i = 7 + shared_n
+local plain_delay = ARGV[7 + shared_n]
+local plain = (plain_delay or '') ~= ''
+local i, nargs = 8 + shared_n, #ARGV
 local added, earliest = {}, nil
 local last_delay, last_due, last_due_s
 -- one field list reused for every run (no table per run): state, created, due, the shared
@@ -67,19 +73,70 @@ for j = 7, 6 + shared_n, 2 do if ARGV[j] == 'task' then co.task = ARGV[j + 1] en
 local cap = tonumber(redis.call('HGET', prefix .. K.caps, 'max_payload'))
 if cap then
   local j = i
-  while j <= #ARGV do
-    local nf = tonumber(ARGV[j + 3])
-    for f = j + 4, j + 3 + nf, 2 do
-      if ARGV[f] == 'payload' and #ARGV[f + 1] > cap then
+  while j <= nargs do
+    local nf = plain and 0 or tonumber(ARGV[j + 3])
+    local f0, f1 = j + 4, j + 3 + nf
+    if plain then f0, f1 = j, j end  -- the run id and its payload: ARGV[f + 1]
+    for f = f0, f1, 2 do
+      if (plain or ARGV[f] == 'payload') and #ARGV[f + 1] > cap then
         return redis.error_reply('PAYLOAD_TOO_LARGE run ' .. ARGV[j] .. ': payload of '
           .. #ARGV[f + 1] .. ' bytes is over the namespace cap of ' .. int_s(cap)
           .. ' bytes (max_payload in <ns>:meta); nothing was enqueued')
       end
     end
-    j = j + 4 + nf
+    j = j + (plain and 2 or 4 + nf)
   end
 end
-while i <= #ARGV do
+
+-- A run created: its record (the own fields ARGV[j0..j1], or `payload` alone for the plain
+-- form) and its indexes but the due set (written once, after the loop).
+local function create(run_id, run_key, due, due_s, j0, j1, payload)
+  fields[6] = due_s
+  local n = base_n
+  if payload then
+    fields[n + 1] = 'payload'
+    fields[n + 2] = payload
+    n = n + 2
+  else
+    for j = j0, j1 do n = n + 1; fields[n] = ARGV[j] end
+  end
+  redis.call('HSET', run_key, unpack(fields, 1, n))
+  local tenant = nil
+  if not payload then
+    for j = j0, j1, 2 do
+      if ARGV[j] == 'priority' then
+        redis.call('ZADD', KEYS[2], -tonumber(ARGV[j + 1]) * 1e13 + due, run_id)
+      elseif ARGV[j] == 'tenant' then
+        tenant = ARGV[j + 1]
+      end
+    end
+  end
+  if tenant or lanes then
+    tenant = tenant or ''
+    redis.call('ZADD', prefix .. K.lane .. queue .. '|' .. tenant, due, run_id)
+    redis.call('ZADD', KEYS[3], due, run_id)
+    redis.call('ZADD', KEYS[4], 'NX', 0, tenant)
+    lanes = true
+  end
+  added[#added + 1] = due_s
+  added[#added + 1] = run_id
+  if earliest == nil or due < earliest then earliest = due end
+  created = created + 1
+end
+
+if plain then
+  local due = now + tonumber(plain_delay)
+  local due_s = int_s(due)
+  for j = i, nargs, 2 do
+    local run_id = ARGV[j]
+    local run_key = prefix .. K.run .. run_id
+    if fresh_call or redis.call('EXISTS', run_key) == 0 then
+      create(run_id, run_key, due, due_s, nil, nil, ARGV[j + 1])
+    end
+  end
+  i = nargs + 1
+end
+while i <= nargs do
   local run_id = ARGV[i]
   local run_key = prefix .. K.run .. run_id
   local due_s = ARGV[i + 1]
@@ -103,30 +160,8 @@ while i <= #ARGV do
     if joined then fresh = false end
   end
   if fresh then
-    fields[6] = due_s
-    local n = base_n
-    for j = i + 4, i + 3 + nf do n = n + 1; fields[n] = ARGV[j] end
-    redis.call('HSET', run_key, unpack(fields, 1, n))
-    local tenant = nil
-    for j = i + 4, i + 3 + nf, 2 do
-      if ARGV[j] == 'priority' then
-        redis.call('ZADD', KEYS[2], -tonumber(ARGV[j + 1]) * 1e13 + due, run_id)
-      elseif ARGV[j] == 'tenant' then
-        tenant = ARGV[j + 1]
-      end
-    end
-    if tenant or lanes then
-      tenant = tenant or ''
-      redis.call('ZADD', prefix .. K.lane .. queue .. '|' .. tenant, due, run_id)
-      redis.call('ZADD', KEYS[3], due, run_id)
-      redis.call('ZADD', KEYS[4], 'NX', 0, tenant)
-      lanes = true
-    end
-    added[#added + 1] = due_s
-    added[#added + 1] = run_id
+    create(run_id, run_key, due, due_s, i + 4, i + 3 + nf, nil)
     if mode then coalesce_created(co, run_id, #added - 1) end
-    if earliest == nil or due < earliest then earliest = due end
-    created = created + 1
   end
   i = i + 4 + nf
 end

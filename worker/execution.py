@@ -78,6 +78,7 @@ class Execution:
     body_done: asyncio.Event | None = None  # made when a later attempt waits for this body
     result: bytes = b""  # the task's return value, packed to be stored on the run ('' = none)
     report_fault: str = ""  # what the first failed send of its report met ('' = none)
+    bare: bool = False  # its claim said: no schedule, batch or limit slot (Claimed.bare)
     # monotonic time its lease was last known good: the claim, then each heartbeat's sending.
     # A lease not renewed for a whole lease length may have expired (leases.py)
     renewed_at: float = field(default_factory=time.monotonic)
@@ -186,7 +187,7 @@ class Executor:
             interval_start=from_ms(c.interval_start) if c.interval_start else None,
             interval_end=from_ms(c.interval_end) if c.interval_end else None,
         )
-        ex = Execution(ctx, p, self._owner(c.task), renewed_at=renewed_at)
+        ex = Execution(ctx, p, self._owner(c.task), renewed_at=renewed_at, bare=c.bare)
         self.inflight[(c.run_id, c.fence)] = ex
         if self._bodies:
             prev = self._bodies.get(c.run_id)

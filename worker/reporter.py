@@ -237,7 +237,8 @@ class Reporter:
                 n_record = 2
             for p, exs in successes.items():
                 keys, args = tr.complete(self.keys, p, [
-                    (ex.ctx.run_id, ex.ctx.fence, ex.result, ex.report_fault) for ex in exs])
+                    (ex.ctx.run_id, ex.ctx.fence, ex.result, ex.report_fault, ex.bare)
+                    for ex in exs])
                 await self.scripts.complete(keys=keys, args=args, client=pipe)
             for item in others:
                 await self._call(pipe, item)

@@ -62,24 +62,28 @@ local function not_waiting(c, id, run_key, state)
   -- any other state: a stale index entry (cancelled, deleted)
 end
 
--- Reads candidate `id` (one HMGET, fields below) and decides: returns its fields, whether it
+-- Reads candidate `id` (one HGETALL, fields below) and decides: returns its fields, whether it
 -- starts now, and then the starting deadline entry to clear (if any). A candidate that does not
 -- start was finished (cancelled, missed, skipped), buffered, dead-lettered, or is stale.
 -- Fields: 1 state, 2 deadline, 3 schedule, 4 overlap, 5 fence, 6 attempt, 7 task, 8 payload,
 -- 9 due, 10 timeout, 11 idempotent, 12 key, 13 cancel_requested, 14 limited_by,
 -- 15 interval_start, 16 interval_end (a schedule's run: its data interval), 17 tenant,
--- 18 headers (the last two only go to the worker: its middleware's run context).
+-- 18 headers (the last two only go to the worker: its middleware's run context), 19 batch (only
+-- whether it has one: a success then settles its batch, see claim/lease.lua `bare`).
 -- The record is read whole (HGETALL) and picked by name: a waiting run's hash is small, and
--- most of these 18 fields are absent on a plain run; HMGET scanned the whole listpack for
+-- most of these 19 fields are absent on a plain run; HMGET scanned the whole listpack for
 -- each absent one, which cost more than one pass over it (bench/RESULTS.md: claim −4 % of
 -- Redis's instructions). A long run's checkpoint (at most 64 KiB) is copied once per claim.
 local ADMIT_AT = {state = 1, deadline = 2, schedule = 3, overlap = 4, fence = 5, attempt = 6,
   task = 7, payload = 8, due = 9, timeout = 10, idempotent = 11, key = 12,
   cancel_requested = 13, limited_by = 14, interval_start = 15, interval_end = 16, tenant = 17,
-  headers = 18}
+  headers = 18, batch = 19}
 
+-- `f` is made with its 19 slots (false: absent), so picking the fields fills an array in place
+-- instead of growing a table field by field (each growth a rehash).
 local function admit(c, id, run_key)
-  local f, unreadable = {}, nil
+  local f, unreadable = {false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false}, nil
   local all = redis.pcall('HGETALL', run_key)
   if all.err then
     unreadable = 'key ' .. run_key .. ' is not a hash (' .. all.err .. ')'

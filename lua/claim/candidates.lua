@@ -8,12 +8,10 @@
 
 -- What this partition and queue have besides plain runs: limits, priority runs, tenant lanes,
 -- a pause, rate-limit holds.
--- One EXISTS when there are none (the hot path).
+-- Nothing to read when none of their keys exists (c.options, one EXISTS: the hot path).
 local function read_options(c)
   local keys = c.keys
-  if redis.call('EXISTS', keys.limits, keys.prio, keys.lanes, keys.paused, keys.holds) == 0 then
-    return
-  end
+  if not c.options then return end
   -- a paused queue (T:paused, duetime queue pause): nothing else is read, nothing claimed
   if redis.call('HGET', keys.paused, c.queue) then c.paused = true; return end
   c.prio = redis.call('EXISTS', keys.prio) == 1

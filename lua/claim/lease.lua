@@ -4,6 +4,33 @@
 -- attempt ends; while it runs, the run hash holds worker, fence and start.
 -- Tested by: tests/integration/test_scripts.py, tests/unit/test_script_assembly.py
 
+-- The reply's last field of a run: '' for a plain run, else its optional fields, in the order
+-- of common/transitions.py CLAIM_EXTRA_FIELDS (a test reads the `-- name` of each `x[N]` line).
+-- Most runs have none of them: the reply then carries 8 values per run, not 16 (each value
+-- is a reply element Redis writes and the worker decodes). `bare` ('1', or '' for a plain
+-- run) says the run has no schedule, no batch and holds no limit slot (`held`, the scopes
+-- this claim took): fields that never change while the attempt runs, so the worker's report
+-- of its success passes it on and complete.lua does not look them up (three fields fewer
+-- asked of the record; each absent one scans it whole).
+local function reply_extra(f, held)
+  local bare = not (f[3] or f[19] or held ~= '')
+  if bare and not (f[10] or f[11] or f[12] or f[14] or f[15] or f[16] or f[17] or f[18]) then
+    return ''
+  end
+  local x = {'', '', '', '', '', '', '', '', '', ''}
+  x[1] = f[10] or ''  -- timeout_ms
+  x[2] = f[11] or ''  -- idempotent
+  x[3] = f[12] or ''  -- key
+  x[4] = f[3] or ''  -- schedule
+  x[5] = f[14] or ''  -- limited_by
+  x[6] = f[15] or ''  -- interval_start
+  x[7] = f[16] or ''  -- interval_end
+  x[8] = f[17] or ''  -- tenant
+  x[9] = f[18] or ''  -- headers
+  x[10] = bare and '1' or ''  -- bare
+  return x
+end
+
 -- The step that starts a run, bound once per call to the claim `c` (its values become the
 -- function's upvalues: no table lookup per run). start(id, run_key, f, ready, deadline,
 -- scopes): `f` are the run's fields as admit read them, `ready` its score (when it became
@@ -15,18 +42,20 @@ local function lease_starter(c)
   local worker, now, now_s, until_s = c.worker, c.now, c.now_s, c.until_s
   local out, leased, deadlines_key = c.out, c.leased, c.deadlines_key
   return function(id, run_key, f, ready, deadline, scopes)
-    local fence, attempt = (tonumber(f[5]) or 0) + 1, (tonumber(f[6]) or 0) + 1
-    local fence_s = int_s(fence)
+    -- a first claim (no fence, no attempt yet): '1' as it is, no number formatted
+    local fence, attempt, fence_s, attempt_s = 1, 1, '1', '1'
+    if f[5] then fence = (tonumber(f[5]) or 0) + 1; fence_s = int_s(fence) end
+    if f[6] then attempt = (tonumber(f[6]) or 0) + 1; attempt_s = int_s(attempt) end
     -- claimed ahead of its due time: the attempt starts at the due time (the score)
     local started = now_s
     if tonumber(ready) > now then started = ready end
     local held = scopes and take(c, scopes, id) or ''
     if held == '' then
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt',
-        int_s(attempt), 'worker', worker, 'started', started)
+        attempt_s, 'worker', worker, 'started', started)
     else  -- the concurrency slots it took, freed when the attempt ends
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt',
-        int_s(attempt), 'worker', worker, 'started', started, 'held', held)
+        attempt_s, 'worker', worker, 'started', started, 'held', held)
     end
     if deadline then redis.call('ZREM', deadlines_key, id) end
     leased[#leased + 1] = until_s
@@ -38,15 +67,7 @@ local function lease_starter(c)
     out[o + 4] = f[7] or ''  -- task
     out[o + 5] = f[8] or ''  -- payload
     out[o + 6] = f[9] or ''  -- due_ms
-    out[o + 7] = f[10] or ''  -- timeout_ms
-    out[o + 8] = f[11] or ''  -- idempotent
-    out[o + 9] = f[12] or ''  -- key
-    out[o + 10] = f[3] or ''  -- schedule
-    out[o + 11] = ready  -- ready_ms
-    out[o + 12] = f[14] or ''  -- limited_by
-    out[o + 13] = f[15] or ''  -- interval_start
-    out[o + 14] = f[16] or ''  -- interval_end
-    out[o + 15] = f[17] or ''  -- tenant
-    out[o + 16] = f[18] or ''  -- headers
+    out[o + 7] = ready  -- ready_ms
+    out[o + 8] = reply_extra(f, held)  -- extra
   end
 end

@@ -753,3 +753,31 @@ def test_a_late_report_about_an_inline_success_is_recorded_on_its_entry(app, r, 
                                                               "ConnectionError: reset")
     assert a.late and a.late_outcome == "failed" and a.error == "late boom"
     assert (a.started, a.ended) == (run.started, run.finished)
+
+
+def test_a_bare_run_is_marked_in_its_claim_and_its_success_reads_less_but_ends_it_the_same(app, r, lc):
+    """claim.lua marks a run `bare` (no schedule, no batch, no limit slot taken) and the
+    worker passes the mark back, so complete.lua does not look those fields up; a run with
+    any of them is never marked, so its success still settles them (a slot freed here)."""
+    k = app.keys
+    plain = app.enqueue(basic.noop)
+    batched, scheduled = app.enqueue(basic.noop), app.enqueue(basic.noop)
+    r.hset(k.run(k.partition_of_run(batched), batched), "batch", "b-none")  # as hold.lua writes
+    r.hset(k.run(k.partition_of_run(scheduled), scheduled), "schedule", "s-none")
+    claimed = {c.run_id: (p, c) for p, c in lc.claim()}
+    assert claimed[plain][1].bare
+    assert not claimed[batched][1].bare and not claimed[scheduled][1].bare
+    for run_id, (p, c) in claimed.items():
+        keys, args = tr.complete(k, p, [(c.run_id, c.fence, b"", "", c.bare)])
+        assert lc.scripts.complete(keys=keys, args=args) == [b"succeeded"]
+        assert app.get_run(run_id).state == "succeeded"
+        assert r.zscore(k.done(p), run_id) is not None and r.zscore(k.leases(p), run_id) is None
+    # a run that took a concurrency slot is not bare: its success frees the slot
+    app.set_limit("queue", "default", concurrency=k.partitions * 2)
+    limited = app.enqueue(basic.noop)
+    [(p, c)] = lc.claim()
+    assert c.run_id == limited and not c.bare
+    assert r.zcard(k.limrun(p, "queue:default")) == 1
+    keys, args = tr.complete(k, p, [(c.run_id, c.fence, b"", "", c.bare)])
+    assert lc.scripts.complete(keys=keys, args=args) == [b"succeeded"]
+    assert r.zcard(k.limrun(p, "queue:default")) == 0

@@ -32,6 +32,7 @@ pytestmark = pytest.mark.scripts
 # stand for code already deployed and are never edited (tests/fixtures/format1.md says where
 # they come from)
 OLD = Path(__file__).resolve().parent.parent / "fixtures" / "format1.tar.gz"
+OLD_CLAIM_FIELDS = 16  # the previous claim.lua's reply per run (its CLAIM_RUN_FIELDS)
 
 
 class Version:
@@ -43,17 +44,24 @@ class Version:
     def enqueue(self, p: int, ids: list[str]) -> int:
         keys, args = tr.enqueue(self.k, p, "default", task_fields(basic.noop.spec, "default"),
                                 [(i, "", 0, ["payload", pack_payload([], {})]) for i in ids],
-                                fresh=not self.old)
+                                fresh=not self.old, forms=not self.old)
         if self.old:
             del args[4]  # the previous enqueue.lua had no `fresh` mark
         return int(self.s["enqueue"](keys=keys, args=args))
 
     def claim(self, p: int, n: int) -> list:
         keys, args = tr.claim(self.k, p, "default", self.worker, n, 60_000)
-        return tr.parse_claim(self.s["claim"](keys=keys, args=args)).runs
+        res = self.s["claim"](keys=keys, args=args)
+        if self.old:  # the previous release's reply: 16 values per run, read by its own code
+            return [SimpleNamespace(run_id=res[i].decode(), fence=int(res[i + 1]))
+                    for i in range(tr.CLAIM_HEADER, len(res), OLD_CLAIM_FIELDS)]
+        return tr.parse_claim(res).runs
 
     def complete(self, p: int, runs: list) -> list[str]:
-        keys, args = tr.complete(self.k, p, [(c.run_id, c.fence) for c in runs])
+        keys, args = tr.complete(self.k, p, [(c.run_id, c.fence, b"", "", getattr(c, "bare", False))
+                                             for c in runs])
+        if self.old:  # the previous complete.lua read 4 values per run (no `bare` mark)
+            args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 5 < 4]
         return [x.decode() for x in self.s["complete"](keys=keys, args=args)]
 
     def fail(self, p: int, c, mode: str) -> str:

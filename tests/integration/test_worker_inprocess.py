@@ -129,7 +129,7 @@ def test_reporter_acknowledges_successes_in_one_call_per_partition(app, r):
             real = w.scripts.complete
 
             async def complete(keys, args, client=None):  # noqa: ANN001
-                calls.append((len(args) - 3) // 4)  # run id, fence, result, fault
+                calls.append((len(args) - 3) // 5)  # run id, fence, result, fault, bare
                 return await real(keys=keys, args=args, client=client)
 
             w.scripts.complete = complete

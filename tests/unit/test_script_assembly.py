@@ -232,8 +232,15 @@ def test_the_claim_reply_is_written_and_read_by_the_same_names() -> None:
     assert tuple(header) == tr.CLAIM_REPLY_HEADER
     assert tuple(per_run) == tr.CLAIM_RUN_FIELDS
     assert tuple(_written(claim, "")) == tr.CLAIM_REPLY_HEADER
-    assert tuple(_written((LUA / "claim" / "lease.lua").read_text(), "o + ")) == tr.CLAIM_RUN_FIELDS
-    assert set(tr.CLAIM_RUN_FIELDS) <= {f.name for f in dataclasses.fields(tr.Claimed)}
+    extra = re.search(r"^-- Reply extra: (.*(?:\n--   .*)*)", claim, re.M)
+    assert extra
+    assert tuple(extra.group(1).replace("--", " ").split()) == tr.CLAIM_EXTRA_FIELDS
+    lease = (LUA / "claim" / "lease.lua").read_text()
+    assert tuple(_written(lease, "o + ")) == tr.CLAIM_RUN_FIELDS
+    got = re.findall(r"^\s*x\[(\d+)\] = .*--\s*(\w+)\s*$", lease, re.M)
+    assert tuple(name for _, name in sorted(got, key=lambda x: int(x[0]))) == tr.CLAIM_EXTRA_FIELDS
+    fields = {f.name for f in dataclasses.fields(tr.Claimed)}
+    assert (set(tr.CLAIM_RUN_FIELDS) - {"extra"}) | set(tr.CLAIM_EXTRA_FIELDS) <= fields
 
 
 def _tested_by(path: Path) -> list[str]:
