@@ -3,8 +3,8 @@ virtualenv, used from a project that has its own `common/`, `worker/`, `schedule
 packages. Also: the typed API as mypy sees the installed package, and `duetime demo` with and
 without the `embedded` extra.
 
-Slow (~30-60 s: a build, a venv, a pip install from pip's cache), but in the default suite:
-it is the only test of what `pip install duetime` gives.
+Slow (~30-60 s: a build shared with test_floors.py, a venv, a pip install from pip's cache),
+but in the default suite: it is the only test of what `pip install duetime` gives.
 """
 
 from __future__ import annotations
