@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # docs: the docs site into site/ (mkdocs build --strict; `make test` runs it through
 # tests/packaging/test_docs_site.py); docs-serve
 # previews it on http://127.0.0.1:8000
-.PHONY: docs docs-serve demo test test-floors test-scripts soak soak-batches lint typecheck bench venv dist clean screenshots
+.PHONY: docs docs-serve demo test test-floors test-scripts soak soak-batches timings lint typecheck bench venv dist clean screenshots
 
 $(BIN)/duetime: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,11 +31,20 @@ test: venv
 test-scripts: venv
 	$(BIN)/python -m pytest -q -m "scripts and not slow" $(PYTEST_ARGS)
 
-# the tests again with the latency bounds CI cannot promise on a loaded machine asserted too
-# (DUETIME_SOAK=1, docs/testing.md), for a quiet machine
+# the tests again with the latency bounds CI cannot promise on a loaded machine asserted too,
+# and the tests CI runs smaller at their issues' sizes: 1,000 upsert rounds, 20 checkpoint
+# kills, a 10,000-member batch (DUETIME_SOAK=1, docs/testing.md), for a quiet machine
+SOAK_TESTS ?= tests/integration/test_failover.py tests/workloads/test_cluster_workloads.py \
+	tests/integration/test_concurrent_upsert.py \
+	tests/workloads/test_checkpoints.py::test_an_iteration_killed_again_and_again_redoes_nothing_before_its_last_checkpoint \
+	tests/workloads/test_batches.py::test_a_big_batch_with_random_failures_drained_by_two_workers
 soak: venv
-	DUETIME_SOAK=1 $(BIN)/python -m pytest -q tests/integration/test_failover.py \
-		tests/workloads/test_cluster_workloads.py $(PYTEST_ARGS)
+	DUETIME_SOAK=1 $(BIN)/python -m pytest -q $(SOAK_TESTS) $(PYTEST_ARGS)
+
+# the suite once as `make test` runs it, writing how long each file took to tests/timings.txt
+# (`make test` starts the longest first: tests/timing.py); commit it when the order changed much
+timings: venv
+	DUETIME_RECORD_TIMINGS=tests/timings.txt $(BIN)/python -m pytest -q -n 4 --dist loadfile $(PYTEST_ARGS)
 
 # the batch chaos test at the issue's size: one batch of 10,000 members (200 of them added by
 # members with batch_add), 10% failing, workers SIGKILLed every 2-4 s; ~1 min, exit 1 when a

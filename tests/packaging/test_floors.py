@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
-import sys
 import textwrap
 import tomllib
 from pathlib import Path
@@ -19,7 +17,7 @@ from packaging.version import Version
 
 from duetime.embedded import EmbeddedServer
 from tests.conftest import ROOT
-from tests.packaging.test_wheel import Venv, _source_copy
+from tests.packaging.test_wheel import Venv
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 FLOORS = ROOT / "constraints" / "floors.txt"
@@ -123,23 +121,15 @@ _BOTH = textwrap.dedent('''
 
 
 @pytest.mark.slow
-def test_duetime_installs_beside_arq_or_pip_refuses(tmp_path: Path):
-    src = _source_copy(tmp_path / "src")
-    dist = tmp_path / "dist"
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                          str(dist), str(src)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (wheel,) = dist.glob("duetime-*.whl")
-    root = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
-    v = Venv(root, wheel)
-    got = v.run(v.python, "-m", "pip", "install", "-q", str(wheel), "arq", cwd=root, timeout=600)
+def test_duetime_installs_beside_arq_or_pip_refuses(tmp_path: Path, wheel: Path):
+    v = Venv.create(tmp_path / "venv", wheel)
+    got = v.pip_install(wheel, "arq")
     if got.returncode != 0:  # refused at install time: acceptable, but it must be a resolution
         assert "ResolutionImpossible" in got.stderr or "conflict" in got.stderr.lower(), \
             got.stderr[-3000:]
         return
     versions = v.run(v.python, "-c", "import importlib.metadata as m; "
-                     "print(m.version('redis'), m.version('arq'))", cwd=root)
+                     "print(m.version('redis'), m.version('arq'))", cwd=v.root)
     redis_version = versions.stdout.split()[0]
     server = EmbeddedServer("redis").start()
     try:

@@ -3,8 +3,8 @@ virtualenv, used from a project that has its own `common/`, `worker/`, `schedule
 packages. Also: the typed API as mypy sees the installed package, and `duetime demo` with and
 without the `embedded` extra.
 
-Slow (~30-60 s: a build, a venv, a pip install from pip's cache), but in the default suite:
-it is the only test of what `pip install duetime` gives.
+Slow (~30-60 s: a build shared with test_floors.py, a venv, a pip install from pip's cache),
+but in the default suite: it is the only test of what `pip install duetime` gives.
 """
 
 from __future__ import annotations
@@ -59,36 +59,28 @@ class Venv:
         return subprocess.run([str(a) for a in args], cwd=cwd, env=env or self.env(),
                               capture_output=True, text=True, timeout=timeout)
 
+    @classmethod
+    def create(cls, root: Path, wheel: Path) -> Venv:
+        """A fresh virtualenv without pip of its own (ensurepip's install of pip took 7 s of
+        the machine's 2 cores for each venv): `pip()` installs into it with the test's own pip
+        (`pip --python`), which resolves and installs as the venv's pip would."""
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True,
+                       timeout=300)
+        return cls(root, wheel)
+
+    def pip_install(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
+        return self.run(sys.executable, "-m", "pip", "--python", self.python, "install", "-q",
+                        *args, cwd=self.root, timeout=600)
+
     def pip(self, *args: str | Path) -> None:
-        out = self.run(self.python, "-m", "pip", "install", "-q", *args, cwd=self.root, timeout=600)
+        out = self.pip_install(*args)
         assert out.returncode == 0, out.stderr[-3000:]
 
 
-def _source_copy(dest: Path) -> Path:
-    """What the build reads, copied out of the repository, so building leaves no `build/` or
-    egg-info behind in the source tree."""
-    dest.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy2(ROOT / name, dest / name)
-    for folder in set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()):
-        shutil.copytree(ROOT / folder, dest / folder,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return dest
-
-
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = _source_copy(tmp / "src")
-    dist = tmp / "dist"
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist),
-                          str(src)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (wheel,) = dist.glob("duetime-*.whl")
+def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Venv]:
     assert wheel.name == f"duetime-{VERSION}-py3-none-any.whl"
-    root = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
-    v = Venv(root, wheel)
+    v = Venv.create(tmp_path_factory.mktemp("wheel") / "venv", wheel)
     v.pip(str(wheel))  # no extras: what `pip install duetime` gives
     yield v
 
