@@ -37,9 +37,8 @@ from duetime.scheduler.notices import (
     head_ms,
     report_health,
 )
+from duetime.scheduler.relay import relay_once
 from duetime.scheduler.shards import Shards, node_time_ms
-
-from duetime.client.workloads import relay_once
 
 log = get_logger("duetime.reaper")
 
@@ -173,7 +172,7 @@ class Reaper:
         return total
 
     def relay_once(self) -> int:
-        """Carry dependency notices and link requests between partitions (client/workloads.py
+        """Carry dependency notices and link requests between partitions (scheduler/relay.py
         `relay_once`; docs/workloads.md): one pipelined read per tick when there are none."""
         try:
             # per node, backed off apart from the reaping: a notice for a partition of a dead

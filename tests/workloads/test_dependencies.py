@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from duetime.common.errors import UnknownDependency
 from duetime.common.scripts import Scripts
+from duetime.scheduler.relay import relay_once
 
-from duetime.client.workloads import relay_once
 from tests.apps import workloads as w
 from tests.integration.inproc import burst
 
