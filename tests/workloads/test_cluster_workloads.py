@@ -103,7 +103,8 @@ def _explained(pred: Callable[[], object], what: str, explain: Callable[[], str]
 
 
 def test_a_dependency_on_another_shard_releases_its_dependent(capp, cluster, monkeypatch):
-    from duetime.scheduler import notices, reaper as reaper_mod
+    from duetime.scheduler import notices
+    from duetime.scheduler import reaper as reaper_mod
 
     rec = _Timed()
     monkeypatch.setattr(reaper_mod, "log", rec)
