@@ -34,8 +34,7 @@ test-scripts: venv
 # the tests again with the latency bounds CI cannot promise on a loaded machine asserted too
 # (DUETIME_SOAK=1, docs/testing.md), for a quiet machine
 soak: venv
-	DUETIME_SOAK=1 $(BIN)/python -m pytest -q tests/integration/test_failover.py \
-		tests/workloads/test_cluster_workloads.py $(PYTEST_ARGS)
+	DUETIME_SOAK=1 $(BIN)/python -m pytest -q tests/integration/test_failover.py $(PYTEST_ARGS)
 
 # the batch chaos test at the issue's size: one batch of 10,000 members (200 of them added by
 # members with batch_add), 10% failing, workers SIGKILLed every 2-4 s; ~1 min, exit 1 when a
