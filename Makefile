@@ -34,7 +34,7 @@ test-scripts: venv
 # the tests again with the latency bounds CI cannot promise on a loaded machine asserted too,
 # and the tests CI runs smaller at their issues' sizes: 1,000 upsert rounds, 20 checkpoint
 # kills, a 10,000-member batch (DUETIME_SOAK=1, docs/testing.md), for a quiet machine
-SOAK_TESTS ?= tests/integration/test_failover.py tests/workloads/test_cluster_workloads.py \
+SOAK_TESTS ?= tests/integration/test_failover.py \
 	tests/integration/test_concurrent_upsert.py \
 	tests/workloads/test_checkpoints.py::test_an_iteration_killed_again_and_again_redoes_nothing_before_its_last_checkpoint \
 	tests/workloads/test_batches.py::test_a_big_batch_with_random_failures_drained_by_two_workers

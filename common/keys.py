@@ -162,7 +162,8 @@ GLOBAL_KEYS: dict[str, KeyKind] = {
                       "s:<scheduler id> -> last seen (ms)"),
     "sched_wake": KeyKind("sched_wake", "channel", "pub/sub: '<kind>|<partition>|<ms>' tells "
                           "schedulers a schedule (s), a lease (l) or a starting deadline (d) "
-                          "came due earlier than they knew"),
+                          "came due earlier than they knew, or that a partition's dependency "
+                          "lists hold an entry for the relay (r)"),
     "tasks": KeyKind("tasks", "hash", "task name -> its options as JSON, published by workers, so "
                      "a producer without the task's code enqueues it with the right options"),
     "task_seen": KeyKind("task_seen", "hash", "task name -> when a live worker that has its "

@@ -182,6 +182,14 @@ local function prefix_channel(prefix)
   return string.match(prefix, '^(.*):{[^}]*}:$') .. ':' .. G.wake
 end
 
+-- Tell the schedulers' relay (kind r on their wake channel) that this partition's T:depnotes
+-- or T:deplinks has an entry for it: the reaper reads those lists when told, and all of them
+-- only at its safety read, so an idle namespace costs no list reads per tick.
+local function tell_relay(prefix)
+  local ns = string.match(prefix, '^(.*):{[^}]*}:$')
+  redis.call('PUBLISH', ns .. ':' .. G.sched_wake, 'r|' .. prefix_partition(prefix) .. '|' .. now_ms())
+end
+
 -- A waiting run's gate opened: it becomes due (at its own due time, or now), indexed as
 -- enqueue.lua indexes a new run (due set, priority index, tenant lane). A due index of the
 -- wrong type dead-letters this run alone, naming the key. Returns true when it was released.
@@ -304,7 +312,7 @@ local function settle_dependents(prefix, run_key, run_id, state, links)
   if not links[1] and not links[2] then return end
   local now = now_ms()
   local here = prefix_partition(prefix)
-  local todo, i = {run_id, state}, 1
+  local todo, i, told = {run_id, state}, 1, false
   while i < #todo do
     local id, st = todo[i], todo[i + 1]
     i = i + 2
@@ -323,6 +331,7 @@ local function settle_dependents(prefix, run_key, run_id, state, links)
             gate_apply(prefix, dependent, id, st, now, todo)
           elseif p then
             redis.call('RPUSH', prefix .. K.depnotes, p .. '|' .. dependent .. '|' .. id .. '|' .. st)
+            if not told then tell_relay(prefix); told = true end
           end
         end
       end

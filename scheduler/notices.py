@@ -16,6 +16,7 @@ import contextlib
 import math
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -138,13 +139,17 @@ class Listener(threading.Thread):
     so the loop reads the heads again and notices sent while it was away are made up for."""
 
     def __init__(self, client: redis.Redis, url: str, channel: str | list[str], kinds: str | None,
-                 heads: Heads, stopping: threading.Event) -> None:
-        """`kinds` None: any message on the channel(s) only wakes the loop (`heads.changed`)."""
+                 heads: Heads, stopping: threading.Event,
+                 relay: Callable[[int], None] | None = None) -> None:
+        """`kinds` None: any message on the channel(s) only wakes the loop (`heads.changed`).
+        `relay`: called with the partition of each relay notice (kind r: a dependency notice
+        or link request waits in that partition's lists), then the loop is woken."""
         super().__init__(name=f"notices-{kinds or 'any'}", daemon=True)
         self.client, self.url, self.kinds = client, url, kinds
         self.channels = [channel] if isinstance(channel, str) else list(channel)
         self.heads = heads
         self.stopping = stopping
+        self.relay = relay
         self.subscribed = threading.Event()
         self.reread = threading.Event()
         self.error = ""  # why the subscription was lost, while it is
@@ -209,5 +214,8 @@ class Listener(threading.Thread):
         notice = parse_scheduler_notice(data)
         if notice is None:
             log.debug("ignored a message on the scheduler wake channel", data=repr(data[:80]))
+        elif notice[0] == "r" and self.relay is not None:
+            self.relay(notice[1])
+            self.heads.changed.set()
         elif notice[0] in self.kinds:
             self.heads.notice(notice[1], notice[2])

@@ -37,9 +37,8 @@ from duetime.scheduler.notices import (
     head_ms,
     report_health,
 )
+from duetime.scheduler.relay import relay_once
 from duetime.scheduler.shards import Shards, node_time_ms
-
-from duetime.client.workloads import relay_once
 
 log = get_logger("duetime.reaper")
 
@@ -66,6 +65,12 @@ class Reaper:
         self.outage = Outage("reaper", log, cap_s=None)
         self.shards = Shards(self.client, keys, "reaper", log)
         self.relays = Shards(self.client, keys, "dependency relay", log)
+        # partitions whose dependency lists a relay notice (kind r) named since the last pass;
+        # every partition is read at the safety read, which covers a notice lost while the
+        # subscription was away or sent by a script of an older version
+        self._relay_told: set[int] = set()
+        self._relay_lock = threading.Lock()
+        self._relayed_all_at = float("-inf")
 
     def _now_ms(self) -> int:
         if self._offset_ms is None:
@@ -172,21 +177,48 @@ class Reaper:
             pending = again
         return total
 
+    def told_relay(self, p: int) -> None:
+        """A relay notice for partition `p` (the Listener's thread): read its lists next pass."""
+        with self._relay_lock:
+            self._relay_told.add(p)
+
     def relay_once(self) -> int:
-        """Carry dependency notices and link requests between partitions (client/workloads.py
-        `relay_once`; docs/workloads.md): one pipelined read per tick when there are none."""
+        """Carry dependency notices and link requests between partitions (scheduler/relay.py
+        `relay_once`; docs/workloads.md). Reads the lists of the partitions a relay notice
+        named, and every partition's at the safety read (`SAFETY_S`): an idle namespace
+        costs no list reads per tick. A partition that had entries is read again next pass
+        (a pass takes at most RELAY_BATCH of each list)."""
+        with self._relay_lock:
+            told, self._relay_told = self._relay_told, set()
+        if time.monotonic() - self._relayed_all_at >= SAFETY_S:
+            self._relayed_all_at = time.monotonic()
+            told = set(range(self.keys.partitions))
+        if not told:
+            return 0
         try:
             # per node, backed off apart from the reaping: a notice for a partition of a dead
             # node holds back only the relay of the node it waits on
-            done = self.relays.run(range(self.keys.partitions), lambda _node, ps: relay_once(
+            done = self.relays.run(sorted(told), lambda _node, ps: relay_once(
                 self.client, self.keys, self.scripts, partitions=ps))
             n = sum(done.values())
-        except redis.ResponseError as exc:  # a damaged notice list: the others go on
-            log.error("dependency relay refused", error=str(exc))
+        except Exception as exc:
+            with self._relay_lock:
+                self._relay_told |= told  # read again next pass: a failed pass loses none
+            if not isinstance(exc, redis.ResponseError):
+                raise  # the loop backs off (a plain server's outage)
+            log.error("dependency relay refused", error=str(exc))  # a damaged notice list
             return 0
+        # read again next pass: partitions that had entries (a pass takes RELAY_BATCH), and
+        # those of a node that did not answer (backing off, or its call still in flight)
+        again = set(told) if n else {p for node, ps in self.relays.groups(told).items()
+                                     if node not in done for p in ps}
+        if again:
+            with self._relay_lock:
+                self._relay_told |= again
         if n:
             log.info("dependency notices relayed", count=n)
         return n
+
     def sync_retention(self) -> int:
         """Copy the namespace's retention by state (`<ns>:retention`, and the task catalogue's
         `retention` options) into every partition's T:retention whose copy differs (a digest
@@ -242,7 +274,8 @@ class Reaper:
 
     def run(self) -> None:
         log.info("reaper started", tick_s=self.tick_s, partitions=self.keys.partitions)
-        listener = Listener(self.client, self.url, self.keys.sched_wake, "ld", self.heads, self.stopping)
+        listener = Listener(self.client, self.url, self.keys.sched_wake, "ld", self.heads,
+                            self.stopping, relay=self.told_relay)
         listener.start()
         listener.subscribed.wait(5)
         while not self.stopping.is_set():
@@ -251,6 +284,7 @@ class Reaper:
                 if listener.reread.is_set():
                     listener.reread.clear()
                     self._read_all_at = 0.0
+                    self._relayed_all_at = float("-inf")  # notices missed while away
                 self.heads.changed.clear()
                 self.reap_once()
                 self.relay_once()

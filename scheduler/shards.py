@@ -168,7 +168,9 @@ class Shards:
     def _call(fn: Callable[[str, list[int]], T], node: str, ps: list[int]) -> tuple[bool, Any]:
         try:
             return True, fn(node, ps)
-        except (redis.RedisError, OSError) as exc:
+        # RedisClusterException (a slot no node is known for, a slot map no node would give)
+        # is no RedisError: uncaught, it left the pass and ended the loop's thread
+        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
             return False, exc
 
     def _ok(self, node: str) -> None:

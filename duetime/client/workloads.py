@@ -6,8 +6,8 @@ pending set; a batch gives its callbacks the batch's pending set. Every run of a
 members and its callbacks -- lives in the batch's partition (its id starts with the batch
 id), so the batch is counted in one slot, atomically, on a single server and on Cluster
 alike. A dependency in another partition is registered there by `link` (deps_link.lua) and
-notifies through that partition's T:depnotes, applied by the relay (`relay_once`, run by the
-reaper) with deps_apply.lua.
+notifies through that partition's T:depnotes, applied by the relay (scheduler/relay.py, run by
+the reaper) with deps_apply.lua.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from duetime.common.names import check_name
 from duetime.common.scripts import Scripts
 
 HOLD_CHUNK = 200  # runs per hold.lua call
-RELAY_BATCH = 100  # notices per partition per relay pass
 BATCH_ID = re.compile(r"^(b[0-9a-f]{20})\.")
 CALLBACK_ROLES = ("on_complete", "on_success", "on_failure")
 WAIT_POLL_S = 0.05
@@ -312,40 +311,6 @@ class _Dep:
     @property
     def allow_failed(self) -> bool:
         return bool(self.req.allow_failed_dependencies)
-
-
-# -- the relay: notices and links across partitions (run by the reaper) ---------------------
-def relay_once(client: Any, keys: Keyspace, scripts: Scripts,
-               partitions: Iterable[int] | None = None) -> int:
-    """Apply every notice (T:depnotes) and link request (T:deplinks) waiting in the given
-    partitions (all by default); each is removed after it was applied, and applying one twice
-    changes nothing, so two relays, or a relay that dies halfway, never lose or double one.
-    Returns how many were applied."""
-    parts = list(range(keys.partitions) if partitions is None else partitions)
-    pipe = client.pipeline(transaction=False)
-    for p in parts:
-        pipe.lrange(keys.depnotes(p), 0, RELAY_BATCH - 1)
-        pipe.lrange(keys.deplinks(p), 0, RELAY_BATCH - 1)
-    got = pipe.execute(raise_on_error=False)
-    done = 0
-    for i, p in enumerate(parts):
-        notes, links = got[2 * i], got[2 * i + 1]
-        for raw in notes if isinstance(notes, list) else []:
-            tp, dependent, dep, state = raw.decode().split("|", 3)
-            keys_, args = tr.deps_apply(keys, int(tp), [(dependent, dep, state)])
-            scripts.deps_apply(keys=keys_, args=args, client=client)
-            client.lrem(keys.depnotes(p), 1, raw)
-            done += 1
-        for raw in links if isinstance(links, list) else []:
-            dp, dep, dependent = raw.decode().split("|", 2)
-            keys_, args = tr.deps_link(keys, int(dp), dep, p, dependent)
-            word, state = tr.status_detail(scripts.deps_link(keys=keys_, args=args, client=client))
-            if word in ("ended", "missing"):
-                keys_, args = tr.deps_apply(keys, p, [(dependent, dep, state or "missing")])
-                scripts.deps_apply(keys=keys_, args=args, client=client)
-            client.lrem(keys.deplinks(p), 1, raw)
-            done += 1
-    return done
 
 
 def _timeout(b: Batch, timeout: float | None) -> BatchWaitTimeout:

@@ -107,9 +107,21 @@ def burst(app: Any, timeout: float = 60.0, **settings: Any) -> Worker:
 
 @contextlib.contextmanager
 def reaper_thread(app: Any, tick_s: float = 0.05) -> Iterator[Reaper]:
-    """The reaper, in a thread of this process."""
+    """The reaper, in a thread of this process. `reaper.thread` is that thread and
+    `reaper.thread_error` what ended it, if anything did (a test's failure message says so: a
+    reaper thread that died is otherwise only a warning at the end of the session)."""
     reaper = Reaper(app.redis_url, app.keys, tick_s=tick_s)
-    thread = threading.Thread(target=reaper.run, daemon=True)
+    reaper.thread_error = None  # type: ignore[attr-defined]
+
+    def body() -> None:
+        try:
+            reaper.run()
+        except BaseException as exc:
+            reaper.thread_error = exc  # type: ignore[attr-defined]
+            raise
+
+    thread = threading.Thread(target=body, daemon=True, name="reaper")
+    reaper.thread = thread  # type: ignore[attr-defined]
     thread.start()
     try:
         yield reaper

@@ -74,3 +74,27 @@ def test_a_scheduler_loads_no_operator_console_or_other_command_module(tmp_path,
                      lambda: any(f.startswith(b"p:") for f in client.hkeys(keys.owners)))
     _check(loaded, "duetime.cli.scheduler")
     assert {"duetime.scheduler.evaluator", "duetime.scheduler.reaper"} <= loaded
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, at its top or inside a function."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("folder", ["scheduler", "worker"])
+def test_scheduler_and_worker_code_imports_no_producer_module(folder):
+    """The scheduler's and the worker's own code reach the producer side (duetime.client,
+    duetime/client/) through nothing: what they run (the dependency relay, the claims) lives
+    in their own folder or in common/, so a producer-side change is no change to them."""
+    offenders = sorted(f"{path.relative_to(ROOT)}: {m}" for path in (ROOT / folder).glob("*.py")
+                       for m in _imports(path)
+                       if m == "duetime.client" or m.startswith("duetime.client."))
+    assert offenders == []

@@ -124,3 +124,30 @@ def test_a_plain_server_is_one_group_whose_errors_reach_the_loop():
 
     with pytest.raises(redis.ConnectionError):
         shards.run(range(4), dead)
+
+
+def test_a_cluster_client_error_backs_its_node_off_and_ends_no_pass():
+    """redis-py's RedisClusterException family (SlotNotCoveredError, 'Redis Cluster cannot be
+    connected') is no RedisError: one node's call raising it backs that node off like any
+    other failure, the other nodes' results are kept, and the node is tried again later."""
+    from redis.exceptions import SlotNotCoveredError
+
+    keys = Keyspace("ns", 6)
+    now = [0.0]
+    shards = Shards(_Cluster(keys), keys, "dependency relay", _Log(), clock=lambda: now[0])
+    broken = [True]
+
+    def work(node: str, ps: list[int]) -> int:
+        if node == "n1" and broken[0]:
+            raise SlotNotCoveredError('Slot "5" not covered by the cluster.')
+        return len(ps)
+
+    assert shards.run(range(6), work) == {"n0": 2, "n2": 2}
+    assert shards.down() == ["n1"]
+    broken[0] = False
+    now[0] = 100.0
+    shards.run(range(6), work)  # its back-off over: tried again (in the background)
+    shards._out["n1"].result(10)
+    assert shards.run(range(6), work) == {"n0": 2, "n1": 2, "n2": 2}
+    assert shards.down() == [] and not shards.errors
+    shards.close()

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from duetime.common.errors import UnknownDependency
 from duetime.common.scripts import Scripts
+from duetime.scheduler.relay import relay_once
 
-from duetime.client.workloads import relay_once
 from tests.apps import workloads as w
 from tests.integration.inproc import burst
 
@@ -119,6 +119,51 @@ def test_a_dependency_in_another_partition_notifies_through_the_relay(wapp):
     assert wapp.get_run(b).state == "scheduled"
     burst(wapp)
     assert wapp.get_run(b).state == "succeeded"
+
+
+@pytest.mark.scripts(memory="the in-memory server keeps no commandstats to count list reads by")
+def test_the_reaper_reads_dependency_lists_only_where_a_relay_notice_points(wapp, url):
+    """The script that leaves a notice for another partition publishes `r|<partition>|<ms>`
+    on the schedulers' wake channel; the reaper's relay reads the lists of the partitions it
+    was told of, and of every partition only at its safety read: a pass told of nothing sends
+    no list read (an idle namespace costs nothing per tick)."""
+    from duetime.common.wake import parse_scheduler_notice
+    from duetime.scheduler.reaper import Reaper
+
+    from duetime.client.runs import EnqueueRequest
+
+    a, b = _other_partition_pair(wapp)
+    store, k = wapp.store, wapp.keys
+    spec = wapp.registry.resolve(w.step)
+    store.enqueue_many([EnqueueRequest(spec, [1], run_id=a)])
+    store.enqueue_many([EnqueueRequest(spec, [2], run_id=b, depends_on=(a,))])
+    reaper = Reaper(url, k)
+    sub = store.client.pubsub()
+    try:
+        assert reaper.relay_once() == 0  # its first pass is a safety read of every partition
+
+        def lranges() -> int:
+            return int(store.client.info("commandstats").get("cmdstat_lrange", {}).get("calls", 0))
+
+        before = lranges()
+        assert reaper.relay_once() == 0
+        assert lranges() == before  # told of nothing: no list read
+        sub.subscribe(k.sched_wake)
+        assert sub.get_message(timeout=10)["type"] == "subscribe"
+        burst(wapp)  # a succeeds; its notice for b waits in a's partition
+        assert wapp.get_run(b).state == "waiting"
+        notices = []
+        while (m := sub.get_message(timeout=10)) is not None:
+            if m["type"] == "message" and (n := parse_scheduler_notice(m["data"])) and n[0] == "r":
+                notices.append(n[1])
+                break
+        assert notices == [k.partition_of_run(a)]
+        reaper.told_relay(notices[0])
+        assert reaper.relay_once() == 1
+        assert wapp.get_run(b).state == "scheduled"
+    finally:
+        sub.close()
+        reaper.close()
 
 
 def test_a_notice_applied_twice_counts_once(wapp):
