@@ -7,7 +7,7 @@ reaches it in the moment between that call finishing and wait_for resuming -- an
 sends every command through `asyncio.wait_for` when the client has a socket timeout, as the
 worker's has (`process_kw`). A loop whose cancellation was lost so went on as if nothing had
 happened (a 30 s sleep, the next PING) and the worker's shutdown, waiting for it, waited until
-the next cancellation: the one of the test harness after 60 s, or none (issue 18).
+the next cancellation: the one of the test harness after 60 s, or none.
 
 So each loop also watches the event `Worker.run` sets as it closes them (`closing`): its pauses
 end at once when it is set (`pause`), its long waits on Redis are bounded (the socket timeout,

@@ -1,5 +1,5 @@
 """A worker stops even when the cancellation of one of its background loops (wake listener,
-heartbeat, task publisher) is lost in a Redis call (issue 18).
+heartbeat, task publisher) is lost in a Redis call.
 
 On Python 3.11 `asyncio.wait_for`, through which redis-py sends every command of a client with
 a socket timeout, returns the call's result instead of raising CancelledError when the

@@ -1,5 +1,5 @@
 """worker/loops.py: how the worker's background loops pause and end, and why a cancellation
-alone cannot be trusted to end them (issue 18)."""
+alone cannot be trusted to end them."""
 
 from __future__ import annotations
 
