@@ -199,13 +199,24 @@ def procs(url: str, namespace: str) -> Iterator[Procs]:
     ps.stop_all()
 
 
+# No wait gives up sooner than this, whatever its caller asked for. A wait returns as soon as
+# its condition holds, so a long deadline costs a passing test nothing; a short one turns a
+# loaded machine into a failure that says nothing about the code (a clean-clone CI run beside
+# other work missed a 15 s "run to start" and a 20 s "ticks after the move" on a cluster).
+# A deadline is never a latency bound: those belong in bench/.
+WAIT_FLOOR_S = 60.0
+
+
 def wait_for(pred: Callable[[], object], timeout: float = 20.0, interval: float = 0.05,
              what: str = "condition") -> object:
+    """Poll ``pred`` until it returns something truthy (and return that), or fail after
+    ``timeout`` seconds, never fewer than WAIT_FLOOR_S."""
+    timeout = max(timeout, WAIT_FLOOR_S)
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)

@@ -29,19 +29,22 @@ from typing import Any
 from duetime.scheduler.reaper import Reaper
 from duetime.worker.runtime import Worker, WorkerConfig
 
+from tests.conftest import WAIT_FLOOR_S
 from tests.recorder import Recorder
 
 
 async def until(pred: Callable[[], object], timeout: float = 15.0, interval: float = 0.01,
                 what: str = "condition") -> object:
-    """Poll `pred` without blocking the loop the worker runs on."""
+    """Poll `pred` without blocking the loop the worker runs on (the same deadline floor as
+    `tests.conftest.wait_for`: a wait is never a latency bound)."""
+    timeout = max(timeout, WAIT_FLOOR_S)
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         await asyncio.sleep(interval)
 
 
