@@ -29,9 +29,10 @@ APP = "tests.apps.chaos:app"
 SCRIPTS = {
     "worker": ("claim", "heartbeat", "complete", "fail", "release", "handback", "rate_limited",
                "checkpoint", "continue_run"),
-    # the reaper also relays dependency notices between partitions (deps_apply, deps_link)
+    # the reaper also relays dependency notices between partitions (deps_apply, deps_link,
+    # deps_done)
     "scheduler": ("materialize", "reap", "partition_owners", "schedule_quarantine",
-                  "deps_apply", "deps_link"),
+                  "deps_apply", "deps_link", "deps_done"),
     "operator": ("enqueue", "cancel", "replay", "resolve", "purge", "schedule_upsert",
                  "schedule_pause", "schedule_delete", "materialize", "wait", "hold",
                  "deps_link", "batch_cancel"),
