@@ -66,6 +66,7 @@ SCRIPT_NAMES = (
     "deps_link",
     "deps_apply",
     "batch_cancel",
+    "deps_done",
 )
 LIB = "_lib.lua"
 _DEF = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
@@ -446,6 +447,7 @@ class Scripts:
     deps_link: Bound
     deps_apply: Bound
     batch_cancel: Bound
+    deps_done: Bound
 
     def __init__(self, client: Any) -> None:
         self.client = client

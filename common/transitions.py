@@ -311,6 +311,11 @@ def deps_apply(k: Keyspace, p: int, notices: list[tuple[str, str, str]]) -> Call
     return [k.events(p)], [k.prefix(p), *(x for n in notices for x in n)]
 
 
+def deps_done(k: Keyspace, p: int, notes: list[bytes], links: list[bytes]) -> Call:
+    """Notices and link requests of partition p the relay applied, each as it read it."""
+    return [k.depnotes(p), k.deplinks(p)], [len(notes), *notes, *links]
+
+
 def batch_cancel(k: Keyspace, p: int, batch_id: str, reason: str) -> Call:
     return [k.events(p), k.done(p), k.deadlines(p)], [k.prefix(p), batch_id, reason]
 
@@ -378,6 +383,7 @@ REPLY = {
     "rate_limited": "status",
     "checkpoint": "status", "continue_run": "status",
     "hold": "counts", "deps_link": "status", "deps_apply": "counts", "batch_cancel": "counts",
+    "deps_done": "counts",
 }
 
 

@@ -118,13 +118,32 @@ def _bound(f: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     return bound.arguments
 
 
-def _enqueue_request(spec: TaskSpec, o: dict[str, Any]) -> EnqueueRequest:
-    """The request `enqueue` / `aenqueue` make of their arguments `o` (by name)."""
-    return EnqueueRequest(spec, o["args"], o["kwargs"] or {}, o["at"], o["delay"], o["key"],
-                          o["queue"], tenant=o["tenant"], priority=o["priority"],
-                          debounce=o["debounce"], max_wait=o["max_wait"],
-                          throttle=o["throttle"], depends_on=tuple(o["depends_on"]),
-                          allow_failed_dependencies=o["allow_failed_dependencies"])
+def _enqueue_request(
+    spec: TaskSpec,
+    *,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None,
+    at: Instant | None,
+    delay: Duration | None,
+    key: str | None,
+    queue: str | None,
+    tenant: str | None,
+    priority: int,
+    debounce: Duration | None,
+    max_wait: Duration | None,
+    throttle: Duration | None,
+    depends_on: Sequence[str],
+    allow_failed_dependencies: bool,
+) -> EnqueueRequest:
+    """The request `enqueue` / `aenqueue` make of their options: each by name, so a type
+    checker matches them against `enqueue`'s parameters and EnqueueRequest's fields."""
+    return EnqueueRequest(spec, args, kwargs or {}, at=at, delay=delay, key=key, queue=queue,
+                          tenant=tenant, priority=priority, debounce=debounce,
+                          max_wait=max_wait, throttle=throttle, depends_on=tuple(depends_on),
+                          allow_failed_dependencies=allow_failed_dependencies)
+
+
+_NOT_OPTIONS = ("self", "task", "allow_unknown")  # enqueue's parameters that are no request's
 
 class App:
     """`app = App(redis_url=...)`; decorate tasks with `@app.task(...)`; enqueue and inspect."""
@@ -337,7 +356,11 @@ class App:
         ends dead, cancelled, missed or skipped cancels it (the reason names it), unless
         `allow_failed_dependencies` (then it waits for all to finish, whatever the outcome).
         An unknown id raises UnknownDependency (docs/workloads.md)."""
-        req = _enqueue_request(self._resolve(task, allow_unknown=allow_unknown), locals())
+        req = _enqueue_request(
+            self._resolve(task, allow_unknown=allow_unknown), args=args, kwargs=kwargs, at=at,
+            delay=delay, key=key, queue=queue, tenant=tenant, priority=priority,
+            debounce=debounce, max_wait=max_wait, throttle=throttle, depends_on=depends_on,
+            allow_failed_dependencies=allow_failed_dependencies)
         if self.registry.middleware.for_producer:
             [run_id] = self._hooked([req], lambda: [self.store.enqueue(req)])
         else:
@@ -350,7 +373,7 @@ class App:
         """`enqueue` for asyncio code, with the same arguments: never blocks the event loop."""
         o = _bound(App.enqueue, self, task, *args, **options)
         spec = await self._aresolve(task, o["allow_unknown"])
-        req = _enqueue_request(spec, o)
+        req = _enqueue_request(spec, **{k: v for k, v in o.items() if k not in _NOT_OPTIONS})
         store = await self._astore()
         if self.registry.middleware.for_producer:
             [run_id] = await self._ahooked([req], lambda: store.aenqueue_many([req]))

@@ -37,7 +37,7 @@ from duetime.scheduler.notices import (
     head_ms,
     report_health,
 )
-from duetime.scheduler.relay import relay_once
+from duetime.scheduler.relay import relay_pass
 from duetime.scheduler.shards import Shards, node_time_ms
 
 log = get_logger("duetime.reaper")
@@ -184,10 +184,11 @@ class Reaper:
 
     def relay_once(self) -> int:
         """Carry dependency notices and link requests between partitions (scheduler/relay.py
-        `relay_once`; docs/workloads.md). Reads the lists of the partitions a relay notice
+        `relay_pass`; docs/workloads.md). Reads the lists of the partitions a relay notice
         named, and every partition's at the safety read (`SAFETY_S`): an idle namespace
-        costs no list reads per tick. A partition that had entries is read again next pass
-        (a pass takes at most RELAY_BATCH of each list)."""
+        costs no list reads per tick. Read again next pass: a partition whose list was read
+        full (a pass takes at most RELAY_BATCH of each), one with an entry the server refused
+        to apply or remove, and those of a node that did not answer."""
         with self._relay_lock:
             told, self._relay_told = self._relay_told, set()
         if time.monotonic() - self._relayed_all_at >= SAFETY_S:
@@ -198,23 +199,21 @@ class Reaper:
         try:
             # per node, backed off apart from the reaping: a notice for a partition of a dead
             # node holds back only the relay of the node it waits on
-            done = self.relays.run(sorted(told), lambda _node, ps: relay_once(
+            done = self.relays.run(sorted(told), lambda _node, ps: relay_pass(
                 self.client, self.keys, self.scripts, partitions=ps))
-            n = sum(done.values())
-        except Exception as exc:
+        except Exception:
             with self._relay_lock:
                 self._relay_told |= told  # read again next pass: a failed pass loses none
-            if not isinstance(exc, redis.ResponseError):
-                raise  # the loop backs off (a plain server's outage)
-            log.error("dependency relay refused", error=str(exc))  # a damaged notice list
-            return 0
-        # read again next pass: partitions that had entries (a pass takes RELAY_BATCH), and
-        # those of a node that did not answer (backing off, or its call still in flight)
-        again = set(told) if n else {p for node, ps in self.relays.groups(told).items()
-                                     if node not in done for p in ps}
+            raise  # the loop backs off (a plain server's outage)
+        n = sum(r.applied for r in done.values())
+        again = {p for r in done.values() for p in r.again}
+        again |= {p for node, ps in self.relays.groups(told).items() if node not in done for p in ps}
         if again:
             with self._relay_lock:
                 self._relay_told |= again
+        refused = [e for r in done.values() for e in r.refused]
+        if refused:  # a damaged key or entry: the rest of the pass went on
+            log.error("dependency relay refused", error=refused[0], refusals=len(refused))
         if n:
             log.info("dependency notices relayed", count=n)
         return n

@@ -23,13 +23,13 @@ from duetime.common import metrics
 from duetime.common import transitions as tr
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
+from duetime.common.loops import cancelled, pause
 from duetime.common.outage import Outage, bounded
 from duetime.common.scripts import Scripts
 from duetime.worker.checkpoints import progress_arg
 from duetime.worker.config import WorkerConfig
 from duetime.worker.errors import ANY_REDIS_ERROR, REDIS_ERRORS
 from duetime.worker.execution import Execution, Executor
-from duetime.worker.loops import cancelled, pause
 
 log = get_logger("duetime.worker")
 
@@ -46,7 +46,7 @@ class LeaseKeeper:
                              worker_id=cfg.worker_id)
 
     async def run(self, closing: asyncio.Event) -> None:
-        """Heartbeats until `closing` (worker/loops.py): set once the in-flight runs drained
+        """Heartbeats until `closing` (common/loops.py): set once the in-flight runs drained
         and their reports went, so the leases are kept through the shutdown's grace period."""
         while not closing.is_set():
             # liveness: the worker's event loop turns (this loop is one of its tasks);
@@ -67,7 +67,7 @@ class LeaseKeeper:
                 log.warning("heartbeat refused", error=bounded(exc), worker_id=self.cfg.worker_id)
                 wait = self.interval_s
             # the worker is stopping: a cancellation that reached a Redis call can come out of
-            # it as a connection error, or as the call's success (worker/loops.py); swallowed
+            # it as a connection error, or as the call's success (common/loops.py); swallowed
             # here, it would keep this loop (and the worker's shutdown, which waits for it) going
             cancelled()
             next_expiry = self.expire_unrenewed()

@@ -30,6 +30,7 @@ from duetime.common.context import set_worker_context
 from duetime.common.errors import WorkerStartFailed
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
+from duetime.common.loops import end as end_tasks
 from duetime.common.scripts import Scripts
 from duetime.common.tasks import Registry, WorkerContext
 from duetime.worker.checkpoints import Checkpoints
@@ -41,7 +42,6 @@ from duetime.worker.errors import REDIS_ERRORS
 from duetime.worker.execution import Execution, Executor
 from duetime.worker.isolation import ProcessPool
 from duetime.worker.leases import LeaseKeeper
-from duetime.worker.loops import end as end_tasks
 from duetime.worker.reporter import Reporter
 from duetime.worker.unknown import UnknownTasks
 from duetime.worker.wake import WakeListener
@@ -77,7 +77,7 @@ class Worker:
         self._wake = asyncio.Event()  # something for the claim loop to look at
         self._stopping = asyncio.Event()
         # set once the in-flight runs drained and the reports went: the background loops end
-        # (worker/loops.py; the heartbeat keeps the leases until then)
+        # (common/loops.py; the heartbeat keeps the leases until then)
         self._closing = asyncio.Event()
         self.ready = asyncio.Event()  # running, and wake notices reach us
         self.due = DueTimes(keys, config.queues, self.id, on_earlier=self._wake.set,
@@ -190,7 +190,7 @@ class Worker:
                 await self.executor.hooks.drain()
         finally:
             # each loop ends on `_closing` even if the cancellation does not reach it (a Redis
-            # call can swallow one: worker/loops.py)
+            # call can swallow one: common/loops.py)
             self._closing.set()
             await end_tasks([reporter, *background], log, self.id)
             await self.leases.deregister()

@@ -20,12 +20,12 @@ from datetime import timedelta
 import redis.asyncio as aredis
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
+from duetime.common.loops import pause
 from duetime.common.outage import bounded
 from duetime.common.tasks import Registry
 from duetime.common.time.fmt import format_duration
 from duetime.worker.clock import ServerClock
 from duetime.worker.errors import ANY_REDIS_ERROR
-from duetime.worker.loops import pause
 
 log = get_logger("duetime.worker")
 
@@ -51,7 +51,7 @@ class UnknownTasks:
             await self.client.hset(self.keys.task_seen, mapping=dict.fromkeys(names, now))
 
     async def run(self, closing: asyncio.Event) -> None:
-        """Publish every SEEN_EVERY_S until `closing` (worker/loops.py); a failure is logged
+        """Publish every SEEN_EVERY_S until `closing` (common/loops.py); a failure is logged
         and tried again next time."""
         while not await pause(closing, SEEN_EVERY_S):
             try:

@@ -20,11 +20,11 @@ import redis
 import redis.asyncio as aredis
 from duetime.common.connection import REPLY_TIMEOUT_S
 from duetime.common.logs import get as get_logger
+from duetime.common.loops import cancelled, pause
 from duetime.common.outage import Outage, bounded
 from duetime.common.wake import parse_worker_wake
 from duetime.worker.due import DueTimes
 from duetime.worker.errors import ANY_REDIS_ERROR
-from duetime.worker.loops import cancelled, pause
 
 log = get_logger("duetime.worker")
 
@@ -43,7 +43,7 @@ class WakeListener:
         self._partitions = due.keys.partitions
 
     async def run(self, closing: asyncio.Event) -> None:
-        """Listen until `closing` (worker/loops.py): a read waits 1 s at most, and after each
+        """Listen until `closing` (common/loops.py): a read waits 1 s at most, and after each
         the listener looks at `closing`, and raises for a cancellation that the read (or a
         PING before it) swallowed."""
         outage = Outage("wake listener", log, worker_id=self.worker_id)

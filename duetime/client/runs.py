@@ -44,6 +44,7 @@ from duetime.common.errors import (
     WaitTimeout,
 )
 from duetime.common.keys import Keyspace
+from duetime.common.loops import cancelled
 from duetime.common.models import TERMINAL, Run
 from duetime.common.names import check_name
 from duetime.common.outage import retry_in
@@ -573,7 +574,11 @@ class RunStore:
                     time.sleep(min(left, WAIT_POLL_S))
 
     async def await_result(self, run_id: str, timeout: float | None = None) -> Any:
-        """`wait` for asyncio code: the loop waits on the notify list, it is never blocked."""
+        """`wait` for asyncio code: the loop waits on the notify list, it is never blocked.
+        Cancelled, it ends even when a Redis call swallowed the cancellation (Python 3.11's
+        `asyncio.wait_for`, which redis-py sends through on a client with a socket timeout:
+        common/loops.py): it looks after each call, instead of waiting on until the run
+        ends."""
         client = await self.aclient()
         p = self.keys.partition_of_run(check_name("run id", run_id))
         keys, args = tr.wait(self.keys, p, run_id)
@@ -585,7 +590,9 @@ class RunStore:
             except redis.exceptions.NoPermissionError:
                 notified = False  # a read-only operator: poll the run instead
             while True:
-                got = outcome(await self.aget_run(run_id))
+                run = await self.aget_run(run_id)
+                cancelled()  # a cancellation the read swallowed ends the wait here
+                got = outcome(run)
                 if got is not _PENDING:
                     return got
                 left = WAIT_CHUNK_S if deadline is None else deadline - time.monotonic()
@@ -593,6 +600,7 @@ class RunStore:
                     raise WaitTimeout(await self.aget_run(run_id), timeout)
                 if notified:
                     await client.blpop([keys[0]], timeout=min(left, WAIT_CHUNK_S))
+                    cancelled()
                 else:
                     await asyncio.sleep(min(left, WAIT_POLL_S))
 

@@ -219,3 +219,38 @@ def test_a_worker_stores_return_values_that_wait_returns(app):
         return await app.await_result(run_id, timeout=30)
 
     assert asyncio.run(main()) == 42
+
+
+def test_await_result_ends_when_a_read_swallowed_its_cancellation(app, monkeypatch):
+    """The caller cancels `await_result` in the step its run read finishes: on Python 3.11
+    `asyncio.wait_for` (redis-py's send on a client with a socket timeout) then returns the
+    read instead of raising, and the wait went on (another chunk, until the run ended). It
+    now ends at once: the next read is never made (common/loops.py)."""
+    run_id = app.enqueue(basic.noop, delay=3600)
+    store = app.store
+    real = store.aget_run
+    reads: list[str] = []
+
+    async def main() -> None:
+        sent = asyncio.get_running_loop().create_future()
+        pending = await real(run_id)
+
+        async def aget_run(rid: str) -> object:
+            reads.append(rid)
+            if len(reads) > 1:
+                raise AssertionError("read again after the wait was cancelled")
+            await asyncio.wait_for(sent, 30)  # the read, as redis-py sends it
+            return pending
+
+        monkeypatch.setattr(store, "aget_run", aget_run)
+        task = asyncio.create_task(app.await_result(run_id))
+        while not reads:  # the wait is in its first read
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        sent.set_result(None)  # the read finished ...
+        task.cancel()  # ... and the caller cancels in the same step
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(main())
+    assert reads == [run_id]

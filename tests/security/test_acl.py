@@ -18,6 +18,7 @@ import redis
 from duetime.common import scripts
 
 import duetime
+from duetime.client.runs import EnqueueRequest
 from tests.apps import chaos as chaos_app
 from tests.conftest import wait_for
 from tests.integration.opkit import Driver, cli
@@ -29,9 +30,10 @@ APP = "tests.apps.chaos:app"
 SCRIPTS = {
     "worker": ("claim", "heartbeat", "complete", "fail", "release", "handback", "rate_limited",
                "checkpoint", "continue_run"),
-    # the reaper also relays dependency notices between partitions (deps_apply, deps_link)
+    # the reaper also relays dependency notices between partitions (deps_apply, deps_link,
+    # deps_done)
     "scheduler": ("materialize", "reap", "partition_owners", "schedule_quarantine",
-                  "deps_apply", "deps_link"),
+                  "deps_apply", "deps_link", "deps_done"),
     "operator": ("enqueue", "cancel", "replay", "resolve", "purge", "schedule_upsert",
                  "schedule_pause", "schedule_delete", "materialize", "wait", "hold",
                  "deps_link", "batch_cancel"),
@@ -70,6 +72,14 @@ def start(role: Role, port: int, namespace: str, journal: Path, *args: str) -> s
                             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
+def _other_partitions(app) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """Ids of two runs in different partitions."""
+    k = app.keys
+    a = "acl-dep"
+    return a, next(f"acl-dependent{i}" for i in range(1000)
+                   if k.partition_of_run(f"acl-dependent{i}") != k.partition_of_run(a))
+
+
 def wait_until(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not pred():
@@ -95,6 +105,13 @@ def test_each_role_runs_its_part_and_nothing_is_refused(acl, namespace: str, tmp
         failing = chaos_app.failing.enqueue()
         flaky = chaos_app.flaky.enqueue()
         later = chaos_app.quick.options(delay=3600).enqueue(0.0)
+        # a dependency and its dependent in another partition: the producer links them
+        # (deps_link, then LREM of its link request), the reaper relays the notice when the
+        # dependency ends (deps_apply, deps_done)
+        dep, dependent = _other_partitions(app)
+        spec = app.registry.resolve(chaos_app.quick)
+        app.store.enqueue_many([EnqueueRequest(spec, [0.0], run_id=dep, delay=2)])
+        app.store.enqueue_many([EnqueueRequest(spec, [0.0], run_id=dependent, depends_on=(dep,))])
         procs.append(start(rs["scheduler"], port, namespace, journal, "scheduler",
                            "--tick", "100ms", "--reap-tick", "100ms"))
         w1 = start(rs["worker"], port, namespace, journal, "worker", "--app", APP, "--lease", "1s",
@@ -102,6 +119,8 @@ def test_each_role_runs_its_part_and_nothing_is_refused(acl, namespace: str, tmp
         procs.append(w1)
         wait_until(lambda: all(app.get_run(i).state == "succeeded" for i in ok + [flaky])
                    and app.get_run(failing).state == "dead", 30, "runs to finish")
+        wait_until(lambda: app.get_run(dependent).state == "succeeded", 60,
+                   "the dependent released by the relay")
         # a worker that dies mid-run (reaped into uncertain), one stopped gracefully (release),
         # and a cancel request honoured at a heartbeat
         interrupted = chaos_app.nonidem.enqueue(5.0)

@@ -1,4 +1,4 @@
-"""worker/loops.py: how the worker's background loops pause and end, and why a cancellation
+"""common/loops.py: how the worker's background loops pause and end, and why a cancellation
 alone cannot be trusted to end them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import contextlib
 import sys
 
 import pytest
-from duetime.worker import loops
+from duetime.common import loops
 
 from tests.recorder import Recorder
 

@@ -1,4 +1,7 @@
-"""How the worker's background loops (wake listener, heartbeat, task publisher) pause and end.
+"""How long-lived asyncio loops pause and end: the worker's background loops (wake listener,
+heartbeat, task publisher), and the async client's wait for a run (`await_result`,
+duetime/client/runs.py), which has no closing event of its own: its caller's cancellation is
+what ends it, so it looks for one swallowed after each Redis call (`cancelled`).
 
 They end when the worker closes them (`Worker.run`, once the in-flight runs drained and the
 reports went), and a cancellation alone is not a sure way to say so. On Python 3.11,
