@@ -131,7 +131,10 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     c2 = meter(r)
     for p, items in held.items():
         for i in range(0, len(items), batch):
-            done = [(run_id, fence, result, "", bare) for run_id, fence, bare in items[i : i + batch]]
+            # every run here is a first attempt: the mark '1' (bare) is what every copy since the
+            # mark reads, a first attempt's too
+            done = [(run_id, fence, result, "", bare, 1)
+                    for run_id, fence, bare in items[i : i + batch]]
             keys, args = tr.complete(k, p, done)
             if per_run < 5:  # an older copy: its values per run, the first of the five
                 args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 5 < per_run]

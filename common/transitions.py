@@ -146,14 +146,19 @@ def parse_claim(res: list[Any]) -> ClaimReply:
 
 def complete(k: Keyspace, p: int, done: Sequence[tuple[Any, ...]]) -> Call:
     """done: (run id, fence), (run id, fence, result as msgpack), (..., the fault an earlier
-    send of this report met, recorded on the attempt) or (..., bare: the claim of this fence
-    said the run is bare, `Claimed.bare`) of one partition, acknowledged in one call."""
+    send of this report met, recorded on the attempt), (..., bare: the claim of this fence
+    said the run is bare, `Claimed.bare`) or (..., bare, the attempt number that claim gave,
+    `Claimed.attempt`) of one partition, acknowledged in one call. A bare first attempt is
+    marked '1' (complete.lua then reads neither its bare fields nor its attempt), another
+    bare one 'b'."""
     keys = [k.leases(p), k.done(p), k.uncertain(p), k.events(p)]
     args: list[Any] = [k.prefix(p), k.wake_channel, p]
     for item in done:
         n = len(item)
-        args += [item[0], item[1], item[2] if n > 2 else b"", item[3] if n > 3 else "",
-                 "1" if n > 4 and item[4] else ""]
+        mark = ""
+        if n > 4 and item[4]:
+            mark = "1" if n > 5 and item[5] == 1 else "b"
+        args += [item[0], item[1], item[2] if n > 2 else b"", item[3] if n > 3 else "", mark]
     return keys, args
 
 

@@ -16,10 +16,13 @@
 --         hash tag (a batch of hundreds of runs would otherwise send three key names per run)
 -- ARGV[2] wake channel   ARGV[3] partition index
 -- ARGV[4..] per run, 5 values: run id, fence, result (msgpack; '' = none stored), the fault
---         an earlier send of this report met ('' = none), bare: '1' when the claim of this
---         fence said the run has no schedule, no batch and took no limit slot (claim.lua's
+--         an earlier send of this report met ('' = none), bare: '1' or 'b' when the claim of
+--         this fence said the run has no schedule, no batch and took no limit slot (claim.lua's
 --         reply, `bare`: fields no script changes while the attempt runs), so they are not
---         looked up; '' = look them up (any other caller)
+--         looked up; '1' says too that this claim was the run's first attempt (attempt 1: a
+--         claim writes fence and attempt together, and nothing changes the attempt while that
+--         fence runs), so the attempt is not looked up either; '' = look them up (any other
+--         caller)
 -- Returns (each) per run: 'succeeded' (accepted), 'late_succeeded' (a late success finished
 -- the run), 'stale' (refused: another attempt owns the run, or it finished) or 'missing'.
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -41,8 +44,14 @@ for i = 4, #ARGV, 5 do
   -- batch are not asked (absent: its claim said so); waited and deps_out may be set while it
   -- runs (wait.lua, deps_link.lua), so they are always read.
   -- A record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
+  -- A bare first attempt's attempt is '1' (its mark says so) and is not asked either: one
+  -- field fewer (bench/RESULTS.md).
   local state, rec_fence, attempt, sched, waited, held, batch, deps_out
-  if ARGV[i + 4] == '1' then
+  local bare = ARGV[i + 4]
+  if bare == '1' then
+    local f = run_fields(run_key, 'state', 'fence', 'waited', 'deps_out') or {}
+    state, rec_fence, attempt, waited, deps_out = f[1], f[2], '1', f[3], f[4]
+  elseif bare == 'b' then
     local f = run_fields(run_key, 'state', 'fence', 'attempt', 'waited', 'deps_out') or {}
     state, rec_fence, attempt, waited, deps_out = f[1], f[2], f[3], f[4], f[5]
   else

@@ -781,3 +781,28 @@ def test_a_bare_run_is_marked_in_its_claim_and_its_success_reads_less_but_ends_i
     keys, args = tr.complete(k, p, [(c.run_id, c.fence, b"", "", c.bare)])
     assert lc.scripts.complete(keys=keys, args=args) == [b"succeeded"]
     assert r.zcard(k.limrun(p, "queue:default")) == 0
+
+
+def test_a_bare_first_attempt_is_marked_so_and_a_bare_retry_still_clears_its_error(app, r, lc):
+    """The worker marks a bare run's success '1' when its claim was attempt 1 (complete.lua
+    then does not ask the attempt either) and 'b' for a later attempt, whose success still
+    clears the earlier attempt's error from the run."""
+    k = app.keys
+    first, retried = app.enqueue(basic.noop), app.enqueue(basic.noop)
+    claimed = {c.run_id: (p, c) for p, c in lc.claim()}
+    p, c = claimed[retried]
+    assert lc.fail(p, c, mode="retry", delay_ms=0) == "retrying"
+    [(p2, c2)] = lc.claim()
+    assert (c2.run_id, c2.attempt, c2.bare) == (retried, 2, True)
+    assert r.hget(k.run(p2, retried), "error") is not None
+    p1, c1 = claimed[first]
+    for part, cl, mark in ((p1, c1, "1"), (p2, c2, "b")):
+        keys, args = tr.complete(k, part, [(cl.run_id, cl.fence, b"", "", cl.bare, cl.attempt)])
+        assert args[-1] == mark
+        assert lc.scripts.complete(keys=keys, args=args) == [b"succeeded"]
+    for run_id, attempt in ((first, 1), (retried, 2)):
+        run = app.get_run(run_id)
+        assert (run.state, run.attempt, run.error) == ("succeeded", attempt, None)
+        assert r.hget(k.run(k.partition_of_run(run_id), run_id), "reason") is None
+    # the earlier attempt's error stays in its own entry
+    assert [a.outcome for a in app.get_run(retried).attempts] == ["failed", "succeeded"]
