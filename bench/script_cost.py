@@ -120,8 +120,10 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     claim = r.register_script(_source(lua_dir, "claim"))
     complete_src = _source(lua_dir, "complete")
     complete = r.register_script(complete_src)
-    # copies before the `bare` mark read 4 values per run, before the report-fault field 3
-    per_run = next((n for n in (5, 4) if f"#ARGV, {n} do" in complete_src), 3)
+    # copies before the `bare` mark read 4 values per run, before the report-fault field 3;
+    # a copy with the forms (ARGV[4]) is sent what the worker sends
+    forms = "ARGV[4] form" in complete_src
+    per_run = 5 if forms else next((n for n in (5, 4) if f"#ARGV, {n} do" in complete_src), 3)
     k = app.keys
     m0 = r.info("memory")["used_memory"]
     c0 = meter(r)
@@ -135,7 +137,7 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
             # mark reads, a first attempt's too
             done = [(run_id, fence, result, "", bare, 1)
                     for run_id, fence, bare in items[i : i + batch]]
-            keys, args = tr.complete(k, p, done)
+            keys, args = tr.complete(k, p, done, forms=forms)
             if per_run < 5:  # an older copy: its values per run, the first of the five
                 args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 5 < per_run]
             assert set(complete(keys=keys, args=args)) <= {b"succeeded", b"ok"}  # ok: old copies

@@ -144,22 +144,36 @@ def parse_claim(res: list[Any]) -> ClaimReply:
                       int(res[_HELD_C]), int(res[_HELD_R]))
 
 
-def complete(k: Keyspace, p: int, done: Sequence[tuple[Any, ...]]) -> Call:
+def complete(k: Keyspace, p: int, done: Sequence[tuple[Any, ...]], forms: bool = True) -> Call:
     """done: (run id, fence), (run id, fence, result as msgpack), (..., the fault an earlier
     send of this report met, recorded on the attempt), (..., bare: the claim of this fence
     said the run is bare, `Claimed.bare`) or (..., bare, the attempt number that claim gave,
     `Claimed.attempt`) of one partition, acknowledged in one call. A bare first attempt is
     marked '1' (complete.lua then reads neither its bare fields nor its attempt), another
-    bare one 'b'."""
+    bare one 'b'. A call whose runs are all bare first attempts with no result and no fault
+    is sent in the plain form (two values per run, complete.lua's ARGV[4]); `forms=False`
+    sends the arguments of a complete.lua from before the forms (a benchmark's old copy)."""
     keys = [k.leases(p), k.done(p), k.uncertain(p), k.events(p)]
-    args: list[Any] = [k.prefix(p), k.wake_channel, p]
+    full: list[Any] = []
+    plain = forms
     for item in done:
         n = len(item)
         mark = ""
         if n > 4 and item[4]:
             mark = "1" if n > 5 and item[5] == 1 else "b"
-        args += [item[0], item[1], item[2] if n > 2 else b"", item[3] if n > 3 else "", mark]
-    return keys, args
+        result, fault = item[2] if n > 2 else b"", item[3] if n > 3 else ""
+        plain = plain and mark == "1" and not result and not fault
+        full += [item[0], item[1], result, fault, mark]
+    args: list[Any] = [k.prefix(p), k.wake_channel, p]
+    if not forms:
+        return keys, args + full
+    if plain:
+        args.append("1")
+        for j in range(0, len(full), 5):
+            args += [full[j], full[j + 1]]
+        return keys, args
+    args.append("")
+    return keys, args + full
 
 
 def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],

@@ -15,7 +15,10 @@
 --         the run's queue) and schedule keys are built from it; they share this partition's
 --         hash tag (a batch of hundreds of runs would otherwise send three key names per run)
 -- ARGV[2] wake channel   ARGV[3] partition index
--- ARGV[4..] per run, 5 values: run id, fence, result (msgpack; '' = none stored), the fault
+-- ARGV[4] form: '' = each run is the 5 values below; '1' = each run is 2 values, run id and
+--         fence: a bare first attempt (mark '1') with no result stored and no fault (most
+--         successes: two values per run sent and read, not five)
+-- ARGV[5..] the runs, in that form; the full form, 5 values per run: run id, fence, result (msgpack; '' = none stored), the fault
 --         an earlier send of this report met ('' = none), bare: '1' or 'b' when the claim of
 --         this fence said the run has no schedule, no batch and took no limit slot (claim.lua's
 --         reply, `bare`: fields no script changes while the attempt runs), so they are not
@@ -35,8 +38,13 @@ local now_s = int_s(now)  -- one number-to-string per call, not per run
 local out, finished, unleased = {}, {}, {}
 local freed = {}  -- queues where a limit slot was freed: their workers are woken once
 
-for i = 4, #ARGV, 5 do
-  local run_id, fence, result_value, fault = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+local plain = ARGV[4] == '1'
+local step = plain and 2 or 5
+for i = 5, #ARGV, step do
+  local run_id, fence, result_value, fault, bare = ARGV[i], ARGV[i + 1], '', '', '1'
+  if not plain then
+    result_value, fault, bare = ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  end
   local run_key = prefix .. K.run .. run_id
   -- only what decides (state, fence, attempt) and the optional features that add work; the
   -- rest is read where a branch needs it (a plain run is most of them, and every field asked
@@ -47,7 +55,6 @@ for i = 4, #ARGV, 5 do
   -- A bare first attempt's attempt is '1' (its mark says so) and is not asked either: one
   -- field fewer (bench/RESULTS.md).
   local state, rec_fence, attempt, sched, waited, held, batch, deps_out
-  local bare = ARGV[i + 4]
   if bare == '1' then
     local f = run_fields(run_key, 'state', 'fence', 'waited', 'deps_out') or {}
     state, rec_fence, attempt, waited, deps_out = f[1], f[2], '1', f[3], f[4]

@@ -129,7 +129,10 @@ def test_reporter_acknowledges_successes_in_one_call_per_partition(app, r):
             real = w.scripts.complete
 
             async def complete(keys, args, client=None):  # noqa: ANN001
-                calls.append((len(args) - 3) // 5)  # run id, fence, result, fault, bare
+                # the full form (these attempts are not marked bare): after prefix, channel,
+                # partition and form, run id, fence, result, fault, bare per run
+                assert args[3] == ""
+                calls.append((len(args) - 4) // 5)
                 return await real(keys=keys, args=args, client=client)
 
             w.scripts.complete = complete
