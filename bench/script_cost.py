@@ -57,8 +57,11 @@ def _decoder(lua_dir: Path) -> Any:
     lease = lua_dir / "claim" / "lease.lua"
     if not lease.exists():
         return lambda res: [(i, f, False) for i, f in fences(res)]
-    width = max(int(m) for m in re.findall(r"out\[o \+ (\d+)\]", lease.read_text()))
-    nested = width == tr.CLAIM_FIELDS and "-- bare" in lease.read_text()
+    text = lease.read_text()
+    width = max(int(m) for m in re.findall(r"out\[o \+ (\d+)\]", text))
+    if re.search(r"-- head$", text, re.M):  # fence, attempt, ready, id in one value: parse_claim
+        return lambda res: [(c.run_id, c.fence, c.bare) for c in tr.parse_claim(res).runs]
+    nested = width == 8 and "-- bare" in text
 
     def decode(res: Any) -> list[tuple[str, int, bool]]:
         return [(res[i].decode(), int(res[i + 1]),
