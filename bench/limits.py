@@ -203,13 +203,16 @@ def hot_round(url: str, lua_dir: Path, n: int) -> tuple[float, float]:
     k = app.keys
     claim = r.register_script(script_cost._source(lua_dir, "claim"))
     complete = r.register_script(script_cost._source(lua_dir, "complete"))
-    # the reply's header is 3 values before limits (then 11 per run), 5 since (12 per run)
-    header, width = ((tr.CLAIM_HEADER, tr.CLAIM_FIELDS) if lua_dir.resolve() == script_cost.LUA
-                     else (3, 11))
+    # the reply's header is 3 values before limits (then 11 per run); this version's reply
+    # is read by parse_claim
+    def decode(res: Any) -> list[tuple[str, int]]:
+        if lua_dir.resolve() == script_cost.LUA:
+            return [(c.run_id, c.fence) for c in tr.parse_claim(res).runs]
+        return [(res[i].decode(), int(res[i + 1])) for i in range(3, len(res), 11)]
+
     app.enqueue_many([(noop, [i]) for i in range(n)])
     u0 = _evalsha_us(r)
-    held = claim_all(k, claim, BATCH, 600_000, n, lambda res: [
-        (res[i].decode(), int(res[i + 1])) for i in range(header, len(res), width)])
+    held = claim_all(k, claim, BATCH, 600_000, n, decode)
     u1 = _evalsha_us(r)
     complete_all(k, complete, held, BATCH)
     u2 = _evalsha_us(r)

@@ -57,8 +57,11 @@ def _decoder(lua_dir: Path) -> Any:
     lease = lua_dir / "claim" / "lease.lua"
     if not lease.exists():
         return lambda res: [(i, f, False) for i, f in fences(res)]
-    width = max(int(m) for m in re.findall(r"out\[o \+ (\d+)\]", lease.read_text()))
-    nested = width == tr.CLAIM_FIELDS and "-- bare" in lease.read_text()
+    text = lease.read_text()
+    width = max(int(m) for m in re.findall(r"out\[o \+ (\d+)\]", text))
+    if re.search(r"-- head$", text, re.M):  # fence, attempt, ready, id in one value: parse_claim
+        return lambda res: [(c.run_id, c.fence, c.bare) for c in tr.parse_claim(res).runs]
+    nested = width == 8 and "-- bare" in text
 
     def decode(res: Any) -> list[tuple[str, int, bool]]:
         return [(res[i].decode(), int(res[i + 1]),
@@ -120,8 +123,10 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     claim = r.register_script(_source(lua_dir, "claim"))
     complete_src = _source(lua_dir, "complete")
     complete = r.register_script(complete_src)
-    # copies before the `bare` mark read 4 values per run, before the report-fault field 3
-    per_run = next((n for n in (5, 4) if f"#ARGV, {n} do" in complete_src), 3)
+    # copies before the `bare` mark read 4 values per run, before the report-fault field 3;
+    # a copy with the forms (ARGV[4]) is sent what the worker sends
+    forms = "ARGV[4] form" in complete_src
+    per_run = 5 if forms else next((n for n in (5, 4) if f"#ARGV, {n} do" in complete_src), 3)
     k = app.keys
     m0 = r.info("memory")["used_memory"]
     c0 = meter(r)
@@ -131,8 +136,11 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     c2 = meter(r)
     for p, items in held.items():
         for i in range(0, len(items), batch):
-            done = [(run_id, fence, result, "", bare) for run_id, fence, bare in items[i : i + batch]]
-            keys, args = tr.complete(k, p, done)
+            # every run here is a first attempt: the mark '1' (bare) is what every copy since the
+            # mark reads, a first attempt's too
+            done = [(run_id, fence, result, "", bare, 1)
+                    for run_id, fence, bare in items[i : i + batch]]
+            keys, args = tr.complete(k, p, done, forms=forms)
             if per_run < 5:  # an older copy: its values per run, the first of the five
                 args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 5 < per_run]
             assert set(complete(keys=keys, args=args)) <= {b"succeeded", b"ok"}  # ok: old copies

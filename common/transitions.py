@@ -30,11 +30,13 @@ Call = tuple[list[str], list[Any]]
 # The claim reply, defined once: a header, then these fields per run, in this order. claim.lua
 # documents the same order and lua/claim/lease.lua writes it (one `-- name` per line);
 # tests/unit/test_script_assembly.py checks the two agree. `extra` is b'' for a run that has
-# none of the optional fields (most runs: 8 reply values per run, not 16), else the list of
+# none of the optional fields (most runs: 5 reply values per run, not 13), else the list of
 # CLAIM_EXTRA_FIELDS.
 CLAIM_REPLY_HEADER = ("next_due_ms", "missed", "skipped", "held_concurrency", "held_rate")
-CLAIM_RUN_FIELDS = ("run_id", "fence", "attempt", "task", "payload", "due_ms", "ready_ms",
-                    "extra")
+CLAIM_RUN_FIELDS = ("head", "task", "payload", "due_ms", "extra")
+# `head` is one value: these, joined by single spaces, the run id last (it may hold anything
+# but a space is never split out of it: split at most len - 1 times)
+CLAIM_HEAD_FIELDS = ("fence", "attempt", "ready_ms", "run_id")
 CLAIM_EXTRA_FIELDS = ("timeout_ms", "idempotent", "key", "schedule", "limited_by",
                       "interval_start", "interval_end", "tenant", "headers", "bare")
 CLAIM_HEADER, CLAIM_FIELDS = len(CLAIM_REPLY_HEADER), len(CLAIM_RUN_FIELDS)
@@ -101,8 +103,8 @@ def claim(k: Keyspace, p: int, queue: str, worker_id: str, limit: int, lease_ms:
 
 
 # parse_claim unpacks each run's fields by position, in this order (checked at import)
-assert CLAIM_RUN_FIELDS == ("run_id", "fence", "attempt", "task", "payload", "due_ms",
-                            "ready_ms", "extra")
+assert CLAIM_RUN_FIELDS == ("head", "task", "payload", "due_ms", "extra")
+assert CLAIM_HEAD_FIELDS == ("fence", "attempt", "ready_ms", "run_id")
 assert CLAIM_EXTRA_FIELDS == ("timeout_ms", "idempotent", "key", "schedule", "limited_by",
                               "interval_start", "interval_end", "tenant", "headers", "bare")
 
@@ -112,10 +114,11 @@ def parse_claim(res: list[Any]) -> ClaimReply:
     runs = []
     # the runs' fields, CLAIM_FIELDS at a time, unpacked without a slice or an index per field
     fields = iter(res[CLAIM_HEADER:])
-    for (run_id, fence, attempt, task, payload, due, ready, extra) in zip(
-            *[fields] * CLAIM_FIELDS, strict=True):
-        # id, fence, attempt and the score come from the script; the rest is the run record,
-        # which an operator's HSET may have damaged: one bad run must not sink its batch
+    for (head, task, payload, due, extra) in zip(*[fields] * CLAIM_FIELDS, strict=True):
+        # the head (fence, attempt, the score, the id) comes from the script; the rest is the
+        # run record, which an operator's HSET may have damaged: one bad run must not sink
+        # its batch
+        fence, attempt, ready, run_id = head.split(b" ", 3)
         run_id, fence, attempt, ready = run_id.decode(), int(fence), int(attempt), int(ready)
         try:
             if not extra:  # none of the optional fields: a plain run
@@ -144,17 +147,36 @@ def parse_claim(res: list[Any]) -> ClaimReply:
                       int(res[_HELD_C]), int(res[_HELD_R]))
 
 
-def complete(k: Keyspace, p: int, done: Sequence[tuple[Any, ...]]) -> Call:
+def complete(k: Keyspace, p: int, done: Sequence[tuple[Any, ...]], forms: bool = True) -> Call:
     """done: (run id, fence), (run id, fence, result as msgpack), (..., the fault an earlier
-    send of this report met, recorded on the attempt) or (..., bare: the claim of this fence
-    said the run is bare, `Claimed.bare`) of one partition, acknowledged in one call."""
+    send of this report met, recorded on the attempt), (..., bare: the claim of this fence
+    said the run is bare, `Claimed.bare`) or (..., bare, the attempt number that claim gave,
+    `Claimed.attempt`) of one partition, acknowledged in one call. A bare first attempt is
+    marked '1' (complete.lua then reads neither its bare fields nor its attempt), another
+    bare one 'b'. A call whose runs are all bare first attempts with no result and no fault
+    is sent in the plain form (two values per run, complete.lua's ARGV[4]); `forms=False`
+    sends the arguments of a complete.lua from before the forms (a benchmark's old copy)."""
     keys = [k.leases(p), k.done(p), k.uncertain(p), k.events(p)]
-    args: list[Any] = [k.prefix(p), k.wake_channel, p]
+    full: list[Any] = []
+    plain = forms
     for item in done:
         n = len(item)
-        args += [item[0], item[1], item[2] if n > 2 else b"", item[3] if n > 3 else "",
-                 "1" if n > 4 and item[4] else ""]
-    return keys, args
+        mark = ""
+        if n > 4 and item[4]:
+            mark = "1" if n > 5 and item[5] == 1 else "b"
+        result, fault = item[2] if n > 2 else b"", item[3] if n > 3 else ""
+        plain = plain and mark == "1" and not result and not fault
+        full += [item[0], item[1], result, fault, mark]
+    args: list[Any] = [k.prefix(p), k.wake_channel, p]
+    if not forms:
+        return keys, args + full
+    if plain:
+        args.append("1")
+        for j in range(0, len(full), 5):
+            args += [full[j], full[j + 1]]
+        return keys, args
+    args.append("")
+    return keys, args + full
 
 
 def enqueue(k: Keyspace, p: int, queue: str, shared: list[Any],

@@ -52,7 +52,11 @@
 -- Returns a header, then the same fields for each run claimed (common/transitions.py
 -- CLAIM_REPLY_HEADER and CLAIM_RUN_FIELDS, checked by tests/unit/test_script_assembly.py):
 -- Reply header: next_due_ms missed skipped held_concurrency held_rate
--- Reply per run: run_id fence attempt task payload due_ms ready_ms extra
+-- Reply per run: head task payload due_ms extra
+-- head: one string of four values, separated by single spaces, the run id last (every other
+-- value of it is a number the script wrote or read from an index; a run's own fields, which
+-- an operator's HSET may have damaged, are the separate values after it):
+-- Reply head: fence attempt ready_ms run_id
 -- extra: '' (none set: most runs), or the run's optional fields (CLAIM_EXTRA_FIELDS):
 -- Reply extra: timeout_ms idempotent key schedule limited_by interval_start interval_end tenant
 --   headers bare

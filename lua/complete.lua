@@ -15,11 +15,17 @@
 --         the run's queue) and schedule keys are built from it; they share this partition's
 --         hash tag (a batch of hundreds of runs would otherwise send three key names per run)
 -- ARGV[2] wake channel   ARGV[3] partition index
--- ARGV[4..] per run, 5 values: run id, fence, result (msgpack; '' = none stored), the fault
---         an earlier send of this report met ('' = none), bare: '1' when the claim of this
---         fence said the run has no schedule, no batch and took no limit slot (claim.lua's
+-- ARGV[4] form: '' = each run is the 5 values below; '1' = each run is 2 values, run id and
+--         fence: a bare first attempt (mark '1') with no result stored and no fault (most
+--         successes: two values per run sent and read, not five)
+-- ARGV[5..] the runs, in that form; the full form, 5 values per run: run id, fence, result (msgpack; '' = none stored), the fault
+--         an earlier send of this report met ('' = none), bare: '1' or 'b' when the claim of
+--         this fence said the run has no schedule, no batch and took no limit slot (claim.lua's
 --         reply, `bare`: fields no script changes while the attempt runs), so they are not
---         looked up; '' = look them up (any other caller)
+--         looked up; '1' says too that this claim was the run's first attempt (attempt 1: a
+--         claim writes fence and attempt together, and nothing changes the attempt while that
+--         fence runs), so the attempt is not looked up either; '' = look them up (any other
+--         caller)
 -- Returns (each) per run: 'succeeded' (accepted), 'late_succeeded' (a late success finished
 -- the run), 'stale' (refused: another attempt owns the run, or it finished) or 'missing'.
 local leases_key, done_key, uncertain_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -32,8 +38,13 @@ local now_s = int_s(now)  -- one number-to-string per call, not per run
 local out, finished, unleased = {}, {}, {}
 local freed = {}  -- queues where a limit slot was freed: their workers are woken once
 
-for i = 4, #ARGV, 5 do
-  local run_id, fence, result_value, fault = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+local plain = ARGV[4] == '1'
+local step = plain and 2 or 5
+for i = 5, #ARGV, step do
+  local run_id, fence, result_value, fault, bare = ARGV[i], ARGV[i + 1], '', '', '1'
+  if not plain then
+    result_value, fault, bare = ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  end
   local run_key = prefix .. K.run .. run_id
   -- only what decides (state, fence, attempt) and the optional features that add work; the
   -- rest is read where a branch needs it (a plain run is most of them, and every field asked
@@ -41,8 +52,13 @@ for i = 4, #ARGV, 5 do
   -- batch are not asked (absent: its claim said so); waited and deps_out may be set while it
   -- runs (wait.lua, deps_link.lua), so they are always read.
   -- A record key of the wrong type is no run: 'missing' (the reaper dead-letters it)
+  -- A bare first attempt's attempt is '1' (its mark says so) and is not asked either: one
+  -- field fewer (bench/RESULTS.md).
   local state, rec_fence, attempt, sched, waited, held, batch, deps_out
-  if ARGV[i + 4] == '1' then
+  if bare == '1' then
+    local f = run_fields(run_key, 'state', 'fence', 'waited', 'deps_out') or {}
+    state, rec_fence, attempt, waited, deps_out = f[1], f[2], '1', f[3], f[4]
+  elseif bare == 'b' then
     local f = run_fields(run_key, 'state', 'fence', 'attempt', 'waited', 'deps_out') or {}
     state, rec_fence, attempt, waited, deps_out = f[1], f[2], f[3], f[4], f[5]
   else

@@ -237,7 +237,7 @@ class Reporter:
                 n_record = 2
             for p, exs in successes.items():
                 keys, args = tr.complete(self.keys, p, [
-                    (ex.ctx.run_id, ex.ctx.fence, ex.result, ex.report_fault, ex.bare)
+                    (ex.ctx.run_id, ex.ctx.fence, ex.result, ex.report_fault, ex.bare, ex.ctx.attempt)
                     for ex in exs])
                 await self.scripts.complete(keys=keys, args=args, client=pipe)
             for item in others:

@@ -6,7 +6,7 @@
 
 -- The reply's last field of a run: '' for a plain run, else its optional fields, in the order
 -- of common/transitions.py CLAIM_EXTRA_FIELDS (a test reads the `-- name` of each `x[N]` line).
--- Most runs have none of them: the reply then carries 8 values per run, not 16 (each value
+-- Most runs have none of them: the reply then carries 5 values per run, not 14 (each value
 -- is a reply element Redis writes and the worker decodes). `bare` ('1', or '' for a plain
 -- run) says the run has no schedule, no batch and holds no limit slot (`held`, the scopes
 -- this claim took): fields that never change while the attempt runs, so the worker's report
@@ -43,9 +43,9 @@ local function lease_starter(c)
   local out, leased, deadlines_key = c.out, c.leased, c.deadlines_key
   return function(id, run_key, f, ready, deadline, scopes)
     -- a first claim (no fence, no attempt yet): '1' as it is, no number formatted
-    local fence, attempt, fence_s, attempt_s = 1, 1, '1', '1'
-    if f[5] then fence = (tonumber(f[5]) or 0) + 1; fence_s = int_s(fence) end
-    if f[6] then attempt = (tonumber(f[6]) or 0) + 1; attempt_s = int_s(attempt) end
+    local fence_s, attempt_s = '1', '1'
+    if f[5] then fence_s = int_s((tonumber(f[5]) or 0) + 1) end
+    if f[6] then attempt_s = int_s((tonumber(f[6]) or 0) + 1) end
     -- claimed ahead of its due time: the attempt starts at the due time (the score)
     local started = now_s
     if tonumber(ready) > now then started = ready end
@@ -60,14 +60,13 @@ local function lease_starter(c)
     if deadline then redis.call('ZREM', deadlines_key, id) end
     leased[#leased + 1] = until_s
     leased[#leased + 1] = id
+    -- head: fence, attempt, ready and the run id joined in one value (5 reply values per
+    -- run, not 8: each is an element the server writes and the worker decodes)
     local o = #out
-    out[o + 1] = id  -- run_id
-    out[o + 2] = fence  -- fence
-    out[o + 3] = attempt  -- attempt
-    out[o + 4] = f[7] or ''  -- task
-    out[o + 5] = f[8] or ''  -- payload
-    out[o + 6] = f[9] or ''  -- due_ms
-    out[o + 7] = ready  -- ready_ms
-    out[o + 8] = reply_extra(f, held)  -- extra
+    out[o + 1] = fence_s .. ' ' .. attempt_s .. ' ' .. ready .. ' ' .. id  -- head
+    out[o + 2] = f[7] or ''  -- task
+    out[o + 3] = f[8] or ''  -- payload
+    out[o + 4] = f[9] or ''  -- due_ms
+    out[o + 5] = reply_extra(f, held)  -- extra
   end
 end

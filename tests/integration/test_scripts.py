@@ -781,3 +781,59 @@ def test_a_bare_run_is_marked_in_its_claim_and_its_success_reads_less_but_ends_i
     keys, args = tr.complete(k, p, [(c.run_id, c.fence, b"", "", c.bare)])
     assert lc.scripts.complete(keys=keys, args=args) == [b"succeeded"]
     assert r.zcard(k.limrun(p, "queue:default")) == 0
+
+
+def test_a_bare_first_attempt_is_marked_so_and_a_bare_retry_still_clears_its_error(app, r, lc):
+    """The worker marks a bare run's success '1' when its claim was attempt 1 (complete.lua
+    then does not ask the attempt either) and 'b' for a later attempt, whose success still
+    clears the earlier attempt's error from the run."""
+    k = app.keys
+    first, retried = app.enqueue(basic.noop), app.enqueue(basic.noop)
+    claimed = {c.run_id: (p, c) for p, c in lc.claim()}
+    p, c = claimed[retried]
+    assert lc.fail(p, c, mode="retry", delay_ms=0) == "retrying"
+    [(p2, c2)] = lc.claim()
+    assert (c2.run_id, c2.attempt, c2.bare) == (retried, 2, True)
+    assert r.hget(k.run(p2, retried), "error") is not None
+    p1, c1 = claimed[first]
+    # a bare first attempt with no result: the plain form, run id and fence alone
+    keys, args = tr.complete(k, p1, [(c1.run_id, c1.fence, b"", "", c1.bare, c1.attempt)])
+    assert args[3:] == ["1", c1.run_id, c1.fence]
+    assert lc.scripts.complete(keys=keys, args=args) == [b"succeeded"]
+    # a later attempt: the full form, marked 'b'
+    keys, args = tr.complete(k, p2, [(c2.run_id, c2.fence, b"", "", c2.bare, c2.attempt)])
+    assert args[3] == "" and args[4:] == [c2.run_id, c2.fence, b"", "", "b"]
+    assert lc.scripts.complete(keys=keys, args=args) == [b"succeeded"]
+    for run_id, attempt in ((first, 1), (retried, 2)):
+        run = app.get_run(run_id)
+        assert (run.state, run.attempt, run.error) == ("succeeded", attempt, None)
+        assert r.hget(k.run(k.partition_of_run(run_id), run_id), "reason") is None
+    # the earlier attempt's error stays in its own entry
+    assert [a.outcome for a in app.get_run(retried).attempts] == ["failed", "succeeded"]
+
+
+def test_a_call_with_one_result_or_fault_among_bare_first_attempts_sends_the_full_form(app, r, lc):
+    """The plain form is only for a call whose every run is a bare first attempt without a
+    result or a fault: one run with a result (or a fault) sends the call in the full form,
+    and each run's own values arrive (the result stored, the fault on the attempt entry)."""
+    k = app.keys
+    for _ in range(2 * k.partitions + 1):  # so one partition has three of them
+        app.enqueue(basic.noop)
+    by_p: dict[int, list] = {}
+    for part, c in lc.claim(n=100):
+        by_p.setdefault(part, []).append(c)
+    p, group = next((part, g) for part, g in by_p.items() if len(g) >= 3)
+    plain, with_result, with_fault = group[:3]
+    ids = [c.run_id for c in group[:3]]
+    assert all(c.bare and c.attempt == 1 for c in group[:3])
+    items = [(plain.run_id, plain.fence, b"", "", True, 1),
+             (with_result.run_id, with_result.fence, b"\x05", "", True, 1),
+             (with_fault.run_id, with_fault.fence, b"", "ConnectionError: reset", True, 1)]
+    keys, args = tr.complete(k, p, items)
+    assert args[3] == "" and len(args) == 4 + 5 * 3
+    assert lc.scripts.complete(keys=keys, args=args) == [b"succeeded"] * 3
+    assert r.hget(k.run(p, with_result.run_id), "result") == b"\x05"
+    assert r.hget(k.run(p, plain.run_id), "result") is None
+    [a] = app.get_run(with_fault.run_id).attempts
+    assert a.outcome == "succeeded" and a.report_fault == "ConnectionError: reset"
+    assert {app.get_run(i).state for i in ids} == {"succeeded"}

@@ -58,10 +58,13 @@ class Version:
         return tr.parse_claim(res).runs
 
     def complete(self, p: int, runs: list) -> list[str]:
-        keys, args = tr.complete(self.k, p, [(c.run_id, c.fence, b"", "", getattr(c, "bare", False))
-                                             for c in runs])
         if self.old:  # the previous complete.lua read 4 values per run (no `bare` mark)
+            keys, args = tr.complete(self.k, p, [(c.run_id, c.fence) for c in runs], forms=False)
             args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 5 < 4]
+        else:  # as this version's worker reports: the claim's bare mark and attempt
+            keys, args = tr.complete(self.k, p, [
+                (c.run_id, c.fence, b"", "", getattr(c, "bare", False), getattr(c, "attempt", 0))
+                for c in runs])
         return [x.decode() for x in self.s["complete"](keys=keys, args=args)]
 
     def fail(self, p: int, c, mode: str) -> str:

@@ -47,6 +47,29 @@ def test_claim_loop_runs_each_run_once_within_the_concurrency_cap(app, r):
     asyncio.run(main())
 
 
+def test_the_worker_reports_plain_first_successes_in_complete_luas_plain_form(app, r):
+    """Successes of plain runs on their first attempt, without a result, go to complete.lua
+    in its plain form (run id and fence per run: a bare first attempt's mark); they end the
+    runs as the full form does."""
+    async def main() -> None:
+        async with serving(app) as w:
+            forms: list[str] = []
+            real = w.scripts.complete
+
+            async def complete(keys, args, client=None):  # noqa: ANN001
+                forms.append(args[3])
+                return await real(keys=keys, args=args, client=client)
+
+            w.scripts.complete = complete
+            ids = app.enqueue_many([(basic.noop, []) for _ in range(20)])
+            await until(lambda: all(app.get_run(i).state == "succeeded" for i in ids), 60,
+                        what="20 successes")
+        assert forms and set(forms) == {"1"}
+        assert [a.outcome for i in ids for a in app.get_run(i).attempts] == ["succeeded"] * 20
+
+    asyncio.run(main())
+
+
 async def _started_before_a_refresh(app, r, run_id: str) -> None:
     """The delayed run started, not before its due time, well within the worker's 60 s refresh
     of the due heads: only the enqueue's wake notice told the worker of it (how late it started
@@ -129,7 +152,10 @@ def test_reporter_acknowledges_successes_in_one_call_per_partition(app, r):
             real = w.scripts.complete
 
             async def complete(keys, args, client=None):  # noqa: ANN001
-                calls.append((len(args) - 3) // 5)  # run id, fence, result, fault, bare
+                # the full form (these attempts are not marked bare): after prefix, channel,
+                # partition and form, run id, fence, result, fault, bare per run
+                assert args[3] == ""
+                calls.append((len(args) - 4) // 5)
                 return await real(keys=keys, args=args, client=client)
 
             w.scripts.complete = complete

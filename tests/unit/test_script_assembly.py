@@ -231,16 +231,24 @@ def test_the_claim_reply_is_written_and_read_by_the_same_names() -> None:
     header, per_run = head.group(1).split(), runs.group(1).replace("--", " ").split()
     assert tuple(header) == tr.CLAIM_REPLY_HEADER
     assert tuple(per_run) == tr.CLAIM_RUN_FIELDS
+    head_doc = re.search(r"^-- Reply head: (.*)$", claim, re.M)
+    assert head_doc and tuple(head_doc.group(1).split()) == tr.CLAIM_HEAD_FIELDS
     assert tuple(_written(claim, "")) == tr.CLAIM_REPLY_HEADER
     extra = re.search(r"^-- Reply extra: (.*(?:\n--   .*)*)", claim, re.M)
     assert extra
     assert tuple(extra.group(1).replace("--", " ").split()) == tr.CLAIM_EXTRA_FIELDS
     lease = (LUA / "claim" / "lease.lua").read_text()
     assert tuple(_written(lease, "o + ")) == tr.CLAIM_RUN_FIELDS
+    # the head is written in the documented order: fence, attempt, ready, id
+    joined = re.search(r"^\s*out\[o \+ 1\] = (.*?)\s*--\s*head\s*$", lease, re.M)
+    assert joined
+    assert [v.strip() for v in joined.group(1).split(".. ' ' ..")] == [
+        "fence_s", "attempt_s", "ready", "id"]
     got = re.findall(r"^\s*x\[(\d+)\] = .*--\s*(\w+)\s*$", lease, re.M)
     assert tuple(name for _, name in sorted(got, key=lambda x: int(x[0]))) == tr.CLAIM_EXTRA_FIELDS
     fields = {f.name for f in dataclasses.fields(tr.Claimed)}
-    assert (set(tr.CLAIM_RUN_FIELDS) - {"extra"}) | set(tr.CLAIM_EXTRA_FIELDS) <= fields
+    assert ((set(tr.CLAIM_RUN_FIELDS) - {"extra", "head"}) | set(tr.CLAIM_HEAD_FIELDS)
+            | set(tr.CLAIM_EXTRA_FIELDS)) <= fields
 
 
 def _tested_by(path: Path) -> list[str]:
