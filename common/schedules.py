@@ -19,6 +19,7 @@ from duetime.common.names import check_name
 from duetime.common.time.fmt import format_duration
 from duetime.common.time.parse import (
     MAX_DURATION,
+    MAX_MS,
     Span,
     duration_ms,
     from_ms,
@@ -334,7 +335,8 @@ def _count(raw: bytes | None, field_name: str, lo: int, hi: int, default: int | 
 
 def check_stored(f: dict[str, bytes | None], trigger: Trigger) -> None:
     """Raise InvalidSchedule naming the first field of a stored schedule (HMGET values of
-    CHECKED_FIELDS, and its parsed trigger) that no valid ScheduleDef would have written."""
+    CHECKED_FIELDS and next_ms, and its parsed trigger) that no valid ScheduleDef would have
+    written."""
     from duetime.common.codec import unpack_payload  # the codec pulls in msgpack
 
     for name in ("queue", "task"):
@@ -349,6 +351,12 @@ def check_stored(f: dict[str, bytes | None], trigger: Trigger) -> None:
             continue  # records written before overlap policies: allow
         if raw is None or raw.decode(errors="replace") not in allowed:
             raise InvalidSchedule(f"field {name} is {raw!r}, not one of {', '.join(allowed)}")
+    if f.get("next_ms") is not None:
+        # the cursor is an occurrence, an instant of 1970..9999; one past it (edited by hand:
+        # 99999999999999999999) was planned from as if valid and parked the schedule's due
+        # entry at that score for good, neither fired nor reported (and above 2**53 Lua's
+        # numbers are not even exact)
+        _count(f.get("next_ms"), "next_ms", 0, MAX_MS, None)
     if f.get("paused") not in (None, b"", b"0", b"1"):
         raise InvalidSchedule(f"field paused is {f.get('paused')!r}, not 0 or 1")
     _count(f.get("max_catchup"), "max_catchup", 1, MAX_WALK, None)

@@ -44,9 +44,7 @@ SPLIT_BY_KIND = frozenset({
     "tests/integration/test_failover.py",  # a module cluster per kind
     "tests/integration/test_reshard.py",  # a module cluster per kind
     "tests/integration/test_shard_outage.py",  # a module cluster per kind
-    # not tests/property/test_damaged_records.py: its Valkey half run in a process of its own
-    # (without the Redis half before it) fails an example whose schedule's next_ms is
-    # 99999999999999999999, on the code before this split too; run whole, as it always passed
+    "tests/property/test_damaged_records.py",  # a module fleet per kind
     "tests/workloads/test_batches.py",  # per test
     "tests/workloads/test_checkpoints.py",  # per test
 })

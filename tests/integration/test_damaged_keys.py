@@ -16,6 +16,7 @@ import redis
 from duetime.common import transitions as tr
 from duetime.common.connection import ensure_meta, server_time_ms
 from duetime.common.scripts import Scripts
+from duetime.common.time.parse import MAX_MS
 from duetime.scheduler.evaluator import Evaluator
 from duetime.scheduler.gauges import Gauges
 from duetime.scheduler.reaper import Reaper
@@ -436,3 +437,26 @@ def test_a_trigger_field_damaged_after_a_first_evaluation_is_quarantined(app, ki
     finally:
         ev.client.close()
     assert kit.r.zscore(kit.k.quarantine(p), "cached") is not None
+
+
+@pytest.mark.scripts
+@pytest.mark.parametrize("cursor", ["99999999999999999999", str(MAX_MS + 1), "-1"])
+def test_a_cursor_past_any_instant_is_quarantined_naming_it(app, kit, url, cursor):
+    """A next_ms no schedule could have written (past 9999-12-31, where Lua's numbers are not
+    even exact above 2**53, or before 1970): planned from, it moved the schedule's due entry
+    to that score, where it waited for good, neither fired nor reported. Quarantined now,
+    naming the field, while a schedule beside it goes on."""
+    app.schedule("far", duetime.Every(timedelta(seconds=1)), basic.noop)
+    app.schedule("near", duetime.Every(timedelta(seconds=1)), basic.noop)
+    p = kit.k.partition_of_schedule("far")
+    schedrec.edit(kit.r, kit.k, "far", next_ms=cursor)
+    ev = Evaluator(url, kit.k, lead_ms=2000)
+    try:
+        assert ev.tick() >= 1  # "near" made its runs
+    finally:
+        ev.client.close()
+    assert kit.r.zscore(kit.k.quarantine(p), "far") is not None, schedrec.record(kit.r, kit.k, "far")
+    assert b"next_ms" in kit.r.hget(kit.k.sched(p, "far"), "quarantined")
+    assert kit.r.zscore(kit.k.sched_due(p), "far") in (None, math.inf)
+    assert not [r for r in kit.r.zrange(kit.k.due(p, "default"), 0, -1) if r.startswith(b"far@")]
+    assert app.get_schedule("near").materialized_count >= 1 and not app.get_schedule("near").quarantined

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from duetime.common.models import STATES
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 import duetime
@@ -84,6 +84,11 @@ def sched_key(name: str) -> str:
 
 @CI
 @given(st.lists(run_damage, min_size=1, max_size=3), st.lists(sched_damage, min_size=1, max_size=2))
+# drawn once and failed: a cursor past any instant was planned from and parked for good. The
+# draws are derandomized but not fixed: Hypothesis also draws constants it reads from the
+# project's modules loaded in the process, so they change with the code and with what ran
+# before in the process (why this one was drawn with the Valkey half alone, not run whole)
+@example(runs=[{"state": b"zzz"}], schedules=[{"next_ms": b"99999999999999999999"}])
 def test_damaged_runs_end_dead_with_a_reason_and_damaged_schedules_are_quarantined(
         fleet: Fleet, runs: list[dict[str, bytes]], schedules: list[dict[str, bytes]]) -> None:
     app, k = chaos_app.app, chaos_app.app.keys
