@@ -33,7 +33,9 @@ def _app(url: str, retry_s: float | None) -> duetime.App:
 
 
 def test_an_enqueue_waits_for_the_server_to_come_back(server):
-    app = _app(server.url, 10.0)
+    # the bound the enqueue retries within: generous, as the server's restart is a process
+    # start (10 s left a loaded machine 9 s for it)
+    app = _app(server.url, 60.0)
     app.enqueue(fo.work, [0])  # connected, namespace recorded
     server.kill()
     threading.Timer(1.0, server.start).start()
