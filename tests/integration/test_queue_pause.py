@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -19,6 +20,7 @@ from duetime.cli import main as cli
 from duetime.client.pause import QueuePauses
 from duetime.embedded import EmbeddedServer, free_port
 from tests.apps import basic
+from tests.conftest import wait_for
 from tests.integration.inproc import burst, serving, until
 
 pytestmark = pytest.mark.scripts
@@ -180,16 +182,22 @@ def test_a_resume_publishes_a_wake_for_every_partition_of_the_queue(app):
     sub = r.pubsub(ignore_subscribe_messages=True)
     try:
         sub.subscribe(app.keys.wake_channel)
-        assert sub.get_message(timeout=5) is None  # the subscription is confirmed
+        # the server has the subscription before the resume publishes (a 5 s read that
+        # returned None whether or not the confirmation had come proved nothing, and a late
+        # confirmation then read as a missing wake)
+        wait_for(lambda: dict(r.pubsub_numsub(app.keys.wake_channel)).get(
+            app.keys.wake_channel.encode(), 0) >= 1, 60, what="the subscription")
         app.resume_queue("default")
-        got = set()
-        for _ in range(app.keys.partitions):
-            msg = sub.get_message(timeout=10)
-            assert msg is not None, f"wakes received: {sorted(got)}"
+        got: set[int] = set()
+        deadline = time.monotonic() + 60
+        while len(got) < app.keys.partitions and time.monotonic() < deadline:
+            msg = sub.get_message(timeout=1)  # None: nothing yet, or the confirmation
+            if msg is None:
+                continue
             parsed = parse_worker_wake(msg["data"], app.keys.partitions)
             assert parsed is not None and parsed[1] == "default", msg
             got.add(parsed[0])
-        assert got == set(range(app.keys.partitions))
+        assert got == set(range(app.keys.partitions)), f"wakes received: {sorted(got)}"
     finally:
         sub.close()
         r.close()
