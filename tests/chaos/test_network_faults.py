@@ -165,7 +165,9 @@ def test_half_open_links_and_resets_mid_reply_under_latency(rig: Rig) -> None:
     ids = [app.enqueue("chaos.quick", [0.05]) for _ in range(20)]  # type: ignore[attr-defined]
     w1.link.reset_reply(cut_at=7)
     faults.begin("reset", w1.name)
-    time.sleep(1.5)
+    # until w1's replies were cut (a 1.5 s sleep was over before a slow machine's w1 called)
+    wait_for(lambda: w1.link.resets > 0, 60, 0.05, what="a reply of w1's cut short")
+    time.sleep(1.5)  # and a while longer: more of its calls meet the resets
     w1.link.heal()
     faults.end("reset", w1.name)
     assert w1.link.resets > 0
