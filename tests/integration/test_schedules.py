@@ -333,8 +333,10 @@ def test_a_silent_scheduler_s_partitions_are_taken_as_its_leases_expire(app, url
             assert len(b.ownership.owned) == owned_before == 8  # nothing taken before the lapse
     assert len(b.ownership.owned) == 16
     # a's leases lapse 3 s after its last renewal (expired from the next ms on); b had
-    # planned its call right then, from the script's reply
-    assert planned[-1] == a_expiry + 1, (planned, a_expiry)
+    # planned its call right then, from the script's reply. Not later: a plan by b's own
+    # renewals alone comes back up to a second after the lapse. (Earlier only when b's sleep
+    # before a renewal overran the lapse, as a loaded machine's can: that renewal took over.)
+    assert planned[-1] == a_expiry + 1 or planned[-1] < a_expiry, (planned, a_expiry)
     assert calls <= 5  # renewals a second apart, then the takeover: not a call per step
 
 
