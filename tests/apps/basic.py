@@ -241,3 +241,19 @@ def slimited(seconds: float = 0.0) -> None:
         time.sleep(seconds)
     finally:
         ljournal("e")
+
+
+def gate_key(gate: str) -> str:
+    return f"{app.keys.namespace}:test:gate:{gate}"
+
+
+@app.task(name="limited_gated", tenant="acme", backoff=(0.1, 0.2))
+async def limited_gated(gate: str) -> None:
+    """`limited`, running until the test opens its gate (sets gate_key(gate)) instead of for
+    a time: a test decides when it ends, whatever the machine's speed."""
+    ljournal("s")
+    try:
+        while not r().exists(gate_key(gate)):
+            await asyncio.sleep(0.02)
+    finally:
+        ljournal("e")

@@ -42,19 +42,22 @@ def test_tenant_limit_3_with_10_slots_over_two_workers(app):
 
 def test_other_tenants_are_not_held_by_a_full_tenant(app):
     app.set_limit("tenant", "acme", concurrency=1)
-    busy = app.enqueue_many([(basic.limited, [0.3]) for _ in range(4)])
+    # acme's runs last until the gate opens: the other tenant's must all end before any of
+    # them (0.3 s runs let a slow machine end a third one before globex's were seen done)
+    busy = app.enqueue_many([(basic.limited_gated, ["busy"]) for _ in range(4)])
     free = [app.enqueue(basic.limited, [0], tenant="globex") for _ in range(3)]
+    r = sync_client(app.redis_url)
 
     async def main() -> None:
         async with serving(app, concurrency=8):
             await until(lambda: all(app.get_run(i).state == "succeeded" for i in free), 20,
                         what="the other tenant's runs")
-            assert sum(app.get_run(i).state == "succeeded" for i in busy) <= 2
+            assert sum(app.get_run(i).state == "succeeded" for i in busy) == 0
+            r.set(basic.gate_key("busy"), 1)
             await until(lambda: all(app.get_run(i).state == "succeeded" for i in busy), 20,
                         what="the limited tenant's runs")
 
     asyncio.run(main())
-    r = sync_client(app.redis_url)
     assert max_running(r, set(busy)) == 1
 
 
