@@ -53,10 +53,14 @@ def test_claim_reply_carries_the_next_token_time(app):
     ids = [app.enqueue(basic.noop, tenant="acme") for _ in range(3)]
     p = k.partition_of_tenant("acme")
     keys, args = tr.claim(k, p, "default", "w1", 10, 60_000)
-    now = server_time_ms(r)
+    before = server_time_ms(r)
     reply = tr.parse_claim(scripts.claim(keys=keys, args=args))
+    after = server_time_ms(r)
     assert len(reply.runs) == 1 and reply.held_rate == 2
-    assert reply.next_due_ms is not None and 0 < reply.next_due_ms - now <= 110
+    # the next token, 100 ms after the claim took this one: between the clock reads around
+    # the call (one read before it only put that bound as late as the machine was slow)
+    assert reply.next_due_ms is not None
+    assert 0 < reply.next_due_ms - before and reply.next_due_ms - after <= 110
     held = [app.get_run(i) for i in ids if i != reply.runs[0].run_id]
     assert {h.limited_by for h in held} == {"tenant:acme:rate"}
     assert {h.state for h in held} == {"scheduled"}
