@@ -88,9 +88,9 @@ def athread(x: int) -> int:
     return x * 2
 
 
-@app.task(name="spin_long", isolation="process", timeout=2.0, retries=0)
+@app.task(name="spin_long", isolation="process", timeout=4.0, retries=0)
 def spin_long() -> None:
-    """Stuck for longer than several leases of the test's worker (300 ms)."""
+    """Stuck for longer than several leases of the test's worker (1 s)."""
     started()
     while True:
         pass

@@ -89,13 +89,26 @@ async def test_stuck_child_is_killed_at_the_timeout_and_retried_by_policy(iso: A
 async def test_worker_serves_thread_runs_while_a_child_is_stuck(iso: Any, task: str) -> None:
     """No timeout: the child stays stuck for good, and the worker completes other runs (on
     its threads) and keeps the stuck run's lease meanwhile; a cancel request then kills it."""
-    async with serving(iso, **settings(lease_ms=300)):
+    # a 1 s lease: the worker gives an attempt up itself once a whole lease passed without a
+    # renewal, and a 300 ms one was passed by a loaded machine's stalled heartbeat
+    r = iso.store.client
+    beats: set[bytes] = set()
+    async with serving(iso, **settings(lease_ms=1000)):
         stuck = iso.enqueue(task)
         child = (await until(lambda: pids(stuck), what="the stuck child to start"))[0]
         quick = [isolated.athread.enqueue(i) for i in range(5)]
         await until(lambda: all(iso.get_run(q).state == "succeeded" for q in quick),
                     timeout=30, what="thread runs beside the stuck child")
         assert [iso.get_run(q).result for q in quick] == [0, 2, 4, 6, 8]
+        run_key = iso.keys.run(iso.keys.partition_of_run(stuck), stuck)
+
+        def beaten() -> bool:  # several leases' worth of heartbeats while it stays stuck
+            beat = r.hget(run_key, "heartbeat")
+            if beat is not None:
+                beats.add(beat)
+            return len(beats) >= 4
+
+        await until(beaten, timeout=60, interval=0.02, what="heartbeats of the stuck run")
         assert alive(child)
         run = iso.get_run(stuck)
         assert run.state == "running" and run.attempt == 1  # its lease kept throughout
@@ -107,13 +120,14 @@ async def test_worker_serves_thread_runs_while_a_child_is_stuck(iso: Any, task: 
 
 @aio
 async def test_lease_is_kept_while_the_child_is_stuck(iso: Any) -> None:
-    """Stuck for 2 s under a 300 ms lease: the worker heartbeats throughout, read from the run
+    """Stuck for 4 s under a 1 s lease: the worker heartbeats throughout, read from the run
     record (each heartbeat stamps it), not inferred from a reaper that did not strike in time
-    (that would prove nothing on a machine too busy to run the reaper, and fail on one too busy
-    to send a heartbeat within 300 ms). The attempt ends as the timeout, not a lost lease."""
+    (that would prove nothing on a machine too busy to run the reaper). The attempt ends as
+    the timeout, not a lost lease. (A 300 ms lease failed on a machine too busy to renew it
+    within 300 ms: the worker gives an attempt up itself once a whole lease passed unrenewed.)"""
     r = iso.store.client
     beats: set[bytes] = set()
-    async with serving(iso, **settings(lease_ms=300)):
+    async with serving(iso, **settings(lease_ms=1000)):
         rid = iso.enqueue("spin_long")
         run_key = iso.keys.run(iso.keys.partition_of_run(rid), rid)
 
@@ -127,7 +141,7 @@ async def test_lease_is_kept_while_the_child_is_stuck(iso: Any) -> None:
     assert len(beats) >= 3, beats  # heartbeats kept coming while the child was stuck
     assert run.state == "dead"
     assert [a.outcome for a in run.attempts] == ["failed"]
-    assert "timed out after 2s" in (run.attempts[0].error or "")
+    assert "timed out after 4s" in (run.attempts[0].error or "")
 
 
 @aio
