@@ -177,11 +177,13 @@ def test_reporter_acknowledges_successes_in_one_call_per_partition(app, r):
 
 
 def test_heartbeats_keep_a_run_longer_than_its_lease(app, r):
-    """Lease 300 ms, run 1.5 s, a reaper running: the lease is renewed, never reaped."""
+    """Lease 1 s, run 3.5 s, a reaper running: the lease is renewed, never reaped. (A 300 ms
+    lease was lapsed by a heartbeat a loaded machine delayed 300 ms, and the reaper retried
+    the run.)"""
     async def main() -> str:
         with reaper_thread(app):
-            run_id = app.enqueue(basic.aslow, [1.5])
-            async with serving(app, lease_ms=300):
+            run_id = app.enqueue(basic.aslow, [3.5])
+            async with serving(app, lease_ms=1000):
                 await until(lambda: app.get_run(run_id).state == "succeeded", 15, what="success")
         return run_id
 
@@ -202,7 +204,9 @@ def test_a_lost_lease_is_logged_once_and_the_sync_run_no_longer_heartbeated(app,
     path = str(tmp_path / "journal")
 
     async def main() -> str:
-        run_id = app.enqueue(basic.journaled, [path, 2.0])
+        # 5 s: still running after the lapse, the reap and the thief's claim below, however
+        # long a loaded machine takes for them (2 s could end first)
+        run_id = app.enqueue(basic.journaled, [path, 5.0])
         # one slot, which the run keeps while its thread runs: the thief's claim wins
         with reaper_thread(app):
             async with serving(app, lease_ms=300, concurrency=1) as w:
