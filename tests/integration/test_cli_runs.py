@@ -99,7 +99,9 @@ def test_cancel_scheduled_retrying_and_running_runs(app, url, namespace, procs):
     assert app.get_run(retrying).state == "cancelled" and not in_index(app, "retry", retrying)
 
     running = app.enqueue(basic.aslow, [30])
-    procs.worker("--lease", "600ms")
+    # the cancel is seen at a heartbeat (every second under 3 s); a 600 ms lease was lost by a
+    # loaded machine's delayed heartbeat (the worker gives up an attempt it did not renew)
+    procs.worker("--lease", "3s")
     wait_for(lambda: app.get_run(running).state == "running", 20, what="running")
     out = ok(cli(url, namespace, "runs", "cancel", running))
     assert out.startswith(f"cancel requested for {running}: worker ")

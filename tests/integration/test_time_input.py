@@ -123,7 +123,7 @@ def test_long_running_commands_take_days_and_stop_on_sigterm(procs):
         assert p.poll() is None, p.stderr.read().decode() if p.stderr else ""
         p.send_signal(signal.SIGTERM)
     for p in (reaper, worker):
-        assert p.wait(15) == 0
+        assert p.wait(60) == 0  # a graceful stop, on a loaded machine's time
 
 
 def test_api_bounds_refuse_and_write_nothing(app, r):

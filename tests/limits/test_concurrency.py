@@ -201,11 +201,13 @@ def test_a_long_run_keeps_its_slot_past_its_first_lease(app):
     """The slot entry is scored with the lease at claim time; heartbeats extend the lease, and
     a claim that meets the old score re-scores the entry instead of freeing the slot."""
     app.set_limit("tenant", "acme", concurrency=1)
-    long_run = app.enqueue(basic.limited, [3.0])
+    # five lease lengths of 1 s (600 ms was lapsed by a heartbeat a loaded machine delayed,
+    # which freed the slot for a short run beside it)
+    long_run = app.enqueue(basic.limited, [5.0])
     r = sync_client(app.redis_url)
 
     async def main() -> None:
-        async with serving(app, concurrency=4, lease_ms=600):
+        async with serving(app, concurrency=4, lease_ms=1000):
             await until(lambda: len(entries(r)) >= 1, 20, what="the long run to start")
             short = [app.enqueue(basic.limited, [0]) for _ in range(3)]
             await until(lambda: app.get_run(long_run).state == "succeeded", 20,
