@@ -36,6 +36,7 @@ test-scripts: venv
 # kills, a 10,000-member batch (DUETIME_SOAK=1, docs/testing.md), for a quiet machine
 SOAK_TESTS ?= tests/integration/test_failover.py \
 	tests/integration/test_concurrent_upsert.py \
+	tests/chaos/test_worker_faults.py::test_a_worker_cut_off_past_its_lease_tells_its_sync_task_the_lease_is_lost \
 	tests/workloads/test_checkpoints.py::test_an_iteration_killed_again_and_again_redoes_nothing_before_its_last_checkpoint \
 	tests/workloads/test_batches.py::test_a_big_batch_with_random_failures_drained_by_two_workers
 soak: venv
