@@ -85,12 +85,14 @@ def test_when_the_old_attempt_fails_the_new_one_runs_the_task_after_it(app, r, t
 
 
 def test_a_stopped_worker_resumes_without_running_the_task_twice_at_once(app, r, procs, tmp_path):
-    """A worker process SIGSTOPped for longer than its lease (1 s) during a 3 s sync task,
+    """A worker process SIGSTOPped for longer than its lease (2 s) during a 6 s sync task,
     a reaper running: after SIGCONT the run is claimed again by the same worker, whose old
-    thread is still running. At most two executions, never at once; the run succeeds."""
+    thread is still running. At most two executions, never at once; the run succeeds. (A 1 s
+    lease let a heartbeat the resumed worker sent a second late on a loaded machine lapse the
+    new attempt too: a third execution.)"""
     path = str(tmp_path / "journal")
-    run_id = app.enqueue(basic.journaled, [path, 3.0])
-    worker = procs.worker("--lease", "1s")
+    run_id = app.enqueue(basic.journaled, [path, 6.0])
+    worker = procs.worker("--lease", "2s")
     with reaper_thread(app, tick_s=0.1):
         wait_for(lambda: basic.journal(path), 60, what="the run to start")
         worker.send_signal(signal.SIGSTOP)
