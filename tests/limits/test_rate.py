@@ -60,7 +60,7 @@ def test_claim_reply_carries_the_next_token_time(app):
     # the next token, 100 ms after the claim took this one: between the clock reads around
     # the call (one read before it only put that bound as late as the machine was slow)
     assert reply.next_due_ms is not None
-    assert 0 < reply.next_due_ms - before and reply.next_due_ms - after <= 110
+    assert before < reply.next_due_ms <= after + 110
     held = [app.get_run(i) for i in ids if i != reply.runs[0].run_id]
     assert {h.limited_by for h in held} == {"tenant:acme:rate"}
     assert {h.state for h in held} == {"scheduled"}
