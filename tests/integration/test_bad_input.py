@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 from duetime.common.errors import InvalidInput, PayloadTooLarge, RedisUnavailable, UnknownTask
@@ -13,7 +14,7 @@ from duetime import App
 from duetime.embedded import free_port
 from tests import schedrec
 from tests.apps import basic
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 
 
 def ns_keys(r, app) -> list[bytes]:
@@ -198,12 +199,23 @@ def test_a_password_in_the_url_query_is_never_printed(url, namespace):
             p = subprocess.Popen([sys.executable, "-m", "duetime", "--redis-url", bad, "--namespace",
                                   namespace, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  cwd=ROOT)
-            try:
-                out_b, err_b = p.communicate(timeout=3)
-            except subprocess.TimeoutExpired:
-                p.terminate()
-                out_b, err_b = p.communicate(timeout=30)
-            text = out_b.decode(errors="replace") + err_b.decode(errors="replace")
+            err = bytearray()
+
+            def read(stream=p.stderr, into=err):
+                while chunk := stream.read1(4096):
+                    into.extend(chunk)
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            # until it said where it connected (stopped after a fixed 3 s, a reaper a loaded
+            # machine started late had printed nothing, and the check below proved nothing)
+            wait_for(lambda err=err, p=p: b"connected" in err or p.poll() is not None, 60,
+                     what="the reaper's 'connected' line")
+            p.terminate()
+            p.wait(60)
+            reader.join(30)
+            assert b"password=***" in err, err.decode(errors="replace")[-1500:]
+            text = p.stdout.read().decode(errors="replace") + err.decode(errors="replace")
         else:
             out = _duetime("--redis-url", bad, "--namespace", namespace, *cmd)
             text = out.stdout + out.stderr
