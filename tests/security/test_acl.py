@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -81,10 +80,7 @@ def _other_partitions(app) -> tuple[str, str]:  # type: ignore[no-untyped-def]
 
 
 def wait_until(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    wait_for(pred, timeout, interval=0.1, what=what)  # never under WAIT_FLOOR_S, as every wait
 
 
 @pytest.mark.slow
