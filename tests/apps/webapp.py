@@ -1,6 +1,6 @@
 """The web console's test application: a task that fails until a test says its bug is fixed
-(so a dead letter's replay can succeed), a slow one (a backlog to drain), a non-idempotent one
-and one for schedules."""
+(so a dead letter's replay can succeed), a slow one, a gated one (a backlog held part-drained
+until the test opens the gate), a non-idempotent one and one for schedules."""
 
 from __future__ import annotations
 
@@ -27,6 +27,18 @@ def charge(invoice: int) -> None:
 @app.task(name="web.slow")
 async def slow(seconds: float) -> None:
     await asyncio.sleep(seconds)
+
+
+def gate_key() -> str:
+    return f"{app.keys.namespace}:test:gate"
+
+
+@app.task(name="web.gated")
+async def gated() -> None:
+    """Runs until the test opens the gate (sets gate_key()): a backlog that stays part-drained,
+    with leases held, for as long as the test looks at it, whatever the machine's speed."""
+    while not r().exists(gate_key()):
+        await asyncio.sleep(0.02)
 
 
 @app.task(name="web.transfer", idempotent=False, owner="treasury")

@@ -88,7 +88,7 @@ def post_status(d, path: str, with_csrf: bool) -> int:
 
 def test_overview_shows_a_queue_backlog_draining(page, wapp, web, procs, tmp_path):
     base = web()
-    wapp.enqueue_many([(webapp.slow, [0.5])] * 60)
+    wapp.enqueue_many([(webapp.gated, [])] * 60)  # held until the gate opens, 4 at a time
     page.get(base + "/")
     backlog = "#queue-default [data-field=backlog]"
     assert text(page, backlog) == "60"
@@ -111,6 +111,7 @@ def test_overview_shows_a_queue_backlog_draining(page, wapp, web, procs, tmp_pat
     shot(page, "leases", tmp_path)
     page.close()
     page.switch_to.window(page.window_handles[0])
+    webapp.r().set(webapp.gate_key(), 1)  # the held runs end, the rest follow
     wait_for(drained, 60, what="the backlog to drain to 0")
     # the numbers came in live, into the same document (no reload), and went down on the way
     assert page.execute_script("return window.sameDocument === true")
