@@ -211,6 +211,11 @@ class EmbeddedCluster:
                                             # heard its primary (these test nodes keep no data
                                             # on disk, so an old replica is no worse)
                                             "--cluster-replica-validity-factor", "0",
+                                            # a replica's full sync starts when it asks, not
+                                            # 5 s later (the default waits for more replicas
+                                            # to share one transfer): each replica's start and
+                                            # each rejoin after a failover waited that long
+                                            "--repl-diskless-sync-delay", "0",
                                             *(extra or [])])
                       for _ in range(n * (1 + replicas))]
 
