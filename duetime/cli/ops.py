@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 from datetime import timedelta
@@ -146,18 +148,34 @@ def top(ctx: click.Context, interval: timedelta, window: timedelta, once: bool,
         else:
             click.echo(render_frame(ov, title))
         return
+    # Ctrl-C (or SIGTERM) sets a flag the loop reads between frames, rather than raising
+    # KeyboardInterrupt wherever the main thread happens to be: inside a Redis call or a
+    # library's cleanup, an exception there is at the mercy of code that is not ours, and a
+    # `top` that ignores Ctrl-C is the one thing an operator's live view must never do.
+    # A second Ctrl-C raises as usual: a frame stuck on a server that does not answer still
+    # quits.
+    stop = threading.Event()
+
+    def quit_(*_: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = {sig: signal.signal(sig, quit_) for sig in (signal.SIGINT, signal.SIGTERM)}
     out = sys.stdout
     out.write("\x1b[?25l")  # hide the cursor while redrawing
     try:
-        while True:
+        while not stop.is_set():
             frame = render_frame(insp.overview(activity=True, window_s=window_s, cost=True),
                                  title + f"   (every {format_duration(interval)}; Ctrl-C quits)")
             out.write("\x1b[H" + frame.replace("\n", "\x1b[K\n") + "\x1b[K\n\x1b[J")
             out.flush()
-            time.sleep(period)
+            stop.wait(period)
     except KeyboardInterrupt:
         pass
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         out.write("\x1b[?25h\n")
         out.flush()
 

@@ -62,8 +62,11 @@ def test_leases_workers_and_top_show_live_work(app, url, namespace, procs):
     assert waiting and later and dead
 
 
-def test_top_redraws_in_place_until_ctrl_c(app, procs):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_top_redraws_in_place_until_ctrl_c(app, procs, monkeypatch, sig):
     app.enqueue(basic.noop, queue="q1", delay=60)
+    # a `top` that does not stop is made to print where it is (faulthandler, on SIGABRT)
+    monkeypatch.setenv("PYTHONFAULTHANDLER", "1")
     top = procs.duetime("top", "--interval", "100ms")
     seen = bytearray()
 
@@ -75,8 +78,14 @@ def test_top_redraws_in_place_until_ctrl_c(app, procs):
     reader.start()
     # interrupt once it has drawn twice (a loaded machine may take a while to start it)
     wait_for(lambda: seen.count(b"\x1b[H") >= 2, 30, what="two frames of top")
-    top.send_signal(signal.SIGINT)
-    top.wait(timeout=60)  # a process stopping on a loaded machine
+    top.send_signal(sig)
+    try:
+        top.wait(timeout=60)  # a process stopping on a loaded machine
+    except subprocess.TimeoutExpired:
+        top.send_signal(signal.SIGABRT)
+        top.wait(30)
+        pytest.fail(f"top did not stop on {sig.name}; where it was:\n"
+                    + top.stderr.read().decode(errors="replace")[-4000:])
     reader.join(5)
     out, err = bytes(seen), top.stderr.read()
     assert top.returncode == 0, err
