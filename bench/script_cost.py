@@ -8,7 +8,8 @@ same round, and their median: on a loaded machine that paired ratio is the stead
 Each round also sizes what a retained finished run costs in memory: the server's used_memory
 growth over the round's N finished runs (run hash, attempts key, index entries), per run.
 
-    .venv/bin/python -m bench.script_cost [--runs 20000] [--batch 50] [--rounds 5] [LUA_DIR ...]
+    .venv/bin/python -m bench.script_cost [--runs 20000] [--batch 50] [--rounds 5] [--payload B]
+        [--retained N] [LUA_DIR ...]
 
 `--results` instead compares completing with and without a stored result (a task's return
 value kept on its run for `wait`), interleaved on one server: Redis CPU and memory per run.
@@ -80,7 +81,16 @@ def _cpu_us(r: redis.Redis) -> float:
 RESULT = pack_result({"rows": 1234, "path": "s3://reports/2026-12-01/daily.csv", "ok": True})
 
 
-def _enqueue_all(r: redis.Redis, lua_dir: Path, n: int) -> None:
+def _payload(i: int, size: int) -> bytes:
+    """Run i's packed arguments: `[i]` (3 bytes), or padded with a string argument to about
+    `size` bytes (a record field over 64 bytes turns a listpack hash into a hash table)."""
+    bare = pack_payload([i], {})
+    if size <= len(bare):
+        return bare
+    return pack_payload([i, "x" * max(0, size - len(bare) - 3)], {})
+
+
+def _enqueue_all(r: redis.Redis, lua_dir: Path, n: int, payload: int = 0) -> None:
     """n runs of `noop`, as enqueue_many sends them: one enqueue.lua call per 200 runs of a
     partition; a copy before the `fresh` mark (ARGV[5]) gets its older argument list."""
     src = _source(lua_dir, "enqueue")
@@ -94,7 +104,7 @@ def _enqueue_all(r: redis.Redis, lua_dir: Path, n: int) -> None:
     for i in range(n):
         rid = entropy[20 * i : 20 * i + 20]
         by_p.setdefault(k.partition_of_run(rid), []).append(
-            (rid, "", 0, ["payload", pack_payload([i], {})]))
+            (rid, "", 0, ["payload", _payload(i, payload)]))
     pipe, created, calls = r.pipeline(transaction=False), 0, 0
     for p, runs in by_p.items():
         for j in range(0, len(runs), 200):
@@ -111,11 +121,16 @@ def _enqueue_all(r: redis.Redis, lua_dir: Path, n: int) -> None:
 
 def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
               memory: list[float] | None = None, meter: Any = None,
+              payload: int = 0, retained: int = 0,
               ) -> tuple[float, float, float, float]:
     """(enqueue, claim, complete) Redis CPU µs per run, and the used_memory growth per
     finished run (bytes). With `memory`, appends the mean MEMORY USAGE of a finished run's
     record (500 sampled; a result changes nothing else: the indexes hold the same entries
-    either way). `meter(r)`: the server's cumulative cost counter (default: its CPU µs)."""
+    either way). `meter(r)`: the server's cumulative cost counter (default: its CPU µs).
+    `payload`: each run's packed arguments padded to about that many bytes (0: 3 bytes).
+    `retained`: that many runs go through their whole life first, unmeasured, so the
+    measured runs meet a namespace in service (its done sets past their listpack size, as
+    retained finished runs make them) rather than an empty one."""
     app.configure(redis_url=url, namespace=f"sc{uuid.uuid4().hex[:6]}")
     r = redis.Redis.from_url(url)
     meter = meter or _cpu_us
@@ -128,22 +143,29 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     forms = "ARGV[4] form" in complete_src
     per_run = 5 if forms else next((n for n in (5, 4) if f"#ARGV, {n} do" in complete_src), 3)
     k = app.keys
+
+    def complete_all(held: dict[int, list[Any]]) -> None:
+        for p, items in held.items():
+            for i in range(0, len(items), batch):
+                # every run here is a first attempt: the mark '1' (bare) is what every copy since
+                # the mark reads, a first attempt's too
+                done = [(run_id, fence, result, "", bare, 1)
+                        for run_id, fence, bare in items[i : i + batch]]
+                keys, args = tr.complete(k, p, done, forms=forms)
+                if per_run < 5:  # an older copy: its values per run, the first of the five
+                    args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 5 < per_run]
+                assert set(complete(keys=keys, args=args)) <= {b"succeeded", b"ok"}  # ok: old
+
+    if retained:
+        _enqueue_all(r, lua_dir, retained, payload)
+        complete_all(claim_all(k, claim, batch, 60_000, retained, _decoder(lua_dir)))
     m0 = r.info("memory")["used_memory"]
     c0 = meter(r)
-    _enqueue_all(r, lua_dir, n)
+    _enqueue_all(r, lua_dir, n, payload)
     c1 = meter(r)
     held = claim_all(k, claim, batch, 60_000, n, _decoder(lua_dir))
     c2 = meter(r)
-    for p, items in held.items():
-        for i in range(0, len(items), batch):
-            # every run here is a first attempt: the mark '1' (bare) is what every copy since the
-            # mark reads, a first attempt's too
-            done = [(run_id, fence, result, "", bare, 1)
-                    for run_id, fence, bare in items[i : i + batch]]
-            keys, args = tr.complete(k, p, done, forms=forms)
-            if per_run < 5:  # an older copy: its values per run, the first of the five
-                args = args[:3] + [a for j, a in enumerate(args[3:]) if j % 5 < per_run]
-            assert set(complete(keys=keys, args=args)) <= {b"succeeded", b"ok"}  # ok: old copies
+    complete_all(held)
     c3 = meter(r)
     grown = (r.info("memory")["used_memory"] - m0) / n
     if memory is not None:
@@ -156,12 +178,23 @@ def one_round(url: str, lua_dir: Path, n: int, batch: int, result: bytes = b"",
     return (c1 - c0) / n, (c2 - c1) / n, (c3 - c2) / n, grown
 
 
+def _state_args(ap: argparse.ArgumentParser) -> None:
+    """What the measured runs meet: their payload's size and the finished runs already kept."""
+    ap.add_argument("--payload", type=int, default=0,
+                    help="bytes of each run's packed arguments (default: 3); over 64 the run "
+                         "hash is a hash table, not a listpack")
+    ap.add_argument("--retained", type=int, default=0,
+                    help="finished runs kept in the namespace before the measured ones (a "
+                         "namespace in service; default: none, an empty namespace)")
+
+
 def main() -> None:
     ap = parser(runs=20000, batch=50, rounds=5)
     ap.add_argument("--results", action="store_true",
                     help="compare completing with and without a stored result")
     ap.add_argument("--guard", action="store_true",
                     help="compare the scripts with and without their resharding check")
+    _state_args(ap)
     ap.add_argument("lua_dirs", nargs="*", type=Path, default=[LUA])
     args = ap.parse_args()
     if args.results:
@@ -174,8 +207,10 @@ def main() -> None:
     with EmbeddedServer(args.server) as server:
         for _ in range(args.rounds):
             for d in args.lua_dirs:  # interleaved: the machine's noise hits every variant
-                res[d].append(one_round(server.url, d, args.runs, args.batch))
+                res[d].append(one_round(server.url, d, args.runs, args.batch,
+                                        payload=args.payload, retained=args.retained))
     print(f"server={args.server} runs={args.runs} batch={args.batch} rounds={args.rounds}"
+          f" payload={args.payload or 3} B retained={args.retained}"
           " (Redis CPU µs per run, medians)")
     first = args.lua_dirs[0]
     for d, rounds in res.items():

@@ -5,7 +5,8 @@ Instructions are what a script costs whatever else the machine runs: on a shared
 2-core box the CPU-time deltas of `script_cost` vary by ±30 % between rounds, these by well
 under 1 %. (The server is ~50× slower under valgrind: keep N small.)
 
-    .venv/bin/python -m bench.script_ir [--runs 3000] [--batch 50] LUA_DIR [LUA_DIR ...]
+    .venv/bin/python -m bench.script_ir [--runs 3000] [--batch 50] [--payload B] [--retained N]
+        LUA_DIR [LUA_DIR ...]
 
 Prints, per copy of `lua/`, instructions per run of each phase (thousands) and their sum,
 then each copy relative to the first. Needs `valgrind` and `redis-server` on PATH (or `--binary`).
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import redis
 
-from bench.script_cost import LUA, one_round
+from bench.script_cost import LUA, _state_args, one_round
 
 
 def _free_port() -> int:
@@ -85,6 +86,7 @@ def main() -> None:
                          "with --keep, callgrind_annotate then names its functions)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the dumps (callgrind_annotate one to see where a phase goes)")
+    _state_args(ap)
     ap.add_argument("lua_dirs", nargs="*", type=Path, default=[LUA])
     args = ap.parse_args()
     cg = Callgrind(args.binary, args.keep)
@@ -92,10 +94,12 @@ def main() -> None:
     try:
         one_round(cg.url, args.lua_dirs[0], 200, args.batch, meter=cg.counter)  # warm up
         for d in args.lua_dirs:
-            res[d] = one_round(cg.url, d, args.runs, args.batch, meter=cg.counter)
+            res[d] = one_round(cg.url, d, args.runs, args.batch, meter=cg.counter,
+                               payload=args.payload, retained=args.retained)
     finally:
         cg.stop()
     print(f"redis-server under callgrind, runs={args.runs} batch={args.batch} "
+          f"payload={args.payload or 3} B retained={args.retained} "
           "(thousands of instructions per run)")
     first = res[args.lua_dirs[0]]
     for d, (enq, cl, co, mem) in res.items():
