@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -338,10 +339,27 @@ _TOPOLOGY_CODES = ("CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "MOVED", "ASK", "REA
                    "NOSCRIPT")
 
 
+_REDIS_PY = os.path.dirname(redis.__file__) + os.sep
+
+
+def client_glitch(exc: BaseException) -> bool:
+    """An AttributeError or TypeError raised inside redis-py's own code, not ours. Its asyncio
+    cluster client, when one task closes a connection while another writes on it (a slot
+    move or a failover makes it do so), fails with "'NoneType' object has no attribute
+    'writelines'": the connection is gone, as a ConnectionError would have said, and the call
+    is retried as after one, logged as a warning, not as a bug of duetime's with a traceback."""
+    if not isinstance(exc, AttributeError | TypeError):
+        return False
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and last.tb_frame.f_code.co_filename.startswith(_REDIS_PY)
+
+
 def topology_error(exc: BaseException) -> bool:
     """A failover or a slot move in progress, or an unreachable node: soon over. Anything
     else (OOM, WRONGTYPE, a script error) is a refusal that retrying soon will not cure."""
-    if isinstance(exc, TOPOLOGY_ERRORS):
+    if isinstance(exc, TOPOLOGY_ERRORS) or client_glitch(exc):
         return True
     code = getattr(exc, "code", None) or (str(exc).split(" ", 1)[0] if str(exc) else "")
     return code in _TOPOLOGY_CODES

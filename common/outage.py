@@ -63,9 +63,9 @@ def kind(exc: BaseException) -> str:
     move: CLUSTERDOWN, MOVED, READONLY, ...) or 'refused' (an answer a quick retry will not
     change: OOM at maxmemory, WRONGTYPE on a damaged key)."""
     import redis
-    from duetime.common.connection import topology_error
+    from duetime.common.connection import client_glitch, topology_error
 
-    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError):
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError) or client_glitch(exc):
         return "unavailable"
     return "moving" if topology_error(exc) else "refused"
 

@@ -18,7 +18,7 @@ import time
 
 import redis
 import redis.asyncio as aredis
-from duetime.common.connection import REPLY_TIMEOUT_S
+from duetime.common.connection import REPLY_TIMEOUT_S, client_glitch
 from duetime.common.logs import get as get_logger
 from duetime.common.loops import cancelled, pause
 from duetime.common.outage import Outage, bounded
@@ -82,9 +82,12 @@ class WakeListener:
             except ANY_REDIS_ERROR as exc:
                 delay = outage.failed(exc)
             except Exception as exc:  # noqa: BLE001 - a bug here must not end the wake-ups for good
-                log.error("wake listener failed; restarting it", error=bounded(exc),
-                          worker_id=self.worker_id, exc_info=True)
-                delay = 1.0
+                if client_glitch(exc):  # redis-py's own race on a closed connection
+                    delay = outage.failed(exc)
+                else:
+                    log.error("wake listener failed; restarting it", error=bounded(exc),
+                              worker_id=self.worker_id, exc_info=True)
+                    delay = 1.0
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
             await pause(closing, delay)

@@ -75,3 +75,27 @@ def test_an_unreadable_head_is_probed_by_a_claim_not_forgotten():
     due.next_due[(2, "default")] = 123.0
     due.refuse((2, "default"), "reading due times", redis.ConnectionError("refused"))
     assert due.next_due[(2, "default")] == 123.0
+
+
+def _raised_in(filename: str) -> AttributeError:
+    """The AttributeError a line of `filename` raises, as redis-py's asyncio cluster client
+    raises it when another task closed the connection it writes on ("'NoneType' object has no
+    attribute 'writelines'")."""
+    scope: dict[str, object] = {}
+    exec(compile("def send(writer):\n    writer.writelines([b'PING'])\n", filename, "exec"), scope)
+    try:
+        scope["send"](None)  # type: ignore[operator]
+    except AttributeError as exc:
+        return exc
+    raise AssertionError("no AttributeError")
+
+
+def test_redis_pys_own_race_on_a_closed_connection_is_retried_as_a_lost_connection():
+    from duetime.common.connection import client_glitch
+    from duetime.common.outage import kind
+
+    ours, theirs = _raised_in(__file__), _raised_in(redis.asyncio.connection.__file__)
+    assert client_glitch(theirs) and topology_error(theirs) and kind(theirs) == "unavailable"
+    # the same error raised by duetime's (or the user's) own code is a bug, and says so
+    assert not client_glitch(ours) and not topology_error(ours) and kind(ours) == "refused"
+    assert not client_glitch(redis.ResponseError("WRONGTYPE"))
