@@ -153,7 +153,7 @@ def _script_policy_resolvers() -> tuple[Any, Any] | None:
     """(sync resolver class, async resolver class), or None where redis-py has no policies."""
     try:
         # the policy types are re-exported there by import (redis-py declares no __all__)
-        from redis.commands.policies import (  # type: ignore[attr-defined]
+        from redis.commands.policies import (  # type: ignore[attr-defined, unused-ignore]
             AsyncBasePolicyResolver,
             AsyncPolicyResolver,
             AsyncStaticPolicyResolver,

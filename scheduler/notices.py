@@ -163,10 +163,10 @@ class Listener(threading.Thread):
         nodes = getattr(self.client, "nodes_manager", None)
         if nodes is None or not self._failures:
             # redis-py leaves Redis.pubsub unannotated
-            return self.client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+            return self.client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call, unused-ignore]
         known = sorted(self.client.get_nodes(), key=lambda n: n.name)  # type: ignore[attr-defined]
         node = known[self._failures % len(known)] if known else None
-        return self.client.pubsub(node=node, ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+        return self.client.pubsub(node=node, ignore_subscribe_messages=False)  # type: ignore[no-untyped-call, unused-ignore]
 
     def run(self) -> None:
         delay = 0.1

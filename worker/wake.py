@@ -77,7 +77,7 @@ class WakeListener:
                         self.on_message(msg["data"])
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in redis-py
                 raise
             except ANY_REDIS_ERROR as exc:
                 delay = outage.failed(exc)
@@ -89,7 +89,7 @@ class WakeListener:
                               worker_id=self.worker_id, exc_info=True)
                     delay = 1.0
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in redis-py
             await pause(closing, delay)
 
     def on_message(self, data: object) -> None:
