@@ -26,6 +26,8 @@ the hook (the floors lane runs without xdist).
 from __future__ import annotations
 
 import os
+import resource
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,33 +103,70 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return UnitScheduling(config, log)
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for (the worker and
+    scheduler processes a test starts and stops; servers a module started, once it stops
+    them: a session's own servers are counted by no unit)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class CpuMeter:
+    """On the process that runs the tests (an xdist worker, or pytest alone): each test
+    phase's CPU seconds (`_cpu_s`), carried to the Recorder in the report's user_properties.
+    Wall seconds say which unit to start first; CPU seconds say which cost the two cores."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Iterator[None]:
+        outcome = yield
+        report = outcome.get_result()
+        start = getattr(item, "_duetime_cpu_at", None)
+        now = _cpu_s()
+        if start is not None:
+            report.user_properties.append(("cpu_s", now - start))
+        item._duetime_cpu_at = now  # type: ignore[attr-defined]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        item._duetime_cpu_at = _cpu_s()  # type: ignore[attr-defined]
+
+
 class Recorder:
     """With DUETIME_RECORD_TIMINGS=path: each unit's seconds (setup + call + teardown of its
-    tests), written at the end of the run in the format of tests/timings.txt."""
+    tests), and its CPU seconds (CpuMeter), written at the end of the run in the format of
+    tests/timings.txt (the CPU as a comment)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         unit = scope_of(report.nodeid)
         self.seconds[unit] = self.seconds.get(unit, 0.0) + report.duration
+        cpu = sum(v for k, v in report.user_properties if k == "cpu_s")
+        self.cpu[unit] = self.cpu.get(unit, 0.0) + cpu
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         listed = sorted(((s, u) for u, s in self.seconds.items() if s >= MIN_LISTED_S), reverse=True)
-        total = sum(self.seconds.values())
+        total, cpu = sum(self.seconds.values()), sum(self.cpu.values())
         lines = [
             "# Seconds each unit of the suite took in one recorded run (setup + call + teardown",
             "# of its tests; a unit is a file, or file[kind] for the files tests/timing.py splits",
             "# by server kind). `make test` hands the listed units out longest first; the rest",
             f"# (under {MIN_LISTED_S:g} s) follow in collection order. Written by `make timings`.",
-            f"# That run: {len(self.seconds)} units, {total:.0f} s of test time in all.",
-            *(f"{s:6.1f} {u}" for s, u in listed),
+            "# After `#`: the CPU seconds the unit's tests used (pytest's process and the",
+            "# processes its tests started and waited for).",
+            f"# That run: {len(self.seconds)} units, {total:.0f} s of test time in all, {cpu:.0f} s of CPU.",
+            *(f"{s:6.1f} {u}  # cpu {self.cpu.get(u, 0.0):.1f}" for s, u in listed),
         ]
         self.path.write_text("\n".join(lines) + "\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     record = os.environ.get(RECORD_ENV)
-    if record and not hasattr(config, "workerinput"):  # the controller sees every report
+    if not record:
+        return
+    config.pluginmanager.register(CpuMeter(), "duetime-cpu-meter")
+    if not hasattr(config, "workerinput"):  # the controller sees every report
         config.pluginmanager.register(Recorder(Path(record)), "duetime-timings-recorder")
