@@ -30,7 +30,8 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterPipeline, RedisCluster
+from redis.retry import Retry
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -206,6 +207,26 @@ class _Cluster(RedisCluster):
         if hasattr(self, "_policy_resolver"):  # redis-py 8 and later (see _RESOLVERS)
             pipe._policy_resolver = self._policy_resolver
         return pipe
+
+
+def sent_once(pipe: Any) -> Any:
+    """`pipe`, which redis-py will not send again if it is a cluster pipeline.
+
+    On a connection error or CLUSTERDOWN, redis-py sends a cluster pipeline's whole stack
+    again after a back-off, the commands its healthy nodes already ran included (up to 10
+    times in redis-py 8.2, 3 before). An enqueue sends a chunk of new random ids as `fresh`
+    (created without an EXISTS) the first time only; redis-py resending it would create
+    those runs again, resetting any a worker had claimed since. So the enqueue's own retry
+    (duetime/client/runs.py `retry_s`) resends what was not acknowledged, not marked fresh.
+    A plain server's pipeline is retried by its connection's own Retry, which cannot be
+    switched off for one pipeline: there a resend goes to the one server right after the
+    connection broke, and the window this closes on a cluster (healthy nodes resent to while
+    their workers claim) stays open on a plain server as a short one."""
+    if isinstance(pipe, ClusterPipeline):
+        pipe.retry = Retry(NoBackoff(), 0)
+        if hasattr(pipe, "cluster_error_retry_attempts"):  # redis-py before 6 reads this one
+            pipe.cluster_error_retry_attempts = 0
+    return pipe
 
 
 def _url_error(url: str, exc: Exception) -> InvalidInput:

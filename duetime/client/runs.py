@@ -26,6 +26,7 @@ from duetime.common.connection import (
     is_cluster,
     refresh_topology,
     refused,
+    sent_once,
     sync_client,
     topology_error,
     translated,
@@ -472,7 +473,7 @@ class RunStore:
         groups: dict[tuple[int, str, str], list[Prepared]] = {}
         for pr in prepared:
             groups.setdefault((pr.partition, pr.queue, pr.spec.name), []).append(pr)
-        pipe, chunks, pending = client.pipeline(transaction=False), [], 0
+        pipe, chunks, pending = sent_once(client.pipeline(transaction=False)), [], 0
         for (p, queue, _), items in groups.items():
             shared = task_fields(items[0].spec, queue)
             for i in range(0, len(items), min(SCRIPT_CHUNK, per_trip)):
@@ -487,7 +488,7 @@ class RunStore:
                 pending += len(chunk)
                 if pending >= per_trip:
                     yield pipe, chunks
-                    pipe, chunks, pending = client.pipeline(transaction=False), [], 0
+                    pipe, chunks, pending = sent_once(client.pipeline(transaction=False)), [], 0
         if pending:
             yield pipe, chunks
 
