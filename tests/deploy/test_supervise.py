@@ -149,6 +149,11 @@ def test_sigkilled_child_is_replaced_and_its_runs_recover_through_lease_expiry(a
     wait_for(lambda: victim not in children(sup.pid) and len(children(sup.pid)) == 4, 20,
              what="the killed child to be replaced")
     (new,) = children(sup.pid) - before
+    # until it has exec'd, a forked child's /proc cmdline is the supervisor's own (whose
+    # --metrics-port is the first slot's): read the port once the child runs its own argv
+    supervisor_argv = Path(f"/proc/{sup.pid}/cmdline").read_bytes()
+    wait_for(lambda: Path(f"/proc/{new}/cmdline").read_bytes() != supervisor_argv, 20,
+             what="the replacement to exec its own command line")
     assert metrics_port_of(new) == victim_port  # the same slot, on the same port
     wait_for(lambda: serves_metrics(victim_port), 20, what="the new child to serve metrics")
 

@@ -176,7 +176,7 @@ def test_backfill_one_run_per_interval_in_order_once(app, url):
     assert runs[0].interval_start == datetime(2026, 2, 27, tzinfo=UTC)  # the Friday before
     shown = runner.invoke(main, ["runs", "show", runs[1].id, "--json"], env=env)
     assert shown.exit_code == 0, shown.output
-    d = json.loads(shown.output)
+    d = json.loads(shown.stdout)
     assert (d["interval_start"], d["interval_end"]) == ("2026-03-02T00:00:00Z", "2026-03-03T00:00:00Z")
 
 
@@ -198,7 +198,7 @@ def test_calendar_cli_add_show_list_delete(app, url, tmp_path):
     assert date(2026, 7, 5) not in cal.excluded and date(2026, 12, 24) in cal.excluded
     assert cal.weekdays == frozenset(range(6))
     shown = runner.invoke(main, ["calendar", "show", "plant", "--json"], env=env)
-    assert json.loads(shown.output)["version"] == 1
+    assert json.loads(shown.stdout)["version"] == 1
     listed = runner.invoke(main, ["calendar", "list"], env=env)
     assert "plant" in listed.output
     assert runner.invoke(main, ["calendar", "delete", "plant"], env=env).exit_code == 0
@@ -219,7 +219,7 @@ def test_schedule_add_takes_a_calendar_and_show_honours_it(app, url):
     assert (info.calendar, info.on_excluded) == ("cli-cal", "next")
     shown = runner.invoke(main, ["schedule", "show", "weekday-9", "--json"], env=env)
     fires = [datetime.fromisoformat(f["utc"].replace("Z", "+00:00"))
-             for f in json.loads(shown.output)["next_fires"]]
+             for f in json.loads(shown.stdout)["next_fires"]]
     assert fires and all(f.astimezone(ZoneInfo("Europe/Paris")).weekday() < 5 for f in fires)
     bad = runner.invoke(main, ["schedule", "add", "x", "--every", "1h", "--task", "noop",
                                "--app", "tests.apps.basic:app", "--on-excluded", "next"], env=env)

@@ -122,7 +122,7 @@ def test_cli_pause_list_resume(app):
     def duetime(*args: str) -> str:
         res = runner.invoke(cli, list(args), env=env, catch_exceptions=False)
         assert res.exit_code == 0, res.output
-        return res.output
+        return res.stdout  # the command's output alone: a log line goes to stderr
 
     assert "no queue is paused" in duetime("queue", "list")
     assert "paused (deploy)" in duetime("queue", "pause", "default", "--note", "deploy")
@@ -162,7 +162,7 @@ def test_top_doctor_and_the_gauge_show_a_paused_queue(app):
     assert top.exit_code == 0, top.output
     assert "default (paused)" in top.output and "db migration" in top.output
     assert "other (paused)" not in top.output
-    as_json = json.loads(runner.invoke(cli, ["top", "--once", "--json"], env=env).output)
+    as_json = json.loads(runner.invoke(cli, ["top", "--once", "--json"], env=env).stdout)
     paused = {q["queue"]: (q["paused"], q["pause_note"]) for q in as_json["queues"]}
     assert paused["default"] == (True, "db migration") and paused["other"] == (False, "")
 

@@ -106,12 +106,16 @@ class Report:
 
 def run(app: Any, worker: Callable[[], subprocess.Popen[bytes]], the_plan: Plan, *,
         workers: int = 2, kill_every: tuple[float, float] = (1.0, 1.0), max_kills: int | None = 6,
-        deadline_s: float = 120.0, seed: int = 1,
+        kill_every_ended: int | None = None, deadline_s: float = 120.0, seed: int = 1,
         progress: Callable[[str], None] | None = None) -> Report:
     """Create the batch, run it on `workers` worker processes (started by `worker()`), SIGKILL
     one every `kill_every` seconds (uniform in the range) and start another, until the batch
     finished (or `max_kills`); then wait for the callbacks and `check`. The reaper is the
-    caller's to start."""
+    caller's to start.
+
+    `kill_every_ended=N` kills by progress instead: each time N more members have ended, so
+    the kills land while the batch runs however fast the machine drains it (a fast run of
+    600 members once finished between two time-driven kills)."""
     rnd = random.Random(seed)
     client = w.r()
     started = time.monotonic()
@@ -131,9 +135,19 @@ def run(app: Any, worker: Callable[[], subprocess.Popen[bytes]], the_plan: Plan,
     deadline = started + deadline_s
     try:
         while not app.get_batch(bid).finished and time.monotonic() < deadline:
-            wait_until = time.monotonic() + rnd.uniform(*kill_every)
-            while time.monotonic() < wait_until and not app.get_batch(bid).finished:
-                time.sleep(0.1)
+            if kill_every_ended is None:
+                wait_until = time.monotonic() + rnd.uniform(*kill_every)
+                while time.monotonic() < wait_until and not app.get_batch(bid).finished:
+                    time.sleep(0.1)
+            else:
+                goal = (kills + 1) * kill_every_ended
+
+                def due_or_over() -> bool:
+                    now = app.get_batch(bid)
+                    return now.finished or now.total - now.pending >= goal
+
+                while not due_or_over() and time.monotonic() < deadline:
+                    time.sleep(0.01)
             if max_kills is not None and kills >= max_kills:
                 continue
             if app.get_batch(bid).finished:

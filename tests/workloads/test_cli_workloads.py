@@ -14,7 +14,7 @@ def run(wapp, *args: str) -> str:
     env = {"DUETIME_REDIS_URL": wapp.redis_url, "DUETIME_NAMESPACE": wapp.keys.namespace}
     res = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    return res.output
+    return res.stdout  # the command's output alone: a log line goes to stderr
 
 
 def test_enqueue_depends_on_is_repeatable_and_waits(wapp):
