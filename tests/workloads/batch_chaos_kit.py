@@ -141,12 +141,10 @@ def run(app: Any, worker: Callable[[], subprocess.Popen[bytes]], the_plan: Plan,
                     time.sleep(0.1)
             else:
                 goal = (kills + 1) * kill_every_ended
-
-                def due_or_over() -> bool:
+                while time.monotonic() < deadline:
                     now = app.get_batch(bid)
-                    return now.finished or now.total - now.pending >= goal
-
-                while not due_or_over() and time.monotonic() < deadline:
+                    if now.finished or now.total - now.pending >= goal:
+                        break
                     time.sleep(0.01)
             if max_kills is not None and kills >= max_kills:
                 continue

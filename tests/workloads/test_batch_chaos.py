@@ -5,9 +5,9 @@ the batch's counts equal its members' final states.
 
 A bounded size for CI (600 members, 6 kills, one after every 80 members ended): what the
 guarantee rests on -- a member's end and its counting in one script call, callbacks created up
-front with derived ids -- does not depend on the size. The 10,000-member run of issue's size is the soak (`make soak-batches`,
-`python -m bench.batches --chaos`, result in bench/RESULTS.md), with the same kit
-(tests/workloads/batch_chaos_kit.py) and the same checks."""
+front with derived ids -- does not depend on the size. The 10,000-member run of the issue's
+size is the soak (`make soak-batches`, `python -m bench.batches --chaos`, result in
+bench/RESULTS.md), with the same kit (tests/workloads/batch_chaos_kit.py) and the same checks."""
 
 from __future__ import annotations
 
