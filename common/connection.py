@@ -260,6 +260,13 @@ def _durable(url: str, durability: Durability | None, is_async: bool,
         raise unavailable(url, exc) from None
 
 
+# NO_RETRIES: a plain server's connections never send a command again themselves. A resend
+# after a lost reply repeats a call that may have run: a claim (its runs then wait for their
+# lease to expire), an enqueue chunk sent `fresh` (created again without an EXISTS). duetime's
+# callers retry themselves, knowing what a resend means (an enqueue's `retry_s`, the worker's
+# and the scheduler's back-off). redis-py gives a client made from a URL no retries unless
+# told, but its defaults move (`redis.Redis()` itself resends 10 times in 8.2, the cluster
+# client went from 3 to 10): duetime states its own. Cluster clients: `_Cluster`, `sent_once`.
 def _sync_client(url: str, **kw: Any) -> redis.Redis:
     if memory.is_memory(url):
         return memory.sync_client(url)  # type: ignore[no-any-return]
@@ -271,6 +278,7 @@ def _sync_client(url: str, **kw: Any) -> redis.Redis:
         return _Cluster.from_url(  # type: ignore[return-value]
             real, redis_connect_func=scripts.load_scripts, **_policy_kw(False),
             connection_class=_SSLConnection if ssl else _Connection, **kw)
+    kw.setdefault("retry", Retry(NoBackoff(), 0))  # see NO_RETRIES
     client = redis.Redis.from_url(real, redis_connect_func=scripts.connect_and_load, **kw)
     pool = client.connection_pool
     pool.connection_class = _SYNC.get(pool.connection_class, pool.connection_class)
@@ -338,6 +346,7 @@ def _async_client(url: str, **kw: Any) -> aredis.Redis:
             node.connection_kwargs["redis_connect_func"] = scripts.aconnect_and_load
             node.connection_class = _FAST.get(node.connection_class, node.connection_class)
         return client  # type: ignore[return-value]
+    kw.setdefault("retry", AsyncRetry(NoBackoff(), 0))  # see NO_RETRIES
     client = aredis.Redis.from_url(real, redis_connect_func=scripts.aconnect_and_load, **kw)
     pool = client.connection_pool
     pool.connection_class = _FAST.get(pool.connection_class, pool.connection_class)
