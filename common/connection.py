@@ -218,10 +218,9 @@ def sent_once(pipe: Any) -> Any:
     (created without an EXISTS) the first time only; redis-py resending it would create
     those runs again, resetting any a worker had claimed since. So the enqueue's own retry
     (duetime/client/runs.py `retry_s`) resends what was not acknowledged, not marked fresh.
-    A plain server's pipeline is retried by its connection's own Retry, which cannot be
-    switched off for one pipeline: there a resend goes to the one server right after the
-    connection broke, and the window this closes on a cluster (healthy nodes resent to while
-    their workers claim) stays open on a plain server as a short one."""
+    A plain server's pipeline needs nothing here: its connections resend nothing (NO_RETRIES).
+    Only the enqueue's pipelines are sent once: the rest of a cluster client keeps redis-py's
+    retries, which a read during a topology change needs (a read is safe to repeat)."""
     if isinstance(pipe, ClusterPipeline):
         pipe.retry = Retry(NoBackoff(), 0)
         if hasattr(pipe, "cluster_error_retry_attempts"):  # redis-py before 6 reads this one
