@@ -104,6 +104,22 @@ class Report:
     problems: list[str] = field(default_factory=list)
 
 
+def _poll(pred: Callable[[], bool], until: float, interval: float) -> bool:
+    """Whether `pred()` came true before the monotonic time `until` (checked every
+    `interval` seconds): the end of a pause between kills is no failure, unlike
+    tests.conftest.wait_for's deadline."""
+    while time.monotonic() < until:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()
+
+
+def _ended(b: Any) -> int:
+    """Members of batch `b` that have ended (a finished batch: all of them)."""
+    return int(b.total) if b.finished else int(b.total - b.pending)
+
+
 def run(app: Any, worker: Callable[[], subprocess.Popen[bytes]], the_plan: Plan, *,
         workers: int = 2, kill_every: tuple[float, float] = (1.0, 1.0), max_kills: int | None = 6,
         kill_every_ended: int | None = None, deadline_s: float = 120.0, seed: int = 1,
@@ -134,21 +150,14 @@ def run(app: Any, worker: Callable[[], subprocess.Popen[bytes]], the_plan: Plan,
     kills = 0
     deadline = started + deadline_s
     try:
-        while not app.get_batch(bid).finished and time.monotonic() < deadline:
-            if kill_every_ended is None:
-                wait_until = time.monotonic() + rnd.uniform(*kill_every)
-                while time.monotonic() < wait_until and not app.get_batch(bid).finished:
-                    time.sleep(0.1)
-            else:
+        while max_kills is None or kills < max_kills:
+            if kill_every_ended is None:  # the next kill after a time drawn from kill_every
+                pause = min(deadline, time.monotonic() + rnd.uniform(*kill_every))
+                _poll(lambda: app.get_batch(bid).finished, pause, 0.1)
+            else:  # the next kill once kill_every_ended more members have ended
                 goal = (kills + 1) * kill_every_ended
-                while time.monotonic() < deadline:
-                    now = app.get_batch(bid)
-                    if now.finished or now.total - now.pending >= goal:
-                        break
-                    time.sleep(0.01)
-            if max_kills is not None and kills >= max_kills:
-                continue
-            if app.get_batch(bid).finished:
+                _poll(lambda goal=goal: _ended(app.get_batch(bid)) >= goal, deadline, 0.01)
+            if app.get_batch(bid).finished or time.monotonic() >= deadline:
                 break
             victim = procs.pop(rnd.randrange(len(procs)))
             victim.send_signal(signal.SIGKILL)
