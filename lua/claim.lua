@@ -68,6 +68,7 @@
 -- The claim, as a recipe: each step lives in the file of lua/claim/ named beside it, included
 -- (whole, in this order, before this body) by common/scripts.py. `c` is the claim's state,
 -- handed to every step; one script call, so the whole batch is one atomic transition.
+-- @include claim/checks.lua
 -- @include claim/limits.lua
 -- @include claim/candidates.lua
 -- @include claim/lanes.lua
@@ -78,7 +79,7 @@
 
 local PAUSED_RECHECK_MS = 1000  -- a paused queue's next look: the worker must not spin
 local now = now_ms()
-local lease = tonumber(ARGV[4])
+local lease, ahead = tonumber(ARGV[4]), tonumber(ARGV[5]) or 0
 local c = {
   keys = {limits = KEYS[8], prio = KEYS[9], lanes = KEYS[10], laned = KEYS[11],
           paused = KEYS[12], holds = KEYS[13]},
@@ -86,9 +87,11 @@ local c = {
   deadlines_key = KEYS[5], events_key = KEYS[6], dead_key = KEYS[7],
   prefix = ARGV[1], worker = ARGV[2], queue = ARGV[8] or '',
   sched_wake = ARGV[6], partition = ARGV[7],
-  limit = tonumber(ARGV[3]), now = now, horizon = now + (tonumber(ARGV[5]) or 0),
+  limit = tonumber(ARGV[3]), now = now, horizon = now + ahead,
   -- numbers sent to Redis as strings built once per call, not once per run (see int_s)
-  now_s = int_s(now), until_s = int_s(now + lease),
+  now_s = int_s(now), until_s = int_s(now + lease), horizon_s = int_s(now + ahead),
+  -- the rare paths' keys (claim/checks.lua): checked yet, and the refusal when one is damaged
+  rare_checked = false, damaged = nil,
   -- what the partition has besides plain runs (read_options)
   options = false,  -- one of the option keys exists (step 0)
   lims = nil, prio = false, lanes = false, paused = false, scan = tonumber(ARGV[3]),
@@ -102,28 +105,34 @@ local c = {
   out = {-1, 0, 0, 0, 0}, taken = 0, missed = 0, skipped = 0,
 }
 
--- 0. checked before the first write: an index of the wrong type (edited by hand) refuses the
--- call, naming the key, so this partition and queue wait and nothing is left half done; a due
--- or retry score edited to +inf (never claimable) is put back from the run record
--- The option keys (limits, priority index, lanes, pause, holds) are one EXISTS first: their
--- types are checked only when one of them exists (none does on the hot path: five TYPE
--- calls fewer per claim), and read_options reads them only then
-local indexes = {KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'zset',
-  KEYS[5], 'zset', KEYS[6], 'stream', KEYS[7], 'zset', KEYS[11], 'zset'}
+-- 0. checked before the first write (claim/checks.lua): an index of the wrong type (edited by
+-- hand) refuses the call, naming the key, so this partition and queue wait and nothing is left
+-- half done. The option keys (limits, priority index, lanes, pause, holds) are one EXISTS
+-- first: their types, and every index's, are checked only when one of them exists (none does
+-- on the hot path); else the leases set here, the due and retry sets by their window reads,
+-- and the keys of the rare paths only when a candidate takes one.
 c.options = redis.call('EXISTS', KEYS[8], KEYS[9], KEYS[10], KEYS[12], KEYS[13]) > 0
+local bad
 if c.options then
-  for _, x in ipairs({KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'zset', KEYS[12], 'hash',
-                      KEYS[13], 'hash'}) do indexes[#indexes + 1] = x end
+  c.rare_checked = true
+  bad = damaged_index({KEYS[3], 'zset', KEYS[4], 'zset', KEYS[5], 'zset', KEYS[6], 'stream',
+    KEYS[7], 'zset', KEYS[11], 'zset', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'zset',
+    KEYS[12], 'hash', KEYS[13], 'hash'})
+else
+  bad = damaged_index({KEYS[3], 'zset'})
 end
-local bad = damaged_index(indexes)
 if bad then return bad end
-repair_unending(c)
 
--- 1. candidates: priority runs, then tenant lanes, then the due and retry sets in due order
+-- 1. candidates: priority runs, then tenant lanes, then the due and retry sets in due order; a
+-- due or retry score edited to +inf (never claimable) is put back from the run record
 read_options(c)
 if c.paused then return {now + PAUSED_RECHECK_MS, 0, 0, 0, 0} end  -- the header alone
 if c.queue_held then return {c.queue_held, 0, 0, 0, 0} end  -- a held queue: until its end
-local d, r = due_windows(c)
+local d, r
+d, r, bad = due_windows(c)
+if bad then return bad end
+bad = repair_unending(c)
+if bad then return bad end
 if c.prio then priority_candidates(c) end
 local skip = c.seen
 if c.lanes then skip = lane_candidates(c, d) end
@@ -148,6 +157,7 @@ repeat
       held = held + 1  -- a run a limit holds back stays where it is
     else
       local f, starts, deadline = admit(c, id, run_key)
+      if c.damaged then break end  -- a rare path's key is damaged: nothing done to this run
       if froms[n] then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
       if starts then
         taken = taken + 1
@@ -158,9 +168,12 @@ repeat
   first = last + 1
   -- room left (runs held, lanes short of their shares, runs that did not start): once, the
   -- lanes past their shares (claim/lanes.lua)
-until taken >= limit or held >= HELD_SCAN
+until c.damaged or taken >= limit or held >= HELD_SCAN
   or not lanes_past_shares(c, (limit - taken) + (HELD_SCAN - held))
 c.taken = taken
+-- the damaged key met before anything was done: the refusal (else the runs taken so far go
+-- out, and the next call meets it first)
+if c.damaged and taken == 0 and #from_due == 0 and #from_retry == 0 then return c.damaged end
 
 -- 3. the batch's writes: indexes and leases, token buckets
 write_indexes(c)

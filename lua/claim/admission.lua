@@ -48,18 +48,19 @@ end
 -- A record that cannot be claimed: dead-lettered when damaged, else a stale entry (left to
 -- the index writes).
 local function not_waiting(c, id, run_key, state)
+  local why
   if state == 'running' and not redis.call('ZSCORE', c.leases_key, id) then
     -- waiting in a due set, yet marked running with no lease: nothing would ever finish or
     -- recover it (a state written by hand); claimed running runs always hold a lease
-    dead_letter(c.prefix, run_key, c.dead_key, c.events_key, id, c.now,
-      'run record damaged: state running, but it holds no lease')
-  elseif not STATES[state] then
-    if redis.call('EXISTS', run_key) == 1 then
-      dead_letter(c.prefix, run_key, c.dead_key, c.events_key, id, c.now,
-        'run record damaged: state ' .. tostring(state or '(missing)') .. ' is not a run state')
-    end
+    why = 'run record damaged: state running, but it holds no lease'
+  elseif not STATES[state] and redis.call('EXISTS', run_key) == 1 then
+    why = 'run record damaged: state ' .. tostring(state or '(missing)') .. ' is not a run state'
   end
-  -- any other state: a stale index entry (cancelled, deleted)
+  -- any other state: a stale index entry (cancelled, deleted); a damaged rare key stops the
+  -- claim before the dead letter is written (rare_keys_damaged sets c.damaged)
+  if why and not rare_keys_damaged(c) then
+    dead_letter(c.prefix, run_key, c.dead_key, c.events_key, id, c.now, why)
+  end
 end
 
 -- Reads candidate `id` (one HGETALL, fields below) and decides: returns its fields, whether it
@@ -95,6 +96,7 @@ local function admit(c, id, run_key)
   end
   if unreadable then
     -- its record key is of the wrong type: dead-lettered as found (it leaves the due set)
+    if rare_keys_damaged(c) then return f, false end
     dead_unreadable(c.dead_key, c.events_key, id, c.now, unreadable)
     return {}, false
   end
@@ -105,6 +107,8 @@ local function admit(c, id, run_key)
   end
   local deadline, sched = tonumber(f[2]), f[3]
   if (tonumber(f[5]) or 0) > 0 then deadline = nil end  -- a retry is not a late start
+  -- a cancel, a starting deadline or an overlap policy may write the rare paths' keys
+  if (f[13] or deadline or sched) and rare_keys_damaged(c) then return f, false end
   if f[13] then
     finish_unstarted(c.prefix, id, 'cancelled', 'cancel requested before it could run again',
       c.now, c.done_key, c.deadlines_key, c.events_key)

@@ -23,27 +23,39 @@ local function read_options(c)
   if read_holds(c) and not c.lims then c.lims = {}; c.scan = c.limit + HELD_SCAN end
 end
 
--- The heads of the due and retry sets: flat {id, score, ...} lists of up to c.scan runs due by
--- the horizon.
 -- A due or retry score of +inf (edited by hand) would never come due: the run's own time (its
 -- `due`, or `retry_at`) is put back, now when that is unreadable, and the events name the key.
+-- One ZCOUNT per set finds none on the hot path; the repair's writes (an event) wait for the
+-- partition's other indexes to be checked (rare_keys_damaged): a damaged one refuses the call.
 local function repair_unending(c)
   for _, pair in ipairs({{c.due_key, 'due'}, {c.retry_key, 'retry_at'}}) do
     local key, field = pair[1], pair[2]
-    for _, id in ipairs(redis.call('ZRANGE', key, '+inf', '+inf', 'BYSCORE', 'LIMIT', 0, 16)) do
-      local t = redis.pcall('HGET', c.prefix .. K.run .. id, field)
-      redis.call('ZADD', key, num(t) or c.now, id)
-      emit(c.events_key, id, 'due_repaired', 'score +inf in ' .. key)
+    if redis.call('ZCOUNT', key, '+inf', '+inf') > 0 then
+      local bad = rare_keys_damaged(c)
+      if bad then return bad end
+      for _, id in ipairs(redis.call('ZRANGE', key, '+inf', '+inf', 'BYSCORE', 'LIMIT', 0, 16)) do
+        local t = redis.pcall('HGET', c.prefix .. K.run .. id, field)
+        redis.call('ZADD', key, num(t) or c.now, id)
+        emit(c.events_key, id, 'due_repaired', 'score +inf in ' .. key)
+      end
     end
   end
+  return nil
 end
 
+-- The heads of the due and retry sets: flat {id, score, ...} lists of up to c.scan runs due by
+-- the horizon, or nil and the refusal when one of them is not a zset (its first read is its
+-- type check: nothing was written yet). A window read full (c.due_full, c.retry_full) may
+-- have more due runs behind it: next_due then answers "due now" without reading the head.
 local function due_windows(c)
-  local d = redis.call('ZRANGE', c.due_key, '-inf', c.horizon, 'BYSCORE', 'LIMIT', 0, c.scan,
+  local d = redis.pcall('ZRANGE', c.due_key, '-inf', c.horizon_s, 'BYSCORE', 'LIMIT', 0, c.scan,
     'WITHSCORES')
-  local r = redis.call('ZRANGE', c.retry_key, '-inf', c.horizon, 'BYSCORE', 'LIMIT', 0, c.scan,
-    'WITHSCORES')
-  return d, r
+  if d.err then return nil, nil, damaged_reply(c.due_key, 'zset') end
+  local r = redis.pcall('ZRANGE', c.retry_key, '-inf', c.horizon_s, 'BYSCORE', 'LIMIT', 0,
+    c.scan, 'WITHSCORES')
+  if r.err then return nil, nil, damaged_reply(c.retry_key, 'zset') end
+  c.due_full, c.retry_full = #d >= 2 * c.scan, #r >= 2 * c.scan
+  return d, r, nil
 end
 
 -- Priority runs (T:prio:<queue>, score -priority x 10^13 + due): highest priority, then

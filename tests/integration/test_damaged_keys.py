@@ -385,6 +385,31 @@ def test_a_wrong_type_leases_key_leaves_no_run_running_without_a_lease(kit):
     assert kit.state(rid) == "scheduled" and kit.indexes(rid) == {"due"}
 
 
+@pytest.mark.parametrize("index", ["done", "deadlines", "events", "dead"])
+def test_a_wrong_type_rare_path_key_refuses_only_the_claim_that_would_write_it(kit, index):
+    """The keys only a rare path of claim.lua writes (a run finished unstarted or
+    dead-lettered) are checked when a candidate takes that path, not on every claim: plain
+    runs are claimed past the damage; a run that needs the key stays due, untouched, and the
+    claim that meets it first is refused naming the key."""
+    p = 11
+    [plain] = kit.enqueue_in(p)
+    key = getattr(kit.k, index)(p)
+    kit.r.delete(key)
+    kit.r.set(key, "garbage")
+    # the plain run is claimed as if nothing were damaged
+    assert [c.run_id for c in kit.claim(p)] == [plain]
+    # a record in no known state must be dead-lettered: that writes the dead set and events
+    [bad] = kit.enqueue_in(p)
+    kit.r.hset(kit.k.run(p, bad), "state", "bogus")
+    with pytest.raises(redis.ResponseError, match="DAMAGED key " + key):
+        kit.claim(p)
+    assert kit.field(bad, "state") == "bogus" and "due" in kit.indexes(bad)
+    # repaired, the next claim dead-letters it
+    kit.r.delete(key)
+    assert kit.claim(p) == []
+    assert kit.state(bad) == "dead"
+
+
 def test_a_wrong_type_run_key_in_a_due_set_blocks_only_itself(kit):
     p = 10
     bad, good = kit.enqueue_in(p, 2)
