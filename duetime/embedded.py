@@ -63,9 +63,12 @@ def answering(client: redis.Redis, proc: subprocess.Popen[bytes], timeout: float
 
 
 def cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too and below 65536."""
+    """A free port whose cluster bus port (+10000) is free too. Both below the kernel's
+    ephemeral range (32768 and up on Linux): a client socket's local port is taken from that
+    range, so a bus port there could be taken by any connection between this check and the
+    node's bind (a test run failed so: 'Could not create server TCP listening socket')."""
     while True:
-        port = random.randint(20000, 45000)
+        port = random.randint(10000, 22700)
         if bindable(port) and bindable(port + 10000):
             return port
 
@@ -225,7 +228,7 @@ class EmbeddedCluster:
 
     def start(self, timeout: float = 30.0) -> EmbeddedCluster:
         for node in self.nodes:
-            node.start()
+            self._first_start(node)
         cli = shutil.which("redis-cli") or shutil.which("valkey-cli")
         first = redis.Redis(port=self.nodes[0].port)
         if cli:
@@ -247,6 +250,23 @@ class EmbeddedCluster:
         self.wait_ok(timeout)
         first.close()
         return self
+
+    @staticmethod
+    def _first_start(node: EmbeddedServer, tries: int = 3) -> None:
+        """Start a node not yet in the cluster; another process may take its port or bus port
+        between `cluster_port`'s check and the bind (parallel test runs choose theirs too):
+        then it gets new ones and starts again."""
+        for left in range(tries - 1, -1, -1):
+            try:
+                node.start()
+                return
+            except (RuntimeError, OSError):
+                logs = [node.dir / "server.log", *node.dir.glob("*.log")]
+                taken = any(f.exists() and b"Address already in use" in f.read_bytes()
+                            for f in logs)
+                if not taken or not left:
+                    raise
+                node.port, node._valkey = cluster_port(), None
 
     def wait_ok(self, timeout: float = 30.0, nodes: list[EmbeddedServer] | None = None) -> None:
         """Until every (given, reachable) node says the cluster is ok and sees every replica,

