@@ -38,10 +38,14 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 META_VERSION = "1"
 # The layout of the runs and attempts in a namespace (`<ns>:meta` `format`; docs/keys.md,
 # "Namespace format"). 1 (or no field: every release before it): one attempts entry per ended
-# attempt. 2: the attempt that succeeds a run is inline in its hash, no entry pushed. This
-# version reads both and writes 2; a format-1 worker serves a format-2 namespace beside it
-# (it only misses the inline entry when it shows a run), so a rolling upgrade needs no step.
-FORMAT = 2
+# attempt. 2: the attempt that succeeds a run is inline in its hash, no entry pushed (a
+# format-1 worker serves a format-2 namespace beside it). 3: a run record leaves out the
+# fields at their default (`created` equal to `due`, the default back-off), which a format-2
+# process would misread: this version reads all three, writes 3 in a namespace it creates, and
+# keeps writing 2 in a format-2 namespace until `duetime migrate` moves it to 3 (once no
+# process of an older release serves it; docs/operations.md, "Upgrades and the namespace
+# format"). Where a partition writes, its `T:caps` field `format` says (enqueue.lua reads it).
+FORMAT = 3
 
 
 # How a connection whose peer vanished (no FIN, no RST: a host that lost power, a partition, a
@@ -479,16 +483,19 @@ def ensure_meta(client: redis.Redis, keys: Keyspace, url: str) -> None:
     first: a process starting while the server refuses writes (maxmemory) still starts."""
     try:
         stored, fmt = client.hmget(keys.meta, "partitions", "format")
+        new = stored is None and fmt is None
         if stored is None:
             client.hsetnx(keys.meta, "partitions", keys.partitions)
             client.hsetnx(keys.meta, "version", META_VERSION)
             client.hsetnx(keys.meta, "created_ms", int(time.time() * 1000))
             stored = client.hget(keys.meta, "partitions")
         if fmt is None:
-            # new, or written by a release before formats (format 1, which this one reads):
-            # from now on this version writes format 2
+            # a new namespace is this version's format from the start; one written by a release
+            # before formats (format 1, whose workers may still serve it) is marked 2, the last
+            # format they serve beside this one (duetime migrate takes it on to 3)
             with suppress(redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError):
-                client.hsetnx(keys.meta, "format", FORMAT)
+                if client.hsetnx(keys.meta, "format", FORMAT if new else 2) and new:
+                    mark_partitions_format(client, keys, FORMAT)
             fmt = client.hget(keys.meta, "format")
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise unavailable(url, exc) from None
@@ -499,6 +506,22 @@ def ensure_meta(client: redis.Redis, keys: Keyspace, url: str) -> None:
             f"this process is configured with {keys.partitions}"
         )
     check_format(fmt, keys)
+
+
+def mark_partitions_format(client: redis.Redis, keys: Keyspace, fmt: int,
+                           progress: Callable[[int], None] | None = None) -> None:
+    """Tell every partition the layout its scripts write (`T:caps` field `format`; a cluster
+    client sends each partition's write to its node). After `<ns>:meta` says so: a process of
+    an older release starting meanwhile is refused by the meta's format before any partition
+    writes a layout it would misread."""
+    step = 64
+    for first in range(0, keys.partitions, step):
+        pipe = client.pipeline(transaction=False)
+        for p in range(first, min(first + step, keys.partitions)):
+            pipe.hset(keys.caps(p), "format", fmt)
+        pipe.execute()
+        if progress is not None:
+            progress(min(step, keys.partitions - first))
 
 
 def check_format(raw: bytes | str | None, keys: Keyspace) -> int:

@@ -212,7 +212,7 @@ class Run:
             state=s("state") or "",
             args=args,
             kwargs=kwargs,
-            created=from_ms(s("created")),
+            created=from_ms(s("created") or s("due")),  # absent: due at once (format 3)
             due=from_ms(s("due")),
             started=from_ms(s("started")),
             finished=from_ms(s("finished")),

@@ -35,6 +35,7 @@ class WorkerInfo:
     last_seen: datetime | None
     last_seen_age_s: float | None
     live: bool
+    formats: int = 0  # the newest namespace format it reads; 0: a release before format 3
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,7 @@ class NamespaceReader:
                 concurrency=int(d.get("concurrency") or 0), inflight=int(d.get("inflight") or 0),
                 processed=int(d.get("processed") or 0), last_seen=from_ms(seen),
                 last_seen_age_s=max(0.0, (now - seen) / 1000), live=bool(h),
+                formats=int(d["formats"]) if d.get("formats", "").isdigit() else 0,
             ))
         return out
 

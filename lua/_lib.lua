@@ -15,6 +15,11 @@ local STATES = {scheduled = true, waiting = true, running = true, retrying = tru
 -- The states a run ends in (common/models.py TERMINAL); a waiter also stops at 'uncertain'.
 local FINAL = {succeeded = true, dead = true, cancelled = true, skipped = true, missed = true}
 
+-- The run fields a namespace of format 3 leaves out at their default (docs/keys.md "The run
+-- record"): the task's default back-off (common/tasks.py TaskSpec: 1 s doubling up to 300 s),
+-- as the decimal strings a producer sends. An absent `created` is the run's `due`.
+local RUN_DEFAULTS = {backoff_base = '1000', backoff_max = '300000'}
+
 -- A number read from Redis, or nil when it is missing, not a number, nan or infinite: a field
 -- edited by hand must make its run or schedule refused, never a nan score or a script error
 -- halfway through a transition (Redis does not undo the writes before an error).
@@ -364,7 +369,8 @@ local function retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, 
                              delay, jitter, reason, channel, partition, queue, from)
   local f = redis.call('HMGET', run_key, 'attempt', 'max_attempts', 'backoff_base', 'backoff_max')
   local attempt, max_attempts = num(f[1]), num(f[2])
-  local base, cap = num(f[3] or 0), num(f[4] or 0)
+  local base = num(f[3] or RUN_DEFAULTS.backoff_base)
+  local cap = num(f[4] or RUN_DEFAULTS.backoff_max)
   if not (attempt and max_attempts and base and cap) then
     force_dead = true
     reason = reason .. '; run record ' .. run_key

@@ -60,17 +60,30 @@ local plain = (plain_delay or '') ~= ''
 local i, nargs = 8 + shared_n, #ARGV
 local added, earliest = {}, nil
 local last_delay, last_due, last_due_s
--- one field list reused for every run (no table per run): state, created, due, the shared
--- fields, then the run's own fields from position base_n + 1
-local fields = {'state', 'scheduled', 'created', int_s(now), 'due', 0}
-for j = 7, 6 + shared_n do fields[#fields + 1] = ARGV[j] end
+-- the partition's caps (T:caps, copied from <ns>:meta): the payload cap, and the layout format
+-- the namespace writes (duetime migrate sets 3 once no process of an older release is left)
+local caps = redis.call('HMGET', prefix .. K.caps, 'max_payload', 'format')
+local cap, compact = tonumber(caps[1]), (tonumber(caps[2]) or 2) >= 3
+-- one field list reused for every run (no table per run): state, due (slot 4), created, the
+-- shared fields, then the run's own fields from position base_n + 1. Format 3 leaves out what
+-- readers take as the default (docs/keys.md "The run record"): `created` when it is the due
+-- time (a run due at once, the plain form without delay), and a back-off at the default
+local fields = {'state', 'scheduled', 'due', 0}
+if not (compact and plain and tonumber(plain_delay) == 0) then
+  fields[5], fields[6] = 'created', int_s(now)
+end
+for j = 7, 6 + shared_n, 2 do
+  if not (compact and RUN_DEFAULTS[ARGV[j]] == ARGV[j + 1]) then
+    fields[#fields + 1] = ARGV[j]
+    fields[#fields + 1] = ARGV[j + 1]
+  end
+end
 local base_n = #fields
 -- debounce / throttle (enqueue/coalesce.lua): the call's state, the ids the runs landed on
 local co = {prefix = prefix, hash = prefix .. K.coalesce, queue = queue, due_key = due_key,
             prio_key = KEYS[2], laned_key = KEYS[3], added = added, at = {}, landed = nil,
             task = ''}
 for j = 7, 6 + shared_n, 2 do if ARGV[j] == 'task' then co.task = ARGV[j + 1] end end
-local cap = tonumber(redis.call('HGET', prefix .. K.caps, 'max_payload'))
 if cap then
   local j = i
   while j <= nargs do
@@ -91,7 +104,7 @@ end
 -- A run created: its record (the own fields ARGV[j0..j1], or `payload` alone for the plain
 -- form) and its indexes but the due set (written once, after the loop).
 local function create(run_id, run_key, due, due_s, j0, j1, payload)
-  fields[6] = due_s
+  fields[4] = due_s
   local n = base_n
   if payload then
     fields[n + 1] = 'payload'

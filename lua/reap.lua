@@ -98,7 +98,8 @@ for n, id in ipairs(ids) do
       local delay, from = 0, num(f[9]) or now
       if attempt > 1 then
         local b = redis.call('HMGET', run_key, 'backoff_base', 'backoff_max')
-        local base, cap = num(b[1] or 0), num(b[2] or 0)
+        local base = num(b[1] or RUN_DEFAULTS.backoff_base)
+        local cap = num(b[2] or RUN_DEFAULTS.backoff_max)
         if base and cap then delay = backoff_ms(base, cap, attempt - 1, jitter) end
         from = now
       end

@@ -21,6 +21,7 @@ import time
 import redis.asyncio as aredis
 from duetime.common import metrics
 from duetime.common import transitions as tr
+from duetime.common.connection import FORMAT
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
 from duetime.common.loops import cancelled, pause
@@ -117,6 +118,9 @@ class LeaseKeeper:
             "queues": ",".join(cfg.queues), "concurrency": cfg.concurrency,
             "inflight": len(ex_.inflight), "pid": os.getpid(), "host": socket.gethostname(),
             "last_seen": now_ms, "processed": ex_.processed,
+            # the newest namespace format this worker reads: duetime migrate moves a namespace
+            # on only when every live worker reads the new one
+            "formats": FORMAT,
         })
         pipe.pexpire(k.worker(cfg.worker_id), cfg.lease_ms * 3)
         sent_at = time.monotonic()  # a renewed lease runs from no earlier than this

@@ -31,6 +31,7 @@ COMMANDS = {  # name -> (module, attribute)
     "top": ("duetime.cli.ops", "top"),
     "doctor": ("duetime.cli.ops", "doctor"),
     "keys": ("duetime.cli.ops", "keys"),
+    "migrate": ("duetime.cli.ops", "migrate"),
     "web": ("duetime.cli.web", "web"),
     "limits": ("duetime.cli.limits", "limits"),
     "queue": ("duetime.cli.queue", "queue"),

@@ -1,4 +1,5 @@
-"""`duetime leases|workers|top|doctor|keys`: the operator's view of a live namespace."""
+"""`duetime leases|workers|top|doctor|keys|migrate`: the operator's view of a live namespace, and
+moving it on to a new layout format."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from duetime.cli.common import (
     fail_cleanly,
     inspector,
     plain_app,
+    progress,
     table,
 )
 from duetime.common.connection import redact
@@ -247,3 +249,41 @@ def keys(ctx: click.Context, run_id: str | None, as_json: bool) -> None:
         click.echo(f"{d.pattern:<24} {d.type:<8} {d.holds}")
         mark = "" if d.live else "   # (no such key right now)"
         click.echo(f"    {guide.redis_cli(d.command)}{mark}")
+
+
+# -- migrate --------------------------------------------------------------------------------
+@click.command()
+@click.option("--dry-run", is_flag=True, help="Say what would be done; write nothing.")
+@click.option("--force", is_flag=True,
+              help="Migrate although live workers of an older release serve the namespace.")
+@click.pass_context
+@fail_cleanly
+def migrate(ctx: click.Context, dry_run: bool, force: bool) -> None:
+    """Move the namespace on to the layout format this release writes (once no process of
+    the previous release serves it: docs/operations.md, "Upgrades and the namespace format")."""
+    from duetime.ops import migrate as mig
+
+    app = plain_app(ctx)
+    client, keys, url = app.store.ready(), app.keys, app.redis_url
+    p = mig.plan(client, keys, url)
+    if not p.needed:
+        click.echo(f"namespace {keys.namespace!r} holds format {p.current}: nothing to migrate"
+                   + ("" if dry_run else "; partitions marked again"))
+        if not dry_run:  # finishes a migration interrupted between the meta and a partition
+            mig.migrate(client, keys, url, p)
+        return
+    for w in p.blockers:
+        click.echo(f"live worker {w.id} (host {w.host or '?'}, pid {w.pid or '?'}) reads formats "
+                   f"up to {w.formats or 2}: it would misread format {p.target}", err=True)
+    if p.blockers and not force:
+        click.echo(f"error: {len(p.blockers)} live worker(s) of an older release; upgrade or "
+                   "stop them first (or --force)", err=True)
+        ctx.exit(1)
+    if dry_run:
+        click.echo(f"would move namespace {keys.namespace!r} from format {p.current} to "
+                   f"{p.target}: <ns>:meta, then {p.partitions} partitions; no record rewritten")
+        return
+    with progress(p.partitions, "marking partitions") as advance:
+        mig.migrate(client, keys, url, p, advance)
+    click.echo(f"namespace {keys.namespace!r} moved from format {p.current} to {p.target} "
+               f"({p.partitions} partitions)")

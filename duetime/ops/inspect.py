@@ -96,7 +96,7 @@ class RunSummary:
         err = v["error"]
         return cls(
             id=run_id, state=v["state"] or "", task=v["task"] or "", queue=v["queue"] or "",
-            schedule=v["schedule"], due=from_ms(v["due"]), created=from_ms(v["created"]),
+            schedule=v["schedule"], due=from_ms(v["due"]), created=from_ms(v["created"] or v["due"]),
             started=from_ms(v["started"]), finished=from_ms(v["finished"]),
             attempt=n("attempt", 0), max_attempts=n("max_attempts", 1),
             worker=v["worker"], error=err.splitlines()[0] if err else None, reason=v["reason"],

@@ -18,7 +18,10 @@ from tests.conftest import ROOT, wait_for
 
 
 def ns_keys(r, app) -> list[bytes]:
-    return [k for k in r.scan_iter(f"{app.keys.namespace}:*") if not k.endswith(b":meta")]
+    """The namespace's keys but what its first use writes (`<ns>:meta`, each partition's
+    `T:caps` with the layout format): what an enqueue wrote."""
+    return [k for k in r.scan_iter(f"{app.keys.namespace}:*")
+            if not k.endswith((b":meta", b":caps"))]
 
 
 def test_oversized_payload_is_refused_and_writes_nothing(app, r):

@@ -54,7 +54,7 @@ def test_an_oversized_payload_is_refused_by_the_script_and_nothing_is_written(ap
         at_cap = noop.enqueue("z" * n)
         assert len(r.hget(k.run(k.partition_of_run(at_cap), at_cap), "payload")) == 1024
         set_payload_cap(r, k, big.redis_url, None)
-        assert read_payload_cap(r, k, big.redis_url) is None and not r.exists(k.caps(0))
+        assert read_payload_cap(r, k, big.redis_url) is None and r.hget(k.caps(0), FIELD) is None
         assert noop.enqueue("x" * 2000)
     finally:
         big.close()

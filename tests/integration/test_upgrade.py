@@ -1,10 +1,16 @@
-"""Upgrading a live namespace from the previous layout (format 1) to this one (format 2, the
-succeeded attempt inline in the run hash; docs/keys.md "Namespace format"): the previous
-release's scripts (tests/fixtures/format1.tar.gz, assembled verbatim from its lua/) write a namespace
-with runs due, running with leases held, retrying, dead and finished; then this version and
-the previous one serve it side by side, as in a rolling upgrade, while new runs keep
-arriving. Nothing is lost or run twice, and every reader sees one history whichever version
-wrote it.
+"""Upgrading a live namespace from the previous layouts (docs/keys.md "Namespace format").
+
+Format 1 to 2 (the succeeded attempt inline in the run hash): the format-1 release's scripts
+(tests/fixtures/format1.tar.gz, assembled verbatim from its lua/) write a namespace with runs
+due, running with leases held, retrying, dead and finished; then this version and that one
+serve it side by side, as in a rolling upgrade, while new runs keep arriving. Nothing is lost
+or run twice, and every reader sees one history whichever version wrote it.
+
+Format 2 to 3 (a run record leaves out the fields at their default): the format-2 release's
+scripts (tests/fixtures/format2.tar.gz) and this version serve a format-2 namespace side by
+side, this version still writing format 2; `duetime migrate` refuses while a worker of the
+older release is live, then moves the namespace on, and this version's compact records are
+claimed, retried with the default back-off and finished, beside the runs of both layouts.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from duetime import FormatTooNew
 from duetime.client.runs import task_fields
 from tests.apps import basic
 from tests.conftest import wait_for
+from tests.integration.opkit import cli
 
 pytestmark = pytest.mark.scripts
 
@@ -32,6 +39,7 @@ pytestmark = pytest.mark.scripts
 # stand for code already deployed and are never edited (tests/fixtures/format1.md says where
 # they come from)
 OLD = Path(__file__).resolve().parent.parent / "fixtures" / "format1.tar.gz"
+OLD2 = Path(__file__).resolve().parent.parent / "fixtures" / "format2.tar.gz"
 OLD_CLAIM_FIELDS = 16  # the previous claim.lua's reply per run (its CLAIM_RUN_FIELDS)
 
 
@@ -72,12 +80,12 @@ class Version:
         return self.s["fail"](keys=keys, args=args)[0].decode()
 
 
-def _old_source(name: str, memory: bool) -> str:
-    """The previous release's script; without its `#!lua` line for the in-memory backend
+def _old_source(name: str, memory: bool, archive_path: Path = OLD) -> str:
+    """A previous release's script; without its `#!lua` line for the in-memory backend
     (as common/scripts.py `plain` loads it there)."""
-    with tarfile.open(OLD) as archive:
+    with tarfile.open(archive_path) as archive:
         member = archive.extractfile(f"{name}.lua")
-        assert member is not None, f"{name}.lua missing from {OLD}"
+        assert member is not None, f"{name}.lua missing from {archive_path}"
         src = member.read().decode()
     return "\n" + src.split("\n", 1)[1] if memory and src.startswith("#!") else src
 
@@ -125,10 +133,12 @@ def test_a_live_namespace_upgrades_with_old_and_new_workers_side_by_side(app, r)
     old_done = [i for i in succeeded]
     assert all(len(r.lrange(k.attempts(k.partition_of_run(i), i), 0, -1)) == 1 for i in old_done)
 
-    # the upgrade: the first process of this version marks the namespace format 2
+    # the upgrade: the first process of this version marks the namespace format 2 (the last
+    # format the previous release's workers serve beside it; duetime migrate goes on to 3)
     app.store._ready = False
     app.store.ready()
-    assert r.hget(k.meta, "format") == str(FORMAT).encode()
+    assert r.hget(k.meta, "format") == b"2"
+    assert all(r.hget(k.caps(p), "format") is None for p in range(k.partitions))
     for i in old_done:  # a run finished by the old layout reads as before: one attempt, once
         [a] = app.get_run(i).attempts
         assert a.outcome == "succeeded" and a.fence == 1
@@ -207,5 +217,164 @@ def test_a_namespace_of_a_newer_format_is_refused_with_one_clear_error(app, r):
     r.hset(app.keys.meta, mapping={"partitions": app.keys.partitions, "version": "1",
                                    "format": str(FORMAT + 1)})
     app.store._ready = False
-    with pytest.raises(FormatTooNew, match=r"layout format 3 .*reads formats 1\.\.2"):
+    with pytest.raises(FormatTooNew, match=rf"layout format {FORMAT + 1} .*reads formats 1\.\.{FORMAT}"):
         app.store.ready()
+
+
+# -- format 2 to 3 --------------------------------------------------------------------------
+def _format2(app, r) -> Version:
+    """The format-2 release's transitions: its scripts take the arguments this version's
+    take and reply alike (only what they write differs)."""
+    memory = app.redis_url.startswith("memory:")
+    old = {n: r.register_script(_old_source(n, memory, OLD2))
+           for n in ("enqueue", "claim", "complete", "fail")}
+    return Version(r, app.keys, old, False, "old-worker")
+
+
+def _record(r, k, run_id: str) -> dict[bytes, bytes]:
+    return r.hgetall(k.run(k.partition_of_run(run_id), run_id))
+
+
+def _serve(workers: list[Version], k, claims: Counter, succeeded: Counter, rounds: int) -> None:
+    """Each version in turn claims and completes a few runs of every partition."""
+    for rnd in range(rounds):
+        for p in range(k.partitions):
+            for worker in workers if rnd % 2 else workers[::-1]:
+                runs = worker.claim(p, 3)
+                claims.update(c.run_id for c in runs)
+                if runs:
+                    for c, res in zip(runs, worker.complete(p, runs), strict=True):
+                        assert res == "succeeded", (c.run_id, res)
+                        succeeded[c.run_id] += 1
+
+
+def test_a_format_2_namespace_is_served_side_by_side_then_migrated_to_format_3(
+        app, r, namespace, monkeypatch):
+    from duetime.common import connection
+
+    from duetime.ops import migrate as mig
+
+    k = app.keys
+    old = _format2(app, r)
+    new = Version(r, k, {n: getattr(Scripts(r), n) for n in old.s}, False, "new-worker")
+    # the format-2 release's first use of the namespace
+    r.hset(k.meta, mapping={"partitions": k.partitions, "version": "1", "created_ms": 1,
+                            "format": "2"})
+    ids: dict[int, list[str]] = {}
+    for n in range(6 * k.partitions):
+        rid = f"{n:020x}"
+        ids.setdefault(k.partition_of_run(rid), []).append(rid)
+    for p, group in ids.items():
+        assert old.enqueue(p, group) == len(group)
+    claims: Counter[str] = Counter()
+    succeeded: Counter[str] = Counter()
+    retried, dead, held = set(), set(), {}
+
+    def finish(worker: Version, p: int, runs: list) -> None:
+        if runs:
+            assert worker.complete(p, runs) == ["succeeded"] * len(runs)
+            succeeded.update(c.run_id for c in runs)
+
+    for p in ids:  # per partition: one finished, one retrying, one dead, one running
+        done, again, fatal, running = old.claim(p, 4)
+        claims.update(c.run_id for c in (done, again, fatal, running))
+        finish(old, p, [done])
+        assert old.fail(p, again, "retry") == "retrying"
+        assert old.fail(p, fatal, "fatal") == "dead"
+        retried.add(again.run_id)
+        dead.add(fatal.run_id)
+        held[p] = [running]
+
+    # this version's first process: the namespace stays format 2, and so do its writes
+    app.store._ready = False
+    app.store.ready()
+    assert r.hget(k.meta, "format") == b"2"
+    produced = [i for g in ids.values() for i in g]
+    side = app.enqueue_many([(basic.noop, []) for _ in range(2 * k.partitions)])
+    produced += side
+    assert all(b"created" in _record(r, k, i) and b"backoff_base" in _record(r, k, i)
+               for i in side), "a format-2 namespace gets format-2 records from this version"
+    # a run this version made, failed by the older worker: retried on its record's back-off
+    p0 = k.partition_of_run(side[0])
+    mine = old.claim(p0, 100)
+    claims.update(c.run_id for c in mine)
+    [c0] = [c for c in mine if c.run_id == side[0]]
+    assert old.fail(p0, c0, "error") == "retrying"
+    retried.add(c0.run_id)
+    finish(old, p0, [c for c in mine if c is not c0])
+    for p, runs in held.items():  # the older worker finishes what it held
+        finish(old, p, runs)
+    extra = [os.urandom(10).hex() for _ in range(k.partitions)]
+    for rid in extra:
+        assert old.enqueue(k.partition_of_run(rid), [rid]) == 1
+    produced += extra
+    for p in range(k.partitions):  # both versions serve what is due, in turn
+        for worker in (new, old) if p % 2 else (old, new):
+            runs = worker.claim(p, 3)
+            claims.update(c.run_id for c in runs)
+            finish(worker, p, runs)
+
+    # the migration: refused while a worker of the older release is live (its record says
+    # nothing of formats), naming it; a dry run writes nothing; done once it is gone
+    r.zadd(k.workers, {"old-host:1:ab": 1})
+    r.hset(k.worker("old-host:1:ab"), mapping={"queues": "default", "host": "old-host",
+                                               "pid": 1, "concurrency": 4})
+    plan = mig.plan(r, k, app.redis_url)
+    assert plan.current == 2 and plan.target == FORMAT == 3
+    assert [w.id for w in plan.blockers] == ["old-host:1:ab"]
+    out = cli(app.redis_url, namespace, "migrate")
+    assert out.exit_code == 1 and "old-host:1:ab" in out.stderr, out.stderr
+    out = cli(app.redis_url, namespace, "migrate", "--dry-run", "--force")
+    assert out.exit_code == 0 and "would move" in out.stdout, out.stderr
+    assert r.hget(k.meta, "format") == b"2"
+    assert all(r.hget(k.caps(p), "format") is None for p in range(k.partitions))
+    r.delete(k.worker("old-host:1:ab"))  # the older worker stopped: its record expired
+    out = cli(app.redis_url, namespace, "migrate")
+    assert out.exit_code == 0 and "from format 2 to 3" in out.stdout, out.stderr
+    assert r.hget(k.meta, "format") == b"3"
+    assert all(r.hget(k.caps(p), "format") == b"3" for p in range(k.partitions))
+    # a process of the older release (it reads up to format 2) is refused at its start
+    monkeypatch.setattr(connection, "FORMAT", 2)
+    with pytest.raises(FormatTooNew, match="reads formats 1..2"):
+        connection.check_format(r.hget(k.meta, "format"), k)
+    monkeypatch.undo()
+
+    # format 3: what this version writes now leaves the defaults out, and reads as before
+    compact = app.enqueue_many([(basic.noop, []) for _ in range(2 * k.partitions)])
+    produced += compact
+    rec = _record(r, k, compact[0])
+    assert b"created" not in rec and b"backoff_base" not in rec and b"backoff_max" not in rec
+    assert rec[b"max_attempts"] == b"4"
+    assert app.get_run(compact[0]).created == app.get_run(compact[0]).due
+    # a compact run that fails is retried with the default back-off (1 s base, equal jitter:
+    # 0.5 to 1 s)
+    p1 = k.partition_of_run(compact[1])
+    mine = new.claim(p1, 100)
+    claims.update(c.run_id for c in mine)
+    [c1] = [c for c in mine if c.run_id == compact[1]]
+    sec, usec = r.time()
+    before = sec * 1000 + usec // 1000
+    assert new.fail(p1, c1, "error") == "retrying"
+    retried.add(c1.run_id)
+    sec, usec = r.time()
+    after = sec * 1000 + usec // 1000
+    retry_at = int(_record(r, k, c1.run_id)[b"retry_at"])
+    assert before + 500 <= retry_at <= after + 1000, (before, retry_at, after)
+    finish(new, p1, [c for c in mine if c is not c1])
+    for c in (c0, c1):  # their retries due now, not in a second
+        r.zadd(k.retry(k.partition_of_run(c.run_id), "default"), {c.run_id: 0})
+    for p in range(k.partitions):  # drain
+        while runs := new.claim(p, 100):
+            claims.update(c.run_id for c in runs)
+            finish(new, p, runs)
+
+    # 0 lost, 0 run twice; one history per run, whichever version wrote it
+    everyone = set(produced)
+    assert set(succeeded) == everyone - dead
+    assert all(n == 1 for n in succeeded.values())
+    assert {i: n for i, n in claims.items() if n != (2 if i in retried else 1)} == {}
+    for i in everyone - dead:
+        run = app.get_run(i)
+        assert run.state == "succeeded" and run.created is not None, (i, run.state)
+        outcomes = [a.outcome for a in run.attempts]
+        assert outcomes == (["failed", "succeeded"] if i in retried else ["succeeded"]), outcomes

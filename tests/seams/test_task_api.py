@@ -17,7 +17,10 @@ from tests.integration.inproc import serving, until
 
 
 def ns_keys(r, app) -> list[bytes]:
-    return [k for k in r.scan_iter(f"{app.keys.namespace}:*") if not k.endswith(b":meta")]
+    """The namespace's keys but what its first use writes (`<ns>:meta`, each partition's
+    `T:caps` with the layout format): what an enqueue wrote."""
+    return [k for k in r.scan_iter(f"{app.keys.namespace}:*")
+            if not k.endswith((b":meta", b":caps"))]
 
 
 @pytest.mark.parametrize("delay, ms", [("1h", 3_600_000), (timedelta(minutes=5), 300_000),
