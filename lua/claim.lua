@@ -80,9 +80,10 @@
 local PAUSED_RECHECK_MS = 1000  -- a paused queue's next look: the worker must not spin
 local now = now_ms()
 local lease, ahead = tonumber(ARGV[4]), tonumber(ARGV[5]) or 0
+-- the claim's state; fields left nil until a step sets them are named in comments (a nil
+-- field in a table constructor still costs a slot), and the option paths' tables are made
+-- only when an option key exists (step 0)
 local c = {
-  keys = {limits = KEYS[8], prio = KEYS[9], lanes = KEYS[10], laned = KEYS[11],
-          paused = KEYS[12], holds = KEYS[13]},
   due_key = KEYS[1], retry_key = KEYS[2], leases_key = KEYS[3], done_key = KEYS[4],
   deadlines_key = KEYS[5], events_key = KEYS[6], dead_key = KEYS[7],
   prefix = ARGV[1], worker = ARGV[2], queue = ARGV[8] or '',
@@ -90,16 +91,16 @@ local c = {
   limit = tonumber(ARGV[3]), now = now, horizon = now + ahead,
   -- numbers sent to Redis as strings built once per call, not once per run (see int_s)
   now_s = int_s(now), until_s = int_s(now + lease), horizon_s = int_s(now + ahead),
-  -- the rare paths' keys (claim/checks.lua): checked yet, and the refusal when one is damaged
-  rare_checked = false, damaged = nil,
-  -- what the partition has besides plain runs (read_options)
+  -- the rare paths' keys (claim/checks.lua): checked yet; `damaged`, the refusal when one is
+  rare_checked = false,
+  -- what the partition has besides plain runs (read_options): `lims` (its limits), `holds`
+  -- and `queue_held` (rate-limit holds in force, claim/limits.lua read_holds)
   options = false,  -- one of the option keys exists (step 0)
-  lims = nil, prio = false, lanes = false, paused = false, scan = tonumber(ARGV[3]),
-  holds = nil, queue_held = nil,  -- rate-limit holds in force (claim/limits.lua read_holds)
-  -- the candidates (claim/candidates.lua, lanes.lua: picked, past_read)
-  ids = {}, froms = {}, scores = {}, seen = {}, lane_of = {}, picked = nil, past_read = false,
-  -- limit state (claim/limits.lua)
-  conc = {}, bucket = {}, free_at = nil, held_c = 0, held_r = 0,
+  prio = false, lanes = false, paused = false, scan = tonumber(ARGV[3]),
+  -- the candidates (claim/candidates.lua; lanes.lua: `picked`)
+  ids = {}, froms = {}, scores = {}, past_read = false,
+  -- limit state (claim/limits.lua): `free_at`, when a held run may start
+  held_c = 0, held_r = 0,
   -- what the batch did: the index writes, the leases, the reply (claim/index.lua, lease.lua)
   from_due = {}, from_retry = {}, leased = {},
   out = {-1, 0, 0, 0, 0}, taken = 0, missed = 0, skipped = 0,
@@ -114,6 +115,11 @@ local c = {
 c.options = redis.call('EXISTS', KEYS[8], KEYS[9], KEYS[10], KEYS[12], KEYS[13]) > 0
 local bad
 if c.options then
+  -- the option paths' state: their keys, the runs taken (by priority or lane) and each one's
+  -- lane, the concurrency and rate state per limit scope (claim/limits.lua)
+  c.keys = {limits = KEYS[8], prio = KEYS[9], lanes = KEYS[10], laned = KEYS[11],
+            paused = KEYS[12], holds = KEYS[13]}
+  c.seen, c.lane_of, c.conc, c.bucket = {}, {}, {}, {}
   c.rare_checked = true
   bad = damaged_index({KEYS[3], 'zset', KEYS[4], 'zset', KEYS[5], 'zset', KEYS[6], 'stream',
     KEYS[7], 'zset', KEYS[11], 'zset', KEYS[8], 'hash', KEYS[9], 'zset', KEYS[10], 'zset',

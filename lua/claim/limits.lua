@@ -152,6 +152,7 @@ end
 
 -- The buckets this claim took tokens from, written back once.
 local function save_buckets(c)
+  if not c.bucket then return end  -- no limit key: nothing taken
   for _, b in pairs(c.bucket) do
     if b and b[5] then
       redis.call('HSET', b[4], 'tokens', tostring(b[1]), 'ts', c.now_s)
