@@ -162,12 +162,12 @@ repeat
     if why then
       held = held + 1  -- a run a limit holds back stays where it is
     else
-      local f, starts, deadline = admit(c, id, run_key)
+      local f, starts, deadline, plain = admit(c, id, run_key)
       if c.damaged then break end  -- a rare path's key is damaged: nothing done to this run
       if froms[n] then from_due[#from_due + 1] = id else from_retry[#from_retry + 1] = id end
       if starts then
         taken = taken + 1
-        start(id, run_key, f, scores[n], deadline, scopes)
+        start(id, run_key, f, scores[n], deadline, scopes, plain and not lims)
       end
     end
   end

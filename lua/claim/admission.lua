@@ -80,19 +80,29 @@ local ADMIT_AT = {state = 1, deadline = 2, schedule = 3, overlap = 4, fence = 5,
   cancel_requested = 13, limited_by = 14, interval_start = 15, interval_end = 16, tenant = 17,
   headers = 18, batch = 19}
 
+-- The fields a plain run has (state, task, payload, due): one with no other field of the
+-- list above, waiting for its first claim, starts at once, with nothing else to decide.
+local PLAIN_AT = {[1] = true, [7] = true, [8] = true, [9] = true}
+
 -- `f` is made with its 19 slots (false: absent), so picking the fields fills an array in place
--- instead of growing a table field by field (each growth a rehash).
+-- instead of growing a table field by field (each growth a rehash); slot 20 says whether a
+-- field beyond the plain ones was picked. A fourth value, true, says the run is plain (most
+-- runs): the lease step then skips what only the others need (claim/lease.lua).
 local function admit(c, id, run_key)
   local f, unreadable = {false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false, false, false, false}, nil
+    false, false, false, false, false, false, false, false, false, false}, nil
   local all = redis.pcall('HGETALL', run_key)
   if all.err then
     unreadable = 'key ' .. run_key .. ' is not a hash (' .. all.err .. ')'
   else
     for j = 1, #all, 2 do
       local at = ADMIT_AT[all[j]]
-      if at then f[at] = all[j + 1] end
+      if at then
+        f[at] = all[j + 1]
+        if not PLAIN_AT[at] then f[20] = true end
+      end
     end
+    if f[1] == 'scheduled' and not f[20] then return f, true, nil, true end
   end
   if unreadable then
     -- its record key is of the wrong type: dead-lettered as found (it leaves the due set)

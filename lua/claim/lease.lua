@@ -33,7 +33,7 @@ end
 
 -- The step that starts a run, bound once per call to the claim `c` (its values become the
 -- function's upvalues: no table lookup per run). start(id, run_key, f, ready, deadline,
--- scopes): `f` are the run's fields as admit read them, `ready` its score (when it became
+-- scopes, plain): `f` are the run's fields as admit read them, `ready` its score (when it became
 -- claimable), `deadline` its starting deadline entry to clear, `scopes` the limits it counts
 -- against (nil when no limit is set). The run goes to the reply; the reply's fields per run,
 -- in this order, are common/transitions.py CLAIM_RUN_FIELDS (a test reads the `-- name` of
@@ -41,15 +41,18 @@ end
 local function lease_starter(c)
   local worker, now, now_s, until_s = c.worker, c.now, c.now_s, c.until_s
   local out, leased, deadlines_key = c.out, c.leased, c.deadlines_key
-  return function(id, run_key, f, ready, deadline, scopes)
-    -- a first claim (no fence, no attempt yet): '1' as it is, no number formatted
-    local fence_s, attempt_s = '1', '1'
-    if f[5] then fence_s = int_s((tonumber(f[5]) or 0) + 1) end
-    if f[6] then attempt_s = int_s((tonumber(f[6]) or 0) + 1) end
+  return function(id, run_key, f, ready, deadline, scopes, plain)
+    -- a first claim (no fence, no attempt yet): '1' as it is, no number formatted; a plain
+    -- run (admit's fourth value) is one, with no limit and nothing optional to reply
+    local fence_s, attempt_s, held = '1', '1', ''
+    if not plain then
+      if f[5] then fence_s = int_s((tonumber(f[5]) or 0) + 1) end
+      if f[6] then attempt_s = int_s((tonumber(f[6]) or 0) + 1) end
+      held = scopes and take(c, scopes, id) or ''
+    end
     -- claimed ahead of its due time: the attempt starts at the due time (the score)
     local started = now_s
     if tonumber(ready) > now then started = ready end
-    local held = scopes and take(c, scopes, id) or ''
     if held == '' then
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt',
         attempt_s, 'worker', worker, 'started', started)
@@ -67,6 +70,6 @@ local function lease_starter(c)
     out[o + 2] = f[7] or ''  -- task
     out[o + 3] = f[8] or ''  -- payload
     out[o + 4] = f[9] or ''  -- due_ms
-    out[o + 5] = reply_extra(f, held)  -- extra
+    out[o + 5] = plain and '' or reply_extra(f, held)  -- extra
   end
 end
