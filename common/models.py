@@ -21,6 +21,10 @@ STATES = (
     "scheduled", "waiting", "running", "retrying", "succeeded", "dead", "uncertain",
     "cancelled", "skipped", "missed",
 )
+# The queue of a run whose record has no `queue` field: a namespace of format 3 leaves the
+# default out (lua/_lib.lua RUN_DEFAULTS; docs/keys.md "The run record").
+DEFAULT_QUEUE = "default"
+DEFAULT_QUEUE_B = DEFAULT_QUEUE.encode()
 TERMINAL = frozenset({"succeeded", "dead", "cancelled", "skipped", "missed"})
 
 
@@ -208,7 +212,7 @@ class Run:
         return cls(
             id=run_id,
             task=s("task") or "",
-            queue=s("queue") or "",
+            queue=s("queue") or DEFAULT_QUEUE,  # absent: the default (format 3)
             state=s("state") or "",
             args=args,
             kwargs=kwargs,

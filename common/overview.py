@@ -17,7 +17,7 @@ from typing import Any, cast
 import redis
 from duetime.common.connection import server_time_ms, translated
 from duetime.common.keys import Keyspace
-from duetime.common.models import from_ms
+from duetime.common.models import DEFAULT_QUEUE, from_ms
 from duetime.common.retrycost import TaskCost
 from duetime.common.retrycost import read as read_cost
 from duetime.common.stats import percentile
@@ -312,9 +312,10 @@ class NamespaceReader:
             pipe.hmget(k.run(p, run_id), "queue", "due", "started", "attempt")
         lateness: dict[str, list[float]] = {}
         for (_, _, kind, weight), (q, due, started, attempt) in zip(picks, self._exec(pipe), strict=True):
-            if q is None:
-                continue
-            queue = q.decode(errors="replace")  # a damaged record counts, marked, not fatal
+            if q is None and due is None:
+                continue  # gone meanwhile
+            # absent: the default queue (format 3); a damaged record counts, marked, not fatal
+            queue = q.decode(errors="replace") if q is not None else DEFAULT_QUEUE
             st = ov.queues.get(queue)
             if st is None:
                 st = ov.queues[queue] = QueueStats(queue)

@@ -16,9 +16,10 @@ local STATES = {scheduled = true, waiting = true, running = true, retrying = tru
 local FINAL = {succeeded = true, dead = true, cancelled = true, skipped = true, missed = true}
 
 -- The run fields a namespace of format 3 leaves out at their default (docs/keys.md "The run
--- record"): the task's default back-off (common/tasks.py TaskSpec: 1 s doubling up to 300 s),
--- as the decimal strings a producer sends. An absent `created` is the run's `due`.
-local RUN_DEFAULTS = {backoff_base = '1000', backoff_max = '300000'}
+-- record"): the queue 'default', the task's default back-off (common/tasks.py TaskSpec: 1 s
+-- doubling up to 300 s), as the strings a producer sends. An absent `created` is the run's
+-- `due`. Every reader of these fields reads an absent one as its default.
+local RUN_DEFAULTS = {queue = 'default', backoff_base = '1000', backoff_max = '300000'}
 
 -- A number read from Redis, or nil when it is missing, not a number, nan or infinite: a field
 -- edited by hand must make its run or schedule refused, never a nan score or a script error
@@ -205,7 +206,7 @@ local function release_waiting(prefix, run_id, now, fresh)
   local run_key = prefix .. K.run .. run_id
   local f = redis.pcall('HMGET', run_key, 'state', 'queue', 'due', 'priority', 'tenant')
   if f.err or f[1] ~= 'waiting' then return false end
-  local queue = f[2] or ''
+  local queue = f[2] or RUN_DEFAULTS.queue
   local due = math.max(num(f[3]) or now, now)
   local due_key = prefix .. K.due .. queue
   local lanes_key = prefix .. K.lanes .. queue
@@ -413,10 +414,11 @@ local function leave_running(prefix, run_key, run_id, now, channel, partition)
   if buffered and buffered ~= '' then
     redis.call('HDEL', sched_key, 'buffered')
     -- due now, but never before its own due time (it may have been claimed ahead of it)
-    local b = redis.pcall('HMGET', prefix .. K.run .. buffered, 'queue', 'due')
-    if not b.err and b[1] and not wrong_type(prefix .. K.due .. b[1], 'zset') then
-      add_due(prefix .. K.due .. b[1], math.max(now, num(b[2]) or 0), buffered, channel,
-        partition, b[1])
+    local b = redis.pcall('HMGET', prefix .. K.run .. buffered, 'state', 'queue', 'due')
+    local q = not b.err and b[1] and (b[2] or RUN_DEFAULTS.queue)
+    if q and not wrong_type(prefix .. K.due .. q, 'zset') then
+      add_due(prefix .. K.due .. q, math.max(now, num(b[3]) or 0), buffered, channel,
+        partition, q)
     end
   end
 end

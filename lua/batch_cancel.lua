@@ -29,7 +29,7 @@ for _, id in ipairs(redis.call('SMEMBERS', pending_key)) do
   local run_key = prefix .. K.run .. id
   local f = redis.pcall('HMGET', run_key, 'state', 'queue')
   if not f.err and f[1] then
-    local st, queue = f[1], f[2] or ''
+    local st, queue = f[1], f[2] or RUN_DEFAULTS.queue
     if st == 'running' then
       if redis.call('HEXISTS', run_key, 'cancel_requested') == 0 then
         redis.call('HSET', run_key, 'cancel_requested', now, 'cancel_reason', reason)

@@ -23,7 +23,8 @@ local run_key = prefix .. K.run .. run_id
 local f = redis.call('HMGET', run_key, 'state', 'queue', 'worker', 'schedule')
 local state = f[1]
 if not state then return {'missing', ''} end
-if f[2] ~= queue then return {'queue', f[2] or ''} end
+local run_queue = f[2] or RUN_DEFAULTS.queue  -- absent: the default (format 3)
+if run_queue ~= queue then return {'queue', run_queue} end
 local now = now_ms()
 
 if state == 'running' then

@@ -108,12 +108,12 @@ for i = 5, #ARGV, step do
       end
     end
     if held and free_limits(prefix, run_key, run_id, held) then
-      freed[redis.call('HGET', run_key, 'queue') or ''] = true
+      freed[redis.call('HGET', run_key, 'queue') or RUN_DEFAULTS.queue] = true
     end
     result = 'succeeded'
   else
     -- late success of a reaped attempt that nobody claimed again: it finishes the run
-    local queue = redis.call('HGET', run_key, 'queue') or ''
+    local queue = redis.call('HGET', run_key, 'queue') or RUN_DEFAULTS.queue
     redis.call('ZREM', prefix .. K.retry .. queue, run_id)  -- checked by retry_or_dead
     redis.call('ZREM', uncertain_key, run_id)
     redis.call('HSET', run_key, 'state', 'succeeded', 'finished', now_s)

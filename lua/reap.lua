@@ -64,10 +64,11 @@ for n, id in ipairs(ids) do
     dead_unreadable(dead_key, events_key, id, now, 'lease expired; ' .. unreadable)
   elseif f[1] == 'running' then
     reaped = reaped + 1
+    f[4] = f[4] or RUN_DEFAULTS.queue  -- format 3 leaves the default queue out
     local damaged = push_attempt(attempts_key, f[5], f[2], f[6], f[7], 'unknown', now,
       'lease expired')
     if f[10] and free_limits(prefix, run_key, id, f[10]) then
-      wake_workers(channel, partition, f[4] or '', now)
+      wake_workers(channel, partition, f[4], now)
     end
     leave_running(prefix, run_key, id, now, channel, partition)
     local attempt = num(f[5])
@@ -87,7 +88,7 @@ for n, id in ipairs(ids) do
       redis.call('ZADD', uncertain_key, now, id)
       emit(events_key, id, 'uncertain', 'lease expired')
       wake_waiters(prefix, run_key, id, 'uncertain')
-    elseif not f[4] or f[4] == '' or not attempt then
+    elseif f[4] == '' or not attempt then
       dead_letter(prefix, run_key, dead_key, events_key, id, now,
         'lease expired; run record ' .. run_key .. ' damaged (queue or attempt unreadable)')
       dead_occurrence(run_key, id, 'lease expired; run record damaged')
@@ -135,7 +136,7 @@ for _, id in ipairs(redis.call('ZRANGE', deadlines_key, '-inf', now, 'BYSCORE', 
   local run_key = prefix .. K.run .. id
   local f = run_fields(run_key, 'state', 'queue', 'schedule', 'fence') or {}
   redis.call('ZREM', deadlines_key, id)
-  local due_key = prefix .. K.due .. (f[2] or '')
+  local due_key = prefix .. K.due .. (f[2] or RUN_DEFAULTS.queue)
   if (f[1] == 'scheduled' or f[1] == 'retrying') and (num(f[4]) or 0) == 0
       and not wrong_type(due_key, 'zset') then
     missed = missed + 1
@@ -193,7 +194,7 @@ if short > 0 and not (wrong_type(cfg_key, 'hash') or wrong_type(kept_key, 'zset'
     local f = redis.pcall('HMGET', prefix .. K.run .. id, 'state', 'queue', 'task', 'finished')
     if f.err then return end  -- a record of the wrong type: doctor names it
     if not f[1] then drop(id) return end  -- no record left: its index entries go
-    local ms = keep_ms(f[1], f[2], f[3])
+    local ms = keep_ms(f[1], f[2] or RUN_DEFAULTS.queue, f[3])
     if ms == nil then return end
     if ms <= 0 then redis.call('ZREM', kept_key, id) return end
     local at = (num(f[4]) or num(score) or now) + ms

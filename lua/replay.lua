@@ -25,7 +25,8 @@ local COPY = {'task', 'queue', 'payload', 'max_attempts', 'backoff_base', 'backo
 local f = redis.call('HMGET', old_key, 'state', 'queue', 'replayed_by', 'key', unpack(COPY))
 local state = f[1]
 if not state then return {'missing', ''} end
-if f[2] ~= queue then return {'queue', f[2] or ''} end
+local run_queue = f[2] or RUN_DEFAULTS.queue  -- absent: the default (format 3)
+if run_queue ~= queue then return {'queue', run_queue} end
 if f[3] and f[3] ~= '' then return {'already', f[3]} end
 if state == 'scheduled' or state == 'running' or state == 'retrying' or state == 'waiting' then
   return {'active', state}

@@ -17,6 +17,7 @@ from duetime.common import transitions as tr
 from duetime.common.connection import translated
 from duetime.common.errors import InvalidInput, InvalidState, RunNotFound
 from duetime.common.keys import Keyspace, stable_hash
+from duetime.common.models import DEFAULT_QUEUE
 from duetime.common.names import check_name
 from duetime.common.scripts import Scripts
 
@@ -49,10 +50,11 @@ class RunAdmin:
         p = self.keys.partition_of_run(run_id)
         with translated(self.url):
             # replies are bytes: no duetime client sets decode_responses
-            queue = cast(bytes | None, self.client.hget(self.keys.run(p, run_id), "queue"))
-        if queue is None:
+            state, queue = cast(list[bytes | None],
+                                self.client.hmget(self.keys.run(p, run_id), "state", "queue"))
+        if state is None:
             raise self._missing(run_id)
-        return p, queue.decode()
+        return p, queue.decode() if queue is not None else DEFAULT_QUEUE  # absent: format 3
 
     def _missing(self, run_id: str) -> RunNotFound:
         return RunNotFound(f"no run {run_id!r} in namespace {self.keys.namespace!r}")

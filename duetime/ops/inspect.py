@@ -21,7 +21,7 @@ from duetime.client.fields import LARGE, hashes_without
 from duetime.client.runs import decode_read_run, read_run
 from duetime.common.connection import translated
 from duetime.common.errors import InvalidInput
-from duetime.common.models import STATES, Run, from_ms
+from duetime.common.models import DEFAULT_QUEUE, DEFAULT_QUEUE_B, STATES, Run, from_ms
 from duetime.common.names import check_name
 from duetime.common.overview import (  # noqa: F401 - re-exported for listings' users
     NamespaceReader,
@@ -95,7 +95,7 @@ class RunSummary:
 
         err = v["error"]
         return cls(
-            id=run_id, state=v["state"] or "", task=v["task"] or "", queue=v["queue"] or "",
+            id=run_id, state=v["state"] or "", task=v["task"] or "", queue=v["queue"] or DEFAULT_QUEUE,
             schedule=v["schedule"], due=from_ms(v["due"]), created=from_ms(v["created"] or v["due"]),
             started=from_ms(v["started"]), finished=from_ms(v["finished"]),
             attempt=n("attempt", 0), max_attempts=n("max_attempts", 1),
@@ -296,7 +296,8 @@ class Inspector(NamespaceReader):
             started = int(v["started"]) if v["started"] else None
             alive = expiry > now
             out.append(LeaseInfo(
-                run_id=run_id, task=v["task"] or "", queue=v["queue"] or "", schedule=v["schedule"],
+                run_id=run_id, task=v["task"] or "", queue=v["queue"] or DEFAULT_QUEUE,
+                schedule=v["schedule"],
                 worker=v["worker"] if alive else None,
                 fence=int(v["fence"] or 0), attempt=int(v["attempt"] or 0),
                 lease_left_s=(expiry - now) / 1000 if alive else None,
@@ -487,7 +488,8 @@ def page_runs(insp: Inspector, state: str | None = None, queue: str | None = Non
             for rid in keep:
                 pipe.hmget(k.run(k.partition_of_run(rid), rid), *FILTER_FIELDS)
             matching = {rid for rid, (st, q, t, o) in zip(keep, insp._exec(pipe), strict=True)
-                        if st is not None and st.decode() in wanted and (not queue or q == queue_b)
+                        if st is not None and st.decode() in wanted
+                        and (not queue or (q or DEFAULT_QUEUE_B) == queue_b)
                         and (not task or t == task_b) and (not owner or o == owner_b)}
             for run_id, score in chunk:
                 last = Position(index, score, run_id)
@@ -522,7 +524,8 @@ def newest_field_counts(insp: Inspector, index: str, field: str, sample: int = 1
     for rid in ids:
         pipe.hget(k.run(k.partition_of_run(rid), rid), field)
     counts: dict[str, int] = {}
+    absent = DEFAULT_QUEUE if field == "queue" else ""  # format 3 leaves the default out
     for value in insp._exec(pipe):
-        name = value.decode(errors="replace") if value else ""
+        name = value.decode(errors="replace") if value else absent
         counts[name] = counts.get(name, 0) + 1
     return counts, len(ids)

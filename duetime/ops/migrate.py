@@ -11,8 +11,8 @@ are: this release reads them (docs/keys.md "Namespace format").
 The check: every live worker must say it reads the new format (its record's `formats`,
 written by each heartbeat). A worker of an older release says nothing, so it is named and the
 migration refused, unless forced. Schedulers and reapers of an older release are not
-registered that way: stop or upgrade them first (docs/operations.md says what one would do
-with a format-3 run: retry it without back-off).
+registered that way: stop or upgrade them first (an older reaper reads an expired lease of
+a format-3 run of the default queue as a damaged record; docs/operations.md).
 """
 
 from __future__ import annotations

@@ -60,7 +60,9 @@ local function coalesce(co, mode, i, nf, now)
   if mode == 'throttle' then
     if now >= tonumber(f[3]) + tonumber(ARGV[i + 5]) then return nil end
   else
-    if f[1] ~= 'scheduled' or (f[2] and f[2] ~= '0') or f[6] ~= co.queue then return nil end
+    if f[1] ~= 'scheduled' or (f[2] and f[2] ~= '0') or (f[6] or RUN_DEFAULTS.queue) ~= co.queue then
+      return nil
+    end
     debounce_join(co, cur, f, i, nf, now)
   end
   redis.call('HINCRBY', co.prefix .. K.run .. cur, 'joined', 1)
