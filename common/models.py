@@ -25,6 +25,7 @@ STATES = (
 # default out (lua/_lib.lua RUN_DEFAULTS; docs/keys.md "The run record").
 DEFAULT_QUEUE = "default"
 DEFAULT_QUEUE_B = DEFAULT_QUEUE.encode()
+DEFAULT_MAX_ATTEMPTS = 4  # absent max_attempts: the task default, 3 retries (format 3)
 TERMINAL = frozenset({"succeeded", "dead", "cancelled", "skipped", "missed"})
 
 
@@ -221,7 +222,7 @@ class Run:
             started=from_ms(s("started")),
             finished=from_ms(s("finished")),
             attempt=n("attempt", 0),
-            max_attempts=n("max_attempts", 1),
+            max_attempts=n("max_attempts", DEFAULT_MAX_ATTEMPTS),
             fence=n("fence", 0),
             worker=s("worker"),
             error=s("error"),

@@ -16,10 +16,12 @@ local STATES = {scheduled = true, waiting = true, running = true, retrying = tru
 local FINAL = {succeeded = true, dead = true, cancelled = true, skipped = true, missed = true}
 
 -- The run fields a namespace of format 3 leaves out at their default (docs/keys.md "The run
--- record"): the queue 'default', the task's default back-off (common/tasks.py TaskSpec: 1 s
--- doubling up to 300 s), as the strings a producer sends. An absent `created` is the run's
--- `due`. Every reader of these fields reads an absent one as its default.
-local RUN_DEFAULTS = {queue = 'default', backoff_base = '1000', backoff_max = '300000'}
+-- record"): the queue 'default', and the task's default retry policy (common/tasks.py
+-- TaskSpec: 3 retries, so 4 attempts, 1 s back-off doubling up to 300 s), as the strings a
+-- producer sends. An absent `created` is the run's `due`. Every reader of these fields reads
+-- an absent one as its default.
+local RUN_DEFAULTS = {queue = 'default', max_attempts = '4', backoff_base = '1000',
+  backoff_max = '300000'}
 
 -- A number read from Redis, or nil when it is missing, not a number, nan or infinite: a field
 -- edited by hand must make its run or schedule refused, never a nan score or a script error
@@ -369,7 +371,7 @@ end
 local function retry_or_dead(prefix, run_key, retry_key, dead_key, run_id, now, force_dead,
                              delay, jitter, reason, channel, partition, queue, from)
   local f = redis.call('HMGET', run_key, 'attempt', 'max_attempts', 'backoff_base', 'backoff_max')
-  local attempt, max_attempts = num(f[1]), num(f[2])
+  local attempt, max_attempts = num(f[1]), num(f[2] or RUN_DEFAULTS.max_attempts)
   local base = num(f[3] or RUN_DEFAULTS.backoff_base)
   local cap = num(f[4] or RUN_DEFAULTS.backoff_max)
   if not (attempt and max_attempts and base and cap) then

@@ -21,7 +21,14 @@ from duetime.client.fields import LARGE, hashes_without
 from duetime.client.runs import decode_read_run, read_run
 from duetime.common.connection import translated
 from duetime.common.errors import InvalidInput
-from duetime.common.models import DEFAULT_QUEUE, DEFAULT_QUEUE_B, STATES, Run, from_ms
+from duetime.common.models import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    DEFAULT_QUEUE_B,
+    STATES,
+    Run,
+    from_ms,
+)
 from duetime.common.names import check_name
 from duetime.common.overview import (  # noqa: F401 - re-exported for listings' users
     NamespaceReader,
@@ -98,7 +105,7 @@ class RunSummary:
             id=run_id, state=v["state"] or "", task=v["task"] or "", queue=v["queue"] or DEFAULT_QUEUE,
             schedule=v["schedule"], due=from_ms(v["due"]), created=from_ms(v["created"] or v["due"]),
             started=from_ms(v["started"]), finished=from_ms(v["finished"]),
-            attempt=n("attempt", 0), max_attempts=n("max_attempts", 1),
+            attempt=n("attempt", 0), max_attempts=n("max_attempts", DEFAULT_MAX_ATTEMPTS),
             worker=v["worker"], error=err.splitlines()[0] if err else None, reason=v["reason"],
             owner=v["owner"], retry_at=from_ms(v["retry_at"]), replay_of=v["replay_of"],
             replayed_by=v["replayed_by"], cancel_requested=v["cancel_requested"] is not None,

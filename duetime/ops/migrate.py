@@ -12,7 +12,7 @@ The check: every live worker must say it reads the new format (its record's `for
 written by each heartbeat). A worker of an older release says nothing, so it is named and the
 migration refused, unless forced. Schedulers and reapers of an older release are not
 registered that way: stop or upgrade them first (an older reaper reads an expired lease of
-a format-3 run of the default queue as a damaged record; docs/operations.md).
+a format-3 run as a damaged record: no queue, no max_attempts; docs/operations.md).
 """
 
 from __future__ import annotations
