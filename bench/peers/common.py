@@ -51,9 +51,15 @@ def count_key(tag: str = TAG) -> str:
 _buffer: list[tuple[int, float]] = []
 _buffer_lock = threading.Lock()
 _flusher: threading.Thread | None = None
+# HINCRBY of each number of a batch, as one command: the flusher runs in the worker process of
+# the system measured, so its cost per job is the system's too; built as one command per job
+# in a pipeline it took a Python thread ~8 us per job (34,000 jobs/s: a quarter of a core),
+# enough to cap the fastest systems' drain. Same counts, on the counter server as before.
+_INCR_ALL = "for i = 1, #ARGV do redis.call('HINCRBY', KEYS[1], ARGV[i], 1) end return #ARGV"
 
 
 def _flush_forever() -> None:
+    incr_all = _client().register_script(_INCR_ALL)
     while True:
         time.sleep(0.002)
         with _buffer_lock:
@@ -62,8 +68,7 @@ def _flush_forever() -> None:
         if batch:
             pipe = _client().pipeline(transaction=False)
             pipe.rpush(starts_key(), *(f"{i} {t:.6f}" for i, t in batch))
-            for i, _ in batch:
-                pipe.hincrby(count_key(), str(i), 1)
+            incr_all(keys=[count_key()], args=[i for i, _ in batch], client=pipe)
             pipe.execute()
 
 
