@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
@@ -39,6 +40,47 @@ CLAIMS_IN_FLIGHT = 2
 CLAIM_MIN_SHARE = 16
 CLOCK_SYNC_S = 60.0
 EARLY_HOLD_S = 0.001  # a claim found nothing due: our estimate of server time ran ahead by a hair
+
+
+def plan_claim(keys: Sequence[Key], free: int,
+               backlog: Mapping[Key, int]) -> list[tuple[Key, int]]:
+    """How many runs one claim for `free` slots asks of each due key; `keys` in the fair
+    order of DueTimes.due_now, `backlog` what the worker estimates some keys hold
+    (DueTimes.sized: their last claim came back full, with more due).
+
+    A claim.lua call costs Redis a large fixed amount whatever it claims, so a key with a
+    backlog is asked for all of it that the budget allows: few keys to a claim, and big
+    calls. Keys of unknown depth share evenly, at least CLAIM_MIN_SHARE each, as they always
+    did (a backlog spread over many partitions is found in a few calls, not one per
+    partition). Queues keep their order (strict priority, or weights' virtual time); within
+    a queue the keys of unknown depth go first, with up to half of what is left when keys
+    with a backlog wait too: a lone run, or another tenant's, is in the next claim rather
+    than behind the big keys' rotation, and the big keys still get at least half of it."""
+    if free <= 0 or not keys:
+        return []
+    even = max(min(free, CLAIM_MIN_SHARE), -(-free // len(keys)))
+    plan: list[tuple[Key, int]] = []
+    left = free
+    for queue in dict.fromkeys(q for _, q in keys):  # queues in order of their first key
+        group = [k for k in keys if k[1] == queue]
+        deep = [k for k in group if k in backlog]
+        room = left - left // 2 if deep else left  # for the keys of unknown depth
+        for key in group:
+            if key in backlog or room <= 0:
+                continue
+            n = min(even, room)
+            plan.append((key, n))
+            room -= n
+            left -= n
+        for key in deep:
+            if left <= 0:
+                break
+            n = min(backlog[key], left)
+            plan.append((key, n))
+            left -= n
+        if left <= 0:
+            break
+    return plan
 
 
 class Claimer:
@@ -164,17 +206,9 @@ class Claimer:
 
     async def claim(self, keys: list[Key], free: int) -> int:
         """One pipelined claim over `keys` (fair order, see DueTimes.due_now) for up to `free`
-        runs; returns how many were claimed and started. Each key gets at least CLAIM_MIN_SHARE, so a
-        backlog spread over many partitions is claimed in a few calls, not one per partition."""
-        share = max(min(free, CLAIM_MIN_SHARE), -(-free // len(keys)))
-        plan: list[tuple[Key, int]] = []
-        left = free
-        for key in keys:
-            if left <= 0:
-                break
-            n = min(share, left)
-            plan.append((key, n))
-            left -= n
+        runs; returns how many were claimed and started. How much each key is asked for:
+        `plan_claim`."""
+        plan = plan_claim(keys, free, self.due.backlog)
         seq = self.due.seq
         for key, _ in plan:
             self.due.served(key)
@@ -189,17 +223,18 @@ class Claimer:
             # the next claim goes to the live nodes' partitions (the first keys of a plan take
             # its whole budget: holding the loop would have retried only the dead ones)
             raise replies[0]  # type: ignore[misc]
-        outcomes: list[tuple[Key, Any]] = []
+        outcomes: list[tuple[Key, int, Any]] = []  # (key, runs asked for, its reply)
         for g, res in zip(groups, replies, strict=True):
             if isinstance(res, BaseException):  # the whole node: every call of it failed
-                outcomes += [(key, res) for key, _ in g]
+                outcomes += [(key, n, res) for key, n in g]
             else:
-                outcomes += [(key, r) for (key, _), r in zip(g, res, strict=True)]
+                outcomes += [(key, n, r) for (key, n), r in zip(g, res, strict=True)]
         now = self.clock.now_ms()
+        horizon = now + self.cfg.claim_ahead_ms
         claimed = 0
         start = self.executor.start_batch
         moving = False
-        for (p, q), res in outcomes:
+        for (p, q), asked, res in outcomes:
             if isinstance(res, BaseException):
                 moving |= self.due.refuse((p, q), "claiming", res)
                 continue
@@ -207,6 +242,8 @@ class Claimer:
             reply = tr.parse_claim(res)
             self.due.set((p, q), reply.next_due_ms, seq)
             self.due.account((p, q), len(reply.runs))
+            nxt = reply.next_due_ms
+            self.due.sized((p, q), asked, len(reply.runs), nxt is not None and nxt <= horizon)
             if reply.runs:
                 start(p, q, reply.runs, now)
                 claimed += len(reply.runs)
