@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from duetime.common import metrics
@@ -149,8 +150,11 @@ class Executor:
         delays: list[float] = []
         limited: list[float] = []
         firsts: list[float] = []
+        due_ms, scheduled_at = -1, None  # runs of a batch often share their due ms: one datetime
         for c in runs:
-            ex = self._begin(p, queue, c, renewed)
+            if c.due_ms != due_ms:
+                due_ms, scheduled_at = c.due_ms, from_ms(c.due_ms)
+            ex = self._begin(p, queue, c, renewed, scheduled_at)
             # claimed ahead of its due time: it waits for it, plus the clock estimate's error
             # bound, so it never starts before its due time on the server's clock
             wait_s = (c.ready_ms + early_ms) / 1000
@@ -178,12 +182,14 @@ class Executor:
         """Start one claimed run (a batch of one)."""
         self.start_batch(p, queue, [c], now_ms)
 
-    def _begin(self, p: int, queue: str, c: Claimed, renewed_at: float) -> Execution:
-        """The attempt's in-flight state, in `inflight` from its claim on."""
+    def _begin(self, p: int, queue: str, c: Claimed, renewed_at: float,
+               scheduled_at: datetime | None) -> Execution:
+        """The attempt's in-flight state, in `inflight` from its claim on; `scheduled_at` is
+        `c.due_ms` as a datetime (made by the caller, once for the runs that share it)."""
         ctx = RunContext(
             run_id=c.run_id, task=c.task, queue=queue, attempt=c.attempt, fence=c.fence,
             worker_id=self.worker_id, idempotency_key=c.key or c.run_id,
-            scheduled_at=from_ms(c.due_ms), schedule=c.schedule,
+            scheduled_at=scheduled_at, schedule=c.schedule,
             interval_start=from_ms(c.interval_start) if c.interval_start else None,
             interval_end=from_ms(c.interval_end) if c.interval_end else None,
         )
