@@ -153,6 +153,8 @@ class Executor:
         # herd starts every body before any of it. (execution, body seconds)
         self._deferred: list[tuple[Execution, float]] = []
         self._quiet = contextvars.Context()  # no run's log fields: for the bulk bookkeeping
+        # called at the end of each claimed batch's attempts (the Worker sets it: Claimer.poke)
+        self.on_batch_end: Callable[[], None] | None = None
 
     # -- starting -------------------------------------------------------------------------
     def start_batch(self, p: int, queue: str, runs: list[Claimed], now_ms: float) -> None:
@@ -193,6 +195,20 @@ class Executor:
                 submit(ex, hooks.execute(ex, self._execute(ex, c, wait_s, observed)), context())
         if now:
             _observe_delays(queue, now, now_ms)
+        if self.on_batch_end is not None:
+            submit(_Marker(), self._batch_end(self.on_batch_end), self._quiet.copy())
+
+    async def _batch_end(self, then: Callable[[], None]) -> None:
+        """Queued after a claimed batch's attempts: once they ran (or waited), the successes
+        among them are settled and `then` (Claimer.poke) sends the next claim for their
+        slots before the next batch's attempts run; then this yields, so the claim goes out
+        now. Never raises: it is no attempt of a run."""
+        try:
+            self._settle_deferred()
+            then()
+        except Exception:  # noqa: BLE001 - the worker's own fault: logged, the loop goes on
+            log.exception("worker failed at the end of a claimed batch", worker_id=self.worker_id)
+        await asyncio.sleep(0)
 
     def _prepare(self, ex: Execution, c: Claimed) -> None:
         """What a held attempt would do first at its due time, done while it waits: its task
@@ -560,6 +576,8 @@ class Executor:
         reporter), for all of them at once: so a claimed batch, or a herd released at its
         instant, starts every body before it reports any, and frees its slots in one wake-up.
         A failure here is the worker's own, handled per attempt as in `_attempt` (`failed`)."""
+        if not self._deferred:  # settled already (at a batch's end)
+            return
         done, self._deferred = self._deferred, []
         inflight, succeeded, debug = self.inflight, self._succeeded, self._debug
         try:
@@ -831,6 +849,16 @@ class Executor:
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.processes is not None:
             self.processes.close()
+
+
+class _Marker:
+    """What the runners need of an Execution, for `_batch_end` (not an attempt of a run)."""
+
+    __slots__ = ("runner", "cancels")
+
+    def __init__(self) -> None:
+        self.runner: asyncio.Task[None] | None = None
+        self.cancels = 0
 
 
 def collect_soon() -> None:

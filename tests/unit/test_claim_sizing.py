@@ -5,8 +5,12 @@ lone run behind them, and without changing the order of queues."""
 
 from __future__ import annotations
 
+import asyncio
+
 from duetime.common.keys import Keyspace
-from duetime.worker.claims import CLAIM_MIN_SHARE, plan_claim
+from duetime.worker.claims import CLAIM_MIN_SHARE, CLAIMS_IN_FLIGHT, Claimer, plan_claim
+from duetime.worker.clock import ServerClock
+from duetime.worker.config import WorkerConfig
 from duetime.worker.due import DueTimes, Key
 
 
@@ -127,3 +131,63 @@ def test_a_lone_run_is_in_the_next_claim_beside_the_backlogs():
     plans, took = _drain(16, 1250, 128, lone_at=40)
     assert took == 40
     assert len(plans[40]) == 2  # the lone key, and a backlog with the rest of the budget
+
+
+class _Executor:
+    """What the claim loop reads of the executor: the attempts in flight."""
+
+    def __init__(self) -> None:
+        self.inflight: dict[object, object] = {}
+
+
+def _claimer(concurrency: int) -> tuple[Claimer, list[int]]:
+    """A Claimer whose claims only record their budget and wait for the test to end them."""
+    cfg = WorkerConfig(queues=["default"], concurrency=concurrency, claim_ahead_ms=0)
+    due = DueTimes(Keyspace("t", 4), ["default"], "w", lambda: None)
+    for p in range(4):
+        due.note((p, "default"), 0)
+    claimer = Claimer(None, None, Keyspace("t", 4), cfg, due, ServerClock(),  # type: ignore[arg-type]
+                      _Executor(), asyncio.Event())  # type: ignore[arg-type]
+    budgets: list[int] = []
+    gate = asyncio.Event()
+
+    async def claim(keys: list[Key], free: int) -> int:
+        budgets.append(free)
+        await gate.wait()
+        return 1
+
+    claimer.claim = claim  # type: ignore[method-assign]
+    claimer.gate = gate  # type: ignore[attr-defined]
+    return claimer, budgets
+
+
+def test_a_poke_sends_the_claims_the_freed_slots_allow_at_once():
+    """At a claimed batch's end (Executor.on_batch_end) the claimer spawns the next claims
+    itself rather than waiting for its loop's turn: up to CLAIMS_IN_FLIGHT, each for its share
+    of the free slots; a claim that ended counts as ended at once (not a step later, when its
+    task's done callback runs); nothing is sent before the loop runs nor once it stops."""
+    async def main() -> None:
+        claimer, budgets = _claimer(256)
+        claimer.poke()
+        assert budgets == [] and claimer._in_flight == 0  # the claim loop is not running
+        stopping = asyncio.Event()
+        claimer._stopping = stopping
+        claimer.poke()
+        await asyncio.sleep(0)
+        assert budgets == [128, 128] and claimer._in_flight == CLAIMS_IN_FLIGHT
+        claimer.poke()  # nothing more: two claims are in flight
+        await asyncio.sleep(0)
+        assert len(budgets) == 2
+        seen: list[int] = []  # claims counted in flight when each claim's task is done
+        for task in claimer._claims:
+            task.add_done_callback(lambda _: seen.append(claimer._in_flight))
+        claimer.gate.set()  # type: ignore[attr-defined]
+        await asyncio.gather(*claimer._claims)
+        assert seen == [0, 0] and claimer._reserved == 0
+        stopping.set()
+        claimer.poke()
+        await asyncio.sleep(0)
+        assert len(budgets) == 2
+        await asyncio.gather(*claimer._claims)
+
+    asyncio.run(main())
