@@ -382,7 +382,7 @@ class Executor:
         continued: Continue | None = None
         ran = False
         deferred = False  # a success whose bookkeeping is left to _settle_deferred
-        started = time.perf_counter()
+        started = 0.0  # when its body began (perf_counter): read only once `ran`
         try:
             if ex.stopped:  # interrupted before it started: as if cancelled right away
                 raise asyncio.CancelledError
