@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import gc
 import logging
 import time
 from collections.abc import Callable
@@ -277,14 +276,12 @@ class Executor:
 
     @staticmethod
     def _after_release(held: list[Held], claimed: list[Claimed], now_ms: float) -> None:
-        """After a released group's bodies started: their start delays, by queue, and the
-        garbage collector's next young collection if it is near (`collect_soon`)."""
+        """After a released group's bodies started: their start delays, by queue."""
         by_queue: dict[str, list[Claimed]] = {}
         for (ex, _, _), c in zip(held, claimed, strict=True):
             by_queue.setdefault(ex.ctx.queue, []).append(c)
         for queue, runs in by_queue.items():
             _observe_delays(queue, runs, now_ms)
-        collect_soon()
 
     def start(self, p: int, queue: str, c: Claimed, now_ms: float) -> None:
         """Start one claimed run (a batch of one)."""
@@ -859,25 +856,6 @@ class _Marker:
     def __init__(self) -> None:
         self.runner: asyncio.Task[None] | None = None
         self.cancels = 0
-
-
-def collect_soon() -> None:
-    """Run the garbage collection the interpreter would run soon, now, if more than half of
-    the young generation's threshold is allocated: right after held runs started, the time
-    until the next due time is the worker's least precious. A young collection takes a few
-    milliseconds at the worker's threshold (runtime.tune_gc: 20,000 objects), and started
-    by the allocation that crosses the threshold it can land in the last stretch of a hold,
-    making a run start that much late (bench.precision's max). The generation is the one
-    the interpreter would pick (the oldest whose count is past its threshold), so the older
-    generations are still collected when they would be: a worker whose collections all come
-    from here (runs held one after the other) keeps collecting its old objects too."""
-    if not gc.isenabled():
-        return
-    count, threshold = gc.get_count(), gc.get_threshold()
-    if count[0] <= threshold[0] // 2:
-        return
-    generation = 2 if count[2] > threshold[2] else 1 if count[1] > threshold[1] else 0
-    gc.collect(generation)
 
 
 def _observe_delays(queue: str, runs: list[Claimed], now_ms: float) -> None:
