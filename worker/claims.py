@@ -99,6 +99,7 @@ class Claimer:
         self._bug_backoff = 0.1
         self._share = -(-cfg.concurrency // CLAIMS_IN_FLIGHT)
         self._stopping: asyncio.Event | None = None  # run()'s, while it runs
+        self._claiming: dict[Key, int] = {}  # keys with a claim on its way -> how many
 
     async def run(self, stopping: asyncio.Event, until_idle: bool = False) -> None:
         """Claim until `stopping` is set; with `until_idle`, also return once `idle()` says so
@@ -116,8 +117,11 @@ class Claimer:
             can_claim = free > 0 and self._in_flight < CLAIMS_IN_FLIGHT
             keys = due.due_now(clock.now_ms() + cfg.claim_ahead_ms) if can_claim else []
             if keys:
-                self._spawn(keys, free)
-                continue
+                keys = self._claimable(keys)
+                if keys:
+                    self._spawn(keys, free)
+                    continue
+                can_claim = False  # each due key has a claim on its way: its end wakes us
             try:
                 if until_idle and self.idle():
                     done = self.executor.processed + self.executor.reporter.recorded
@@ -177,11 +181,21 @@ class Claimer:
             free = cfg.concurrency - len(self.executor.inflight) - self._reserved
             if free <= 0:
                 break
-            keys = self.due.due_now(self.clock.now_ms() + cfg.claim_ahead_ms)
+            keys = self._claimable(self.due.due_now(self.clock.now_ms() + cfg.claim_ahead_ms))
             if not keys:
                 break
             self._spawn(keys, free)
         self.wake.set()
+
+    def _claimable(self, keys: list[Key]) -> list[Key]:
+        """`keys` but those with a claim on its way, unless known to hold more than it can
+        bring back (DueTimes.backlog): a second claim for a lone run found it gone, came back
+        empty and held the loop a millisecond (W2: two claim calls a run, one of them empty)."""
+        claiming = self._claiming
+        if not claiming:
+            return keys
+        backlog = self.due.backlog
+        return [k for k in keys if k not in claiming or k in backlog]
 
     def idle(self) -> bool:
         """Nothing of this worker's under way and nothing it knows of due now: no claim in
@@ -205,17 +219,26 @@ class Claimer:
         self._hold_until = time.monotonic() + seconds
 
     def _spawn(self, keys: list[Key], free: int) -> None:
+        """A claim over `keys` (fair order, see DueTimes.due_now), planned here, at once
+        (`plan_claim`): its keys go behind the other due ones and count as being claimed
+        (`_claimable`) before the loop looks again, so the next claim, spawned right after it
+        in the same pass, goes elsewhere."""
         # a claim takes at most its share of the slots, so another can be in flight meanwhile
         free = min(free, self._share)
+        plan = plan_claim(keys, free, self.due.backlog)
+        claiming = self._claiming
+        for key, _ in plan:
+            self.due.served(key)
+            claiming[key] = claiming.get(key, 0) + 1
         self._reserved += free
-        task = asyncio.create_task(self._claim_task(keys, free))
+        task = asyncio.create_task(self._claim_task(plan, free))
         self._claims.add(task)
         self._in_flight += 1
         task.add_done_callback(self._claims.discard)
 
-    async def _claim_task(self, keys: list[Key], free: int) -> None:
+    async def _claim_task(self, plan: list[tuple[Key, int]], free: int) -> None:
         try:
-            claimed = await self.claim(keys, free)
+            claimed = await self._claim(plan)
             self.outage.ok()
             self._bug_backoff = 0.1
             if not claimed:
@@ -227,18 +250,21 @@ class Claimer:
             self._hold(self._bug_backoff)
             self._bug_backoff = min(self._bug_backoff * 2, 5.0)
         finally:
+            claiming = self._claiming
+            for key, _ in plan:
+                n = claiming[key] - 1
+                if n:
+                    claiming[key] = n
+                else:
+                    del claiming[key]
             self._reserved -= free
             self._in_flight -= 1
             self.wake.set()
 
-    async def claim(self, keys: list[Key], free: int) -> int:
-        """One pipelined claim over `keys` (fair order, see DueTimes.due_now) for up to `free`
-        runs; returns how many were claimed and started. How much each key is asked for:
-        `plan_claim`."""
-        plan = plan_claim(keys, free, self.due.backlog)
+    async def _claim(self, plan: list[tuple[Key, int]]) -> int:
+        """One pipelined claim of `plan` ((key, runs asked for), in order): sent, its replies
+        read and their runs started; → how many runs were claimed."""
         seq = self.due.seq
-        for key, _ in plan:
-            self.due.served(key)
         groups = self._by_node(plan)
         replies = await asyncio.gather(*(self._send(g) for g in groups), return_exceptions=True)
         if any(isinstance(r, asyncio.CancelledError) for r in replies):
