@@ -1,6 +1,7 @@
 """The bench application: one no-op task that counts itself on a side key (HINCRBY), so
 losses and duplicates are seen independently of duetime's own records."""
 
+import asyncio
 import os
 import threading
 import time
@@ -36,6 +37,13 @@ _r: list[redis.Redis] = []
 @app.task(name="bench.noop")
 async def noop(i: int = 0) -> None:
     pass
+
+
+@app.task(name="bench.sleepy")
+async def sleepy(i: int = 0) -> None:
+    """Waits 5 ms: runs that end one by one, not a claimed batch at once (how many outcomes
+    a report flush finds waiting, `bench.throughput --task sleepy`)."""
+    await asyncio.sleep(0.005)
 
 
 @app.task(name="bench.counted")

@@ -171,6 +171,11 @@ def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int,
         if sum(pipe.execute()) >= n:
             break
         time.sleep(0.2)
+    if own_start:  # the stamps are written by the task's own thread every 10 ms: let the last go
+        stamps_r = redis.Redis.from_url(url, db=1)
+        until = time.monotonic() + 10
+        while stamps_r.hlen(f"{ns}:stamps") < n and time.monotonic() < until:
+            time.sleep(0.05)
     for p in procs:
         p.terminate()
     for p in procs:

@@ -5,10 +5,13 @@ served), time inside scripts and server CPU (INFO cpu).
 
     .venv/bin/python -m bench.throughput --runs 20000 --repeat 3 [--server redis|valkey]
         [--middleware N]   (N no-op middleware in the producer and the worker: their cost)
+        [--task sleepy]    (runs that wait 5 ms each, instead of no-op ones)
         [--rtt_ms 1]       (the worker reaches Redis through a delay proxy: each chunk waits
                             half of it each way, order kept; tests/chaos/proxy.py, in this
-                            process's thread. No `tc netem` on this kernel: a proxy is what
-                            there is. The producer and the bench's own reads go direct)
+                            process's thread, on a loop with sub-ms timers: rtt_measured_ms
+                            says what the worker got. No `tc netem` on this kernel: a proxy
+                            is what there is. The producer and the bench's own reads go
+                            direct)
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import uuid
 
 import redis
 
-from bench.apps import app, noop
+from bench.apps import app, noop, sleepy
 from bench.drive import parser, repeated
 
 
@@ -54,6 +57,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def ping_ms(url: str, n: int = 200) -> float:
+    """The median round trip of a PING to `url`, in ms."""
+    c = redis.Redis.from_url(url)
+    c.ping()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        c.ping()
+        times.append((time.perf_counter() - t0) * 1000)
+    c.close()
+    return sorted(times)[n // 2]
+
+
 def drain_s(r: redis.Redis, done_keys: list[str]) -> float:
     """First to last finish on the server clock (the done sets' scores): worker start-up is
     left out, so it can be reported apart."""
@@ -65,25 +81,29 @@ def drain_s(r: redis.Redis, done_keys: list[str]) -> float:
     return (max(heads) - min(heads)) / 1000
 
 
-def one_round(url: str, n: int, concurrency: int, rtt_ms: float = 0.0) -> dict[str, float]:
+def one_round(url: str, n: int, concurrency: int, rtt_ms: float = 0.0,
+              task: str = "noop") -> dict[str, float]:
     ns = f"bench{uuid.uuid4().hex[:6]}"
     app.configure(redis_url=url, namespace=ns)
     r = redis.Redis.from_url(url)
     app.store.ready()
     stats0 = commandstats(r)
     t0, c0 = time.perf_counter(), time.process_time()
-    app.enqueue_many([(noop, [i]) for i in range(n)])
+    fn = sleepy if task == "sleepy" else noop
+    app.enqueue_many([(fn, [i]) for i in range(n)])
     t_enq, enqueue_cpu = time.perf_counter() - t0, time.process_time() - c0
-    stats1 = commandstats(r)
     hub = None
     worker_url = url
+    rtt_measured = 0.0
     if rtt_ms:
         from tests.chaos.proxy import ProxyHub
 
-        hub = ProxyHub()
+        hub = ProxyHub(precise=True)  # sub-ms timers: the round trip asked for, not 2x it
         link = hub.link(int(url.rsplit(":", 1)[1].split("/")[0]))
         link.latency(rtt_ms / 2000)
         worker_url = link.url()
+        rtt_measured = ping_ms(worker_url)
+    stats1 = commandstats(r)
     env = {**os.environ, "DUETIME_REDIS_URL": worker_url, "DUETIME_NAMESPACE": ns,
            "DUETIME_BENCH_MIDDLEWARE": str(MIDDLEWARE[0])}
     t1 = time.perf_counter()
@@ -96,8 +116,10 @@ def one_round(url: str, n: int, concurrency: int, rtt_ms: float = 0.0) -> dict[s
     # drain rate is read from the done sets' scores, whatever the polling interval
     wait_done(r, done_keys, 1, poll_s=0.005)
     cpu0, done0 = cpu_s(proc.pid), sum(r.zcard(k) for k in done_keys)
+    bench_cpu0 = time.process_time()
     wait_done(r, done_keys, n, poll_s=0.02)
     worker_cpu = cpu_s(proc.pid) - cpu0
+    bench_cpu = time.process_time() - bench_cpu0  # polling, and the delay proxy's thread
     t_wall = time.perf_counter() - t1
     t_drain = drain_s(r, done_keys)
     stats2 = commandstats(r)
@@ -137,6 +159,11 @@ def one_round(url: str, n: int, concurrency: int, rtt_ms: float = 0.0) -> dict[s
         # steadier figure on a loaded machine than runs/s
         "worker_cpu_us_per_run": worker_cpu * 1e6 / max(n - done0, 1),
         "enqueue_cpu_us_per_run": enqueue_cpu * 1e6 / n,
+        # this process while the worker drained: its polling, and with --rtt_ms the delay
+        # proxy (a Python thread here, competing for the same two cores)
+        "bench_cpu_us_per_run": bench_cpu * 1e6 / max(n - done0, 1),
+        # the round trip through the proxy, measured (median of PINGs before the drain)
+        "rtt_measured_ms": rtt_measured,
     }
 
 
@@ -144,15 +171,19 @@ MIDDLEWARE = [0]  # no-op middleware registered (bench/apps.py), here and in the
 
 
 def main() -> None:
-    args = parser(runs=20000, repeat=3, concurrency=256, middleware=0, rtt_ms=0.0).parse_args()
+    ap = parser(runs=20000, repeat=3, concurrency=256, middleware=0, rtt_ms=0.0)
+    ap.add_argument("--task", choices=["noop", "sleepy"], default="noop")
+    args = ap.parse_args()
     if args.middleware:
         from bench.apps import add_middleware
 
         MIDDLEWARE[0] = args.middleware
         add_middleware(args.middleware)
-    repeated(args, lambda url: one_round(url, args.runs, args.concurrency, args.rtt_ms),
+    repeated(args, lambda url: one_round(url, args.runs, args.concurrency, args.rtt_ms,
+                                         args.task),
              f"server={args.server} runs={args.runs} repeat={args.repeat} "
-             f"concurrency={args.concurrency} middleware={args.middleware} rtt_ms={args.rtt_ms}")
+             f"concurrency={args.concurrency} middleware={args.middleware} rtt_ms={args.rtt_ms} "
+             f"task={args.task}")
 
 if __name__ == "__main__":
     main()

@@ -46,12 +46,16 @@ def unpack_payload(data: bytes | None, limit: int = DEFAULT_MAX_PAYLOAD
     except Exception as exc:  # noqa: BLE001 - msgpack raises ValueError, TypeError, its own
         raise InvalidInput(f"payload is not msgpack: {exc}") from None
     # written by another client or by hand: anything but [list, dict with str keys] would
-    # reach the task as its arguments (a TypeError retried as if the task had failed)
-    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
-            and isinstance(value[1], dict) and all(isinstance(k, str) for k in value[1])):
-        raise InvalidInput(f"payload is msgpack but not duetime's [args, kwargs]: "
-                           f"{repr(value)[:80]}")
-    return value[0], value[1]
+    # reach the task as its arguments (a TypeError retried as if the task had failed). msgpack
+    # makes exact lists and dicts: checked by type, and the keys only when there are some
+    # (every run's path: most payloads have no keyword arguments)
+    if type(value) is list and len(value) == 2:
+        args, kwargs = value
+        if type(args) is list and type(kwargs) is dict \
+                and (not kwargs or all(type(k) is str for k in kwargs)):
+            return args, kwargs
+    raise InvalidInput(f"payload is msgpack but not duetime's [args, kwargs]: "
+                       f"{repr(value)[:80]}")
 
 
 # Results are msgpack with a few extension types, so what a task commonly returns comes back

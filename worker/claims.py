@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
@@ -41,6 +42,47 @@ CLOCK_SYNC_S = 60.0
 EARLY_HOLD_S = 0.001  # a claim found nothing due: our estimate of server time ran ahead by a hair
 
 
+def plan_claim(keys: Sequence[Key], free: int,
+               backlog: Mapping[Key, int]) -> list[tuple[Key, int]]:
+    """How many runs one claim for `free` slots asks of each due key; `keys` in the fair
+    order of DueTimes.due_now, `backlog` what the worker estimates some keys hold
+    (DueTimes.sized: their last claim came back full, with more due).
+
+    A claim.lua call costs Redis a large fixed amount whatever it claims, so a key with a
+    backlog is asked for all of it that the budget allows: few keys to a claim, and big
+    calls. Keys of unknown depth share evenly, at least CLAIM_MIN_SHARE each, as they always
+    did (a backlog spread over many partitions is found in a few calls, not one per
+    partition). Queues keep their order (strict priority, or weights' virtual time); within
+    a queue the keys of unknown depth go first, with up to half of what is left when keys
+    with a backlog wait too: a lone run, or another tenant's, is in the next claim rather
+    than behind the big keys' rotation, and the big keys still get at least half of it."""
+    if free <= 0 or not keys:
+        return []
+    even = max(min(free, CLAIM_MIN_SHARE), -(-free // len(keys)))
+    plan: list[tuple[Key, int]] = []
+    left = free
+    for queue in dict.fromkeys(q for _, q in keys):  # queues in order of their first key
+        group = [k for k in keys if k[1] == queue]
+        deep = [k for k in group if k in backlog]
+        room = left - left // 2 if deep else left  # for the keys of unknown depth
+        for key in group:
+            if key in backlog or room <= 0:
+                continue
+            n = min(even, room)
+            plan.append((key, n))
+            room -= n
+            left -= n
+        for key in deep:
+            if left <= 0:
+                break
+            n = min(backlog[key], left)
+            plan.append((key, n))
+            left -= n
+        if left <= 0:
+            break
+    return plan
+
+
 class Claimer:
     def __init__(self, client: aredis.Redis, scripts: Scripts, keys: Keyspace, cfg: WorkerConfig,
                  due: DueTimes, clock: ServerClock, executor: Executor, wake: asyncio.Event) -> None:
@@ -49,10 +91,15 @@ class Claimer:
         # capped at a second: after a failover, work resumes within about a second
         self.outage = Outage("claim loop", log, cap_s=1.0, worker_id=cfg.worker_id)
         self._claims: set[asyncio.Task[None]] = set()
+        # claims not yet back, counted as they end (a task leaves _claims a step later, in
+        # its done callback: a poke in between would see a claim that has already ended)
+        self._in_flight = 0
         self._reserved = 0  # slots promised to claims in flight
         self._hold_until = 0.0  # monotonic time before which no Redis call is made
         self._bug_backoff = 0.1
         self._share = -(-cfg.concurrency // CLAIMS_IN_FLIGHT)
+        self._stopping: asyncio.Event | None = None  # run()'s, while it runs
+        self._claiming: dict[Key, int] = {}  # keys with a claim on its way -> how many
 
     async def run(self, stopping: asyncio.Event, until_idle: bool = False) -> None:
         """Claim until `stopping` is set; with `until_idle`, also return once `idle()` says so
@@ -60,17 +107,21 @@ class Claimer:
         cfg, due, clock = self.cfg, self.due, self.clock
         last_refresh = last_clock = time.monotonic()
         seen = -1  # the work done when the worker last found itself idle (burst mode)
+        self._stopping = stopping
         while not stopping.is_set():
             hold = self._hold_until - time.monotonic()
             if hold > 0:
                 await self._sleep(hold)
                 continue
             free = cfg.concurrency - len(self.executor.inflight) - self._reserved
-            can_claim = free > 0 and len(self._claims) < CLAIMS_IN_FLIGHT
+            can_claim = free > 0 and self._in_flight < CLAIMS_IN_FLIGHT
             keys = due.due_now(clock.now_ms() + cfg.claim_ahead_ms) if can_claim else []
             if keys:
-                self._spawn(keys, free)
-                continue
+                keys = self._claimable(keys)
+                if keys:
+                    self._spawn(keys, free)
+                    continue
+                can_claim = False  # each due key has a claim on its way: its end wakes us
             try:
                 if until_idle and self.idle():
                     done = self.executor.processed + self.executor.reporter.recorded
@@ -116,13 +167,43 @@ class Claimer:
         if self._claims:
             await asyncio.gather(*self._claims, return_exceptions=True)
 
+    def poke(self) -> None:
+        """Slots were just freed in the middle of a step of the event loop (a claimed batch's
+        runs ended: Executor's batch end): send the next claims from here, now. The claim loop
+        would only run after everything ready before it, the next batch's runs included: the
+        two claims in flight then go out together, come back together, and Redis and the
+        worker take turns idling (a drain ran at ~60 % of the slower one's rate)."""
+        stopping = self._stopping
+        if stopping is None or stopping.is_set() or time.monotonic() < self._hold_until:
+            return
+        cfg = self.cfg
+        while self._in_flight < CLAIMS_IN_FLIGHT:
+            free = cfg.concurrency - len(self.executor.inflight) - self._reserved
+            if free <= 0:
+                break
+            keys = self._claimable(self.due.due_now(self.clock.now_ms() + cfg.claim_ahead_ms))
+            if not keys:
+                break
+            self._spawn(keys, free)
+        self.wake.set()
+
+    def _claimable(self, keys: list[Key]) -> list[Key]:
+        """`keys` but those with a claim on its way, unless known to hold more than it can
+        bring back (DueTimes.backlog): a second claim for a lone run found it gone, came back
+        empty and held the loop a millisecond (W2: two claim calls a run, one of them empty)."""
+        claiming = self._claiming
+        if not claiming:
+            return keys
+        backlog = self.due.backlog
+        return [k for k in keys if k not in claiming or k in backlog]
+
     def idle(self) -> bool:
         """Nothing of this worker's under way and nothing it knows of due now: no claim in
         flight, no attempt running (or waiting for its due time), no report unrecorded, and no
         (partition, queue) with a run due within claim-ahead, a key held back after a refused
         call included (it is tried again). A run a limit holds back counts at the time the
         claim said the limit may let it through."""
-        if self._claims or self._reserved or self.executor.inflight \
+        if self._in_flight or self._reserved or self.executor.inflight \
                 or self.executor.reporter.pending():
             return False
         horizon = self.clock.now_ms() + self.cfg.claim_ahead_ms
@@ -138,16 +219,26 @@ class Claimer:
         self._hold_until = time.monotonic() + seconds
 
     def _spawn(self, keys: list[Key], free: int) -> None:
+        """A claim over `keys` (fair order, see DueTimes.due_now), planned here, at once
+        (`plan_claim`): its keys go behind the other due ones and count as being claimed
+        (`_claimable`) before the loop looks again, so the next claim, spawned right after it
+        in the same pass, goes elsewhere."""
         # a claim takes at most its share of the slots, so another can be in flight meanwhile
         free = min(free, self._share)
+        plan = plan_claim(keys, free, self.due.backlog)
+        claiming = self._claiming
+        for key, _ in plan:
+            self.due.served(key)
+            claiming[key] = claiming.get(key, 0) + 1
         self._reserved += free
-        task = asyncio.create_task(self._claim_task(keys, free))
+        task = asyncio.create_task(self._claim_task(plan, free))
         self._claims.add(task)
+        self._in_flight += 1
         task.add_done_callback(self._claims.discard)
 
-    async def _claim_task(self, keys: list[Key], free: int) -> None:
+    async def _claim_task(self, plan: list[tuple[Key, int]], free: int) -> None:
         try:
-            claimed = await self.claim(keys, free)
+            claimed = await self._claim(plan)
             self.outage.ok()
             self._bug_backoff = 0.1
             if not claimed:
@@ -159,25 +250,21 @@ class Claimer:
             self._hold(self._bug_backoff)
             self._bug_backoff = min(self._bug_backoff * 2, 5.0)
         finally:
+            claiming = self._claiming
+            for key, _ in plan:
+                n = claiming[key] - 1
+                if n:
+                    claiming[key] = n
+                else:
+                    del claiming[key]
             self._reserved -= free
+            self._in_flight -= 1
             self.wake.set()
 
-    async def claim(self, keys: list[Key], free: int) -> int:
-        """One pipelined claim over `keys` (fair order, see DueTimes.due_now) for up to `free`
-        runs; returns how many were claimed and started. Each key gets at least CLAIM_MIN_SHARE, so a
-        backlog spread over many partitions is claimed in a few calls, not one per partition."""
-        share = max(min(free, CLAIM_MIN_SHARE), -(-free // len(keys)))
-        plan: list[tuple[Key, int]] = []
-        left = free
-        for key in keys:
-            if left <= 0:
-                break
-            n = min(share, left)
-            plan.append((key, n))
-            left -= n
+    async def _claim(self, plan: list[tuple[Key, int]]) -> int:
+        """One pipelined claim of `plan` ((key, runs asked for), in order): sent, its replies
+        read and their runs started; → how many runs were claimed."""
         seq = self.due.seq
-        for key, _ in plan:
-            self.due.served(key)
         groups = self._by_node(plan)
         replies = await asyncio.gather(*(self._send(g) for g in groups), return_exceptions=True)
         if any(isinstance(r, asyncio.CancelledError) for r in replies):
@@ -189,17 +276,18 @@ class Claimer:
             # the next claim goes to the live nodes' partitions (the first keys of a plan take
             # its whole budget: holding the loop would have retried only the dead ones)
             raise replies[0]  # type: ignore[misc]
-        outcomes: list[tuple[Key, Any]] = []
+        outcomes: list[tuple[Key, int, Any]] = []  # (key, runs asked for, its reply)
         for g, res in zip(groups, replies, strict=True):
             if isinstance(res, BaseException):  # the whole node: every call of it failed
-                outcomes += [(key, res) for key, _ in g]
+                outcomes += [(key, n, res) for key, n in g]
             else:
-                outcomes += [(key, r) for (key, _), r in zip(g, res, strict=True)]
+                outcomes += [(key, n, r) for (key, n), r in zip(g, res, strict=True)]
         now = self.clock.now_ms()
+        horizon = now + self.cfg.claim_ahead_ms
         claimed = 0
         start = self.executor.start_batch
         moving = False
-        for (p, q), res in outcomes:
+        for (p, q), asked, res in outcomes:
             if isinstance(res, BaseException):
                 moving |= self.due.refuse((p, q), "claiming", res)
                 continue
@@ -207,6 +295,8 @@ class Claimer:
             reply = tr.parse_claim(res)
             self.due.set((p, q), reply.next_due_ms, seq)
             self.due.account((p, q), len(reply.runs))
+            nxt = reply.next_due_ms
+            self.due.sized((p, q), asked, len(reply.runs), nxt is not None and nxt <= horizon)
             if reply.runs:
                 start(p, q, reply.runs, now)
                 claimed += len(reply.runs)

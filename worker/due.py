@@ -46,6 +46,9 @@ class DueTimes:
         self._turn = 0
         self._vt: dict[str, float] = dict.fromkeys(self.queues, 0.0)
         self._vnow = 0.0
+        # key -> how many runs it is estimated to hold due, for keys whose last claim came
+        # back full with more due (`sized`); a key not here is of unknown depth
+        self.backlog: dict[Key, int] = {}
 
     def note(self, key: Key, due: float) -> None:
         """A notice that `key` has a run due at `due` (server ms)."""
@@ -103,6 +106,18 @@ class DueTimes:
         if self._weights is not None:
             q = key[1]
             self._vt[q] += max(claimed, 1) / self._weights[q]
+
+    def sized(self, key: Key, asked: int, claimed: int, more: bool) -> None:
+        """A claim on `key` asked for `asked` runs and got `claimed`; `more`: its reply said
+        another run is due already (within claim-ahead). A full claim with more due means a
+        backlog: the next claim there asks for twice as many (the estimate doubles while
+        claims keep coming back full, so a deep backlog is claimed in the biggest calls the
+        budget allows within a few claims). Anything else (fewer than asked: a drained set,
+        or a limit holding runs back) and the key's depth is unknown again."""
+        if more and claimed >= asked > 0:
+            self.backlog[key] = max(self.backlog.get(key, 0), 2 * claimed)
+        else:
+            self.backlog.pop(key, None)
 
     def earliest(self) -> float | None:
         """The earliest due time of a key that may be claimed (server ms)."""

@@ -3,8 +3,15 @@ turns how each ended into a report, and stops attempts whose lease is lost.
 
 The life of one attempt: `start_batch` makes its Execution (`_begin`) and hands `_attempt` to
 the runners (worker/runners.py: reused asyncio tasks, the attempt in a contextvars context of
-its own); `_attempt` waits for its due time, decodes it, runs the body (`_call`), and turns
-how it ended into one report for the reporter. `interrupt` cancels it where it waits.
+its own); `_attempt` decodes it, runs the body, and turns how it ended into one report for the
+reporter. `interrupt` cancels it where it waits.
+
+A run claimed ahead of its due time is held (`_hold`) with every other run due at the same
+instant: one task per instant waits for it (`_release`), then queues them all at once, their
+payloads decoded while they waited. A body that returns without waiting leaves its
+bookkeeping (out of `inflight`, counted, handed to the reporter) to `_settle_deferred`, which
+does it for all such attempts once the ones queued with it have started: a herd of thousands
+due at one instant starts every body before it reports any, at a few microseconds each.
 
 In-flight state is kept per attempt, (run id, fence): a run can be claimed again while an
 older attempt of it still executes here (its lease lapsed while the worker was stalled, and
@@ -24,6 +31,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from duetime.common import metrics
@@ -46,10 +54,11 @@ from duetime.worker.errors import REDIS_ERRORS, frames_text, log_message, record
 from duetime.worker.isolation import ProcessPool
 from duetime.worker.middleware import attempt_hooks
 from duetime.worker.reporter import Reporter
-from duetime.worker.runners import Runners
+from duetime.worker.runners import Attempt, Runners
 from duetime.worker.unknown import UnknownTasks
 
 log = get_logger("duetime.worker")
+Held = tuple["Execution", Attempt, contextvars.Context]  # an attempt queued for the runners
 LEASE_LOST, UNRECORDED = Outcome.LEASE_LOST.value, Outcome.UNRECORDED.value
 SUCCEEDED, FAILED, INTERRUPTED = ATTEMPT_ENDINGS
 # the log fields of an attempt (structlog's context variables, common/logs.py): the worker's
@@ -83,6 +92,9 @@ class Execution:
     # A lease not renewed for a whole lease length may have expired (leases.py)
     renewed_at: float = field(default_factory=time.monotonic)
     hooked: Any = None  # its middleware state, once before_attempt ran (worker/middleware.py)
+    # (task spec, args, kwargs) decoded while it was held for its due time (Executor._prepare)
+    prepared: tuple[TaskSpec, list[Any], dict[str, Any]] | None = None
+    held_at: int | None = None  # the due time (ms) it is held for, with others (Executor._hold)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -131,6 +143,17 @@ class Executor:
         # as the reporter's next flush begins (count_successes), before their outcome is sent
         self._succeeded: dict[str, list[float]] = {}
         reporter.before_flush = self.count_successes
+        # runs claimed ahead of their due time, by that time (ready ms): each group is held by
+        # one task (`_release`) and started at once, not by a timer and a runner per run
+        self._holds: dict[int, dict[Execution, tuple[Held, Claimed]]] = {}  # in claim order
+        self._hold_tasks: dict[int, asyncio.Task[None]] = {}  # ready ms -> its `_release`
+        # successes whose body returned without waiting, their bookkeeping not done yet: done
+        # in bulk right after the runs started with them (`_settle_deferred`), so a batch or a
+        # herd starts every body before any of it. (execution, body seconds)
+        self._deferred: list[tuple[Execution, float]] = []
+        self._quiet = contextvars.Context()  # no run's log fields: for the bulk bookkeeping
+        # called at the end of each claimed batch's attempts (the Worker sets it: Claimer.poke)
+        self.on_batch_end: Callable[[], None] | None = None
 
     # -- starting -------------------------------------------------------------------------
     def start_batch(self, p: int, queue: str, runs: list[Claimed], now_ms: float) -> None:
@@ -146,44 +169,132 @@ class Executor:
         early_ms = self.clock.error_ms - now_ms  # + a run's ready time: how long it waits
         submit, context = self.runners.submit, contextvars.copy_context
         hooks = self.hooks
-        delays: list[float] = []
-        limited: list[float] = []
-        firsts: list[float] = []
+        now: list[Claimed] = []  # the runs that start at once: their delays observed in bulk
+        due_ms, scheduled_at = -1, None  # runs of a batch often share their due ms: one datetime
         for c in runs:
-            ex = self._begin(p, queue, c, renewed)
+            if c.due_ms != due_ms:
+                due_ms, scheduled_at = c.due_ms, from_ms(c.due_ms)
+            ex = self._begin(p, queue, c, renewed, scheduled_at)
             # claimed ahead of its due time: it waits for it, plus the clock estimate's error
             # bound, so it never starts before its due time on the server's clock
             wait_s = (c.ready_ms + early_ms) / 1000
-            observed = wait_s <= 0 and ex.after is None
-            if observed:
-                delay = (now_ms - c.ready_ms) / 1000
-                if delay < 0:
-                    delay = 0.0
-                if c.limited_by:  # a limit held it back on purpose: not the queue's delay
-                    limited.append(delay)
-                else:
-                    delays.append(delay)
-                    if c.attempt == 1:  # claimable from its scheduled time: lateness = delay
-                        firsts.append(delay)
+            if ex.after is not None:  # an earlier attempt still runs here: it waits for both
+                observed = False
+            elif wait_s > 0:  # held with the runs due at the same time, started with them
+                attempt = self._attempt(ex, c, 0.0, True) if hooks is None else \
+                    hooks.execute(ex, self._execute(ex, c, 0.0, True))
+                self._hold(c, (ex, attempt, context()))
+                continue
+            else:
+                observed = True
+                now.append(c)
             if hooks is None:
                 submit(ex, self._attempt(ex, c, wait_s, observed), context())
             else:
                 submit(ex, hooks.execute(ex, self._execute(ex, c, wait_s, observed)), context())
-        for metric, values in ((metrics.QUEUE_DELAY, delays), (metrics.LIMITED_DELAY, limited),
-                               (metrics.START_LATENESS, firsts)):
-            if values:
-                metrics.observe_many(metrics.child(metric, queue), values)
+        if now:
+            _observe_delays(queue, now, now_ms)
+        if self.on_batch_end is not None:
+            submit(_Marker(), self._batch_end(self.on_batch_end), self._quiet.copy())
+
+    async def _batch_end(self, then: Callable[[], None]) -> None:
+        """Queued after a claimed batch's attempts: once they ran (or waited), the successes
+        among them are settled and `then` (Claimer.poke) sends the next claim for their
+        slots before the next batch's attempts run; then this yields, so the claim goes out
+        now. Never raises: it is no attempt of a run."""
+        try:
+            self._settle_deferred()
+            then()
+        except Exception:  # noqa: BLE001 - the worker's own fault: logged, the loop goes on
+            log.exception("worker failed at the end of a claimed batch", worker_id=self.worker_id)
+        await asyncio.sleep(0)
+
+    def _prepare(self, ex: Execution, c: Claimed) -> None:
+        """What a held attempt would do first at its due time, done while it waits: its task
+        found and its payload decoded (`Execution.prepared`), its checkpoints bound. Only
+        when all of it goes through and needs no Redis (a first claim): anything else, an
+        error included, is met at the due time as it always was."""
+        spec = self.registry.find(c.task)
+        if c.damaged or spec is None or spec.fn is None or ex.ctx.fence != 1:
+            return
+        try:
+            args, kwargs = unpack_payload(c.payload)
+        except Exception:  # noqa: BLE001 - raised again, and judged, at its due time
+            return
+        if self.checkpoints is not None:
+            self.checkpoints.bind(ex)
+        ex.prepared = (spec, args, kwargs)
+
+    def _hold(self, c: Claimed, held: Held) -> None:
+        """Hold an attempt until its due time (`c.ready_ms`), with every other one due then:
+        one task waits for each instant (`_release`), however many runs are due at it."""
+        ex = held[0]
+        self._prepare(ex, c)
+        self.runners.hold(1)  # counted as live: a drain waits for it as for a running one
+        at = c.ready_ms
+        group = self._holds.get(at)
+        if group is None:
+            group = self._holds[at] = {}
+            task = asyncio.get_running_loop().create_task(self._release(at), name="duetime-hold")
+            self._hold_tasks[at] = task
+            task.add_done_callback(lambda _: self._hold_tasks.pop(at, None))
+        group[ex] = (held, c)
+        ex.held_at = at
+
+    def _unhold(self, ex: Execution) -> None:
+        """A held attempt stopped before its due time (a lost lease, a cancel request, the
+        drain): it starts now, out of its group, and stops as it starts."""
+        at, ex.held_at = ex.held_at, None
+        group = self._holds.get(at) if at is not None else None
+        item = group.pop(ex, None) if group is not None else None
+        if item is not None:
+            self.runners.submit_held([item[0]])
+        if group is not None and not group and at is not None:  # nobody left to release
+            del self._holds[at]
+            task = self._hold_tasks.pop(at, None)
+            if task is not None:
+                task.cancel()
+
+    async def _release(self, ready_ms: int) -> None:
+        """Start the attempts held for `ready_ms` once the server clock has surely reached it
+        (ServerClock.wait_until: never before): all queued in one go, so their bodies start
+        one right after the other (a herd of thousands costs no task step, timer or metric
+        per run before the last body started); their start delays are observed after that.
+        Cancelled (the worker is draining), they start at once: each stops as it starts."""
+        try:
+            await self.clock.wait_until(ready_ms)
+        finally:
+            group = self._holds.pop(ready_ms, {})
+            held = [item for item, _ in group.values()]
+            for ex in group:
+                ex.held_at = None
+            self.runners.submit_held(held)
+            if held:
+                asyncio.get_running_loop().call_soon(
+                    self._after_release, held, [c for _, c in group.values()],
+                    self.clock.now_ms(), context=self._quiet)
+
+    @staticmethod
+    def _after_release(held: list[Held], claimed: list[Claimed], now_ms: float) -> None:
+        """After a released group's bodies started: their start delays, by queue."""
+        by_queue: dict[str, list[Claimed]] = {}
+        for (ex, _, _), c in zip(held, claimed, strict=True):
+            by_queue.setdefault(ex.ctx.queue, []).append(c)
+        for queue, runs in by_queue.items():
+            _observe_delays(queue, runs, now_ms)
 
     def start(self, p: int, queue: str, c: Claimed, now_ms: float) -> None:
         """Start one claimed run (a batch of one)."""
         self.start_batch(p, queue, [c], now_ms)
 
-    def _begin(self, p: int, queue: str, c: Claimed, renewed_at: float) -> Execution:
-        """The attempt's in-flight state, in `inflight` from its claim on."""
+    def _begin(self, p: int, queue: str, c: Claimed, renewed_at: float,
+               scheduled_at: datetime | None) -> Execution:
+        """The attempt's in-flight state, in `inflight` from its claim on; `scheduled_at` is
+        `c.due_ms` as a datetime (made by the caller, once for the runs that share it)."""
         ctx = RunContext(
             run_id=c.run_id, task=c.task, queue=queue, attempt=c.attempt, fence=c.fence,
             worker_id=self.worker_id, idempotency_key=c.key or c.run_id,
-            scheduled_at=from_ms(c.due_ms), schedule=c.schedule,
+            scheduled_at=scheduled_at, schedule=c.schedule,
             interval_start=from_ms(c.interval_start) if c.interval_start else None,
             interval_end=from_ms(c.interval_end) if c.interval_end else None,
         )
@@ -267,7 +378,8 @@ class Executor:
         not_started = False  # Redis did not answer before the body started (_NotStarted)
         continued: Continue | None = None
         ran = False
-        started = time.perf_counter()
+        deferred = False  # a success whose bookkeeping is left to _settle_deferred
+        started = 0.0  # when its body began (perf_counter): read only once `ran`
         try:
             if ex.stopped:  # interrupted before it started: as if cancelled right away
                 raise asyncio.CancelledError
@@ -278,32 +390,56 @@ class Executor:
             started = time.perf_counter()
             if not observed:
                 self._observe_delay(c, ctx.queue)
-            if c.damaged:
-                raise Fatal(c.damaged)
-            spec = self.registry.get(ctx.task)
-            try:
-                args, kwargs = unpack_payload(c.payload)
-            except Exception as exc:  # noqa: BLE001 - it will never decode: no retry
-                raise Fatal(f"payload unreadable (not duetime's msgpack [args, kwargs]): "
-                            f"{exc!r}") from None
-            if self.checkpoints is None:  # a bare Executor: its tasks cannot checkpoint
-                pass
-            elif ctx.fence == 1:  # a first claim: no checkpoint to read
-                self.checkpoints.bind(ex)
-            else:  # current_run().checkpoint_state: the run's checkpoint, read from Redis
+            prepared = ex.prepared
+            if prepared is not None:  # decoded while it was held for its due time (_prepare)
+                spec, args, kwargs = prepared
+            else:
+                if c.damaged:
+                    raise Fatal(c.damaged)
+                spec = self.registry.get(ctx.task)
                 try:
-                    await self.checkpoints.prepare(ex)
-                except REDIS_ERRORS as exc:
-                    raise _NotStarted(f"{type(exc).__name__}: {exc}") from None
+                    args, kwargs = unpack_payload(c.payload)
+                except Exception as exc:  # noqa: BLE001 - it will never decode: no retry
+                    raise Fatal(f"payload unreadable (not duetime's msgpack [args, kwargs]): "
+                                f"{exc!r}") from None
+                if self.checkpoints is None:  # a bare Executor: its tasks cannot checkpoint
+                    pass
+                elif ctx.fence == 1:  # a first claim: no checkpoint to read
+                    self.checkpoints.bind(ex)
+                else:  # current_run().checkpoint_state: the run's checkpoint, read from Redis
+                    try:
+                        await self.checkpoints.prepare(ex)
+                    except REDIS_ERRORS as exc:
+                        raise _NotStarted(f"{type(exc).__name__}: {exc}") from None
             ran = True
             timeout = c.timeout_ms / 1000 or None
-            if self.hooks is None:
+            fn = spec.fn
+            if self.hooks is None and spec.is_async and spec.isolation != "process" \
+                    and fn is not None:
+                # _call's async path, inline: one coroutine less on every run's path
+                self._enter_body(ex)
+                ok = False
+                try:
+                    if timeout is None:
+                        value = await fn(*args, **kwargs)
+                    else:
+                        value = await _within(timeout, fn(*args, **kwargs))
+                    ok = True
+                finally:
+                    self._body_ended(ex, ok)
+            elif self.hooks is None:
                 value = await self._call(ex, spec, args, kwargs, timeout)
             else:  # middleware: before_attempt, then the body (worker/middleware.py)
                 value = await self.hooks.around(
                     ex, c, args, kwargs, lambda: self._call(ex, spec, args, kwargs, timeout))
             if value is not None and spec.store_result:
                 ex.result = self._pack(ex, value)
+            if self.hooks is None and self.runners.pulling(ex):
+                # the body returned without waiting: the rest is bookkeeping, done in bulk once
+                # the attempts queued after this one have started too (_settle_deferred)
+                deferred = True
+                self._defer(ex, time.perf_counter() - started)
+                return
         except _NotStarted as exc:  # nothing ran: back to its queue, no attempt spent
             # handback.lua, not release.lua: the body never started, so a non-idempotent run
             # goes back too (a release would make it uncertain), and no attempt entry is written
@@ -362,10 +498,11 @@ class Executor:
             report, err, exc_type = "fail", record_text(exc), type(exc).__name__
             frames = frames_text(exc)
         finally:
-            del self.inflight[(ctx.run_id, ctx.fence)]
-            if self._waiting and self._waiting.get(ctx.run_id) is ex:
-                del self._waiting[ctx.run_id]
-            self._on_free()
+            if not deferred:
+                del self.inflight[(ctx.run_id, ctx.fence)]
+                if self._waiting and self._waiting.get(ctx.run_id) is ex:
+                    del self._waiting[ctx.run_id]
+                self._on_free()
         if report == "handback":  # nothing ran: no attempt, no cost
             if not not_started:
                 assert self.unknown is not None
@@ -422,6 +559,48 @@ class Executor:
                         worker_id=self.worker_id, schedule=ctx.schedule, mode=mode,
                         error_type=exc_type, **extra)
             self.reporter.fail(ex, err, mode, delay_ms)
+
+    def _defer(self, ex: Execution, elapsed: float) -> None:
+        """Leave a success's bookkeeping to `_settle_deferred`, called once the attempts that
+        run in this step of the loop have (the next step: a batch's, or a herd's)."""
+        if not self._deferred:
+            asyncio.get_running_loop().call_soon(self._settle_deferred, context=self._quiet)
+        self._deferred.append((ex, elapsed))
+
+    def _settle_deferred(self) -> None:
+        """The bookkeeping of successes whose body returned without waiting, as `_attempt`
+        does it for the others (in the same order: out of `inflight`, counted, handed to the
+        reporter), for all of them at once: so a claimed batch, or a herd released at its
+        instant, starts every body before it reports any, and frees its slots in one wake-up.
+        A failure here is the worker's own, handled per attempt as in `_attempt` (`failed`)."""
+        if not self._deferred:  # settled already (at a batch's end)
+            return
+        done, self._deferred = self._deferred, []
+        inflight, succeeded, debug = self.inflight, self._succeeded, self._debug
+        try:
+            for ex, elapsed in done:
+                ctx = ex.ctx
+                try:
+                    del inflight[(ctx.run_id, ctx.fence)]
+                    if self._waiting and self._waiting.get(ctx.run_id) is ex:
+                        del self._waiting[ctx.run_id]
+                    self.processed += 1
+                    seconds = succeeded.get(ctx.task)
+                    if seconds is None:
+                        seconds = succeeded[ctx.task] = []
+                    seconds.append(elapsed)
+                    if ex.superseded:  # a later attempt claimed here reports for it
+                        metrics.child(metrics.RUNS_FINISHED, ctx.task, LEASE_LOST).inc()
+                        continue
+                    if debug:
+                        log.debug("run succeeded", run_id=ctx.run_id, task=ctx.task,
+                                  attempt=ctx.attempt, worker_id=self.worker_id,
+                                  schedule=ctx.schedule, duration_s=round(elapsed, 6))
+                    self.reporter.complete(ex)
+                except Exception as exc:  # noqa: BLE001 - the worker's own failure: never lost
+                    self.failed(ex, exc)
+        finally:
+            self._on_free()
 
     def _observe_delay(self, c: Claimed, queue: str) -> None:
         """The start delay of a run that waited before it started (start_batch observes the
@@ -517,12 +696,7 @@ class Executor:
         """Run the task body; → its return value. While it runs, `_bodies` names its attempt: a
         later attempt of the run claimed meanwhile waits for it (`_follow`)."""
         assert spec.fn is not None  # a task registered with this worker has its function
-        ctx = ex.ctx
-        set_current(ctx)
-        bind_run(ctx.run_id, ctx.task, ctx.attempt, ctx.schedule)
-        run_id = ctx.run_id
-        self._bodies[run_id] = ex
-        ex.in_body = True
+        self._enter_body(ex)
         if spec.isolation == "process":
             return await self._isolated(ex, spec, args, kwargs, timeout)
         if spec.is_async:
@@ -533,12 +707,8 @@ class Executor:
                 else:
                     value = await _within(timeout, spec.fn(*args, **kwargs))
                 ok = True
-            finally:  # inline, not a call: this is every async run's path
-                ex.in_body, ex.body_ok = False, ok
-                if self._bodies.get(run_id) is ex:
-                    del self._bodies[run_id]
-                if ex.body_done is not None:
-                    ex.body_done.set()
+            finally:
+                self._body_ended(ex, ok)
             return value
         cv = contextvars.copy_context()
         fut = asyncio.get_running_loop().run_in_executor(self.pool, _run_in, cv, spec.fn, args, kwargs)
@@ -590,6 +760,16 @@ class Executor:
             ex.result = self._pack(ex, fut.result())
         self._body_ended(ex, ok)
 
+    def _enter_body(self, ex: Execution) -> None:
+        """The body is about to run, in the attempt's context: `current_run()` and the log
+        fields are the run's, and `_bodies` names its attempt (a later attempt of the run
+        claimed meanwhile waits for it, `_follow`)."""
+        ctx = ex.ctx
+        set_current(ctx)
+        bind_run(ctx.run_id, ctx.task, ctx.attempt, ctx.schedule)
+        self._bodies[ctx.run_id] = ex
+        ex.in_body = True
+
     def _body_ended(self, ex: Execution, ok: bool) -> None:
         ex.in_body = False
         ex.body_ok = ok
@@ -633,6 +813,8 @@ class Executor:
             ex.runner.cancel()
         else:
             ex.stopped = True
+            if ex.held_at is not None:  # held for its due time: stopped now, not then
+                self._unhold(ex)
 
     def _is_async(self, ex: Execution) -> bool:
         """An async body, or one in a child process (killed when cancelled): stoppable."""
@@ -651,15 +833,52 @@ class Executor:
             ex.released = True
             ex.ctx.mark_lost()
             self._cancel(ex)  # a sync body too: its attempt stops waiting for the thread
+        for task in list(self._hold_tasks.values()):  # held ones start (and stop) now
+            task.cancel()
         if leftovers:
             await self.runners.ended()
             log.info("releasing unfinished runs", count=len(leftovers))
 
     def shutdown(self) -> None:
+        for task in list(self._hold_tasks.values()):
+            task.cancel()
         self.runners.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.processes is not None:
             self.processes.close()
+
+
+class _Marker:
+    """What the runners need of an Execution, for `_batch_end` (not an attempt of a run)."""
+
+    __slots__ = ("runner", "cancels")
+
+    def __init__(self) -> None:
+        self.runner: asyncio.Task[None] | None = None
+        self.cancels = 0
+
+
+def _observe_delays(queue: str, runs: list[Claimed], now_ms: float) -> None:
+    """The start delays of runs starting now (`now_ms`, server clock), in bulk: the queue's
+    delay and, for first attempts, the start lateness; a run a limit held back on purpose
+    counts as limited instead."""
+    delays: list[float] = []
+    limited: list[float] = []
+    firsts: list[float] = []
+    for c in runs:
+        delay = (now_ms - c.ready_ms) / 1000
+        if delay < 0:
+            delay = 0.0
+        if c.limited_by:  # a limit held it back on purpose: not the queue's delay
+            limited.append(delay)
+        else:
+            delays.append(delay)
+            if c.attempt == 1:  # claimable from its scheduled time: lateness = delay
+                firsts.append(delay)
+    for metric, values in ((metrics.QUEUE_DELAY, delays), (metrics.LIMITED_DELAY, limited),
+                           (metrics.START_LATENESS, firsts)):
+        if values:
+            metrics.observe_many(metrics.child(metric, queue), values)
 
 
 def _valid_task_name(name: str) -> bool:

@@ -9,6 +9,7 @@ call per partition, failures and releases one call each. The script's reply is t
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import random
 import time
@@ -50,7 +51,12 @@ COST_EVERY_S = 1.0  # retry-cost counts go to Redis at most this often (common/r
 class Reporter:
     def __init__(self, client: aredis.Redis, scripts: Scripts, keys: Keyspace, worker_id: str) -> None:
         self.client, self.scripts, self.keys, self.worker_id = client, scripts, keys, worker_id
-        self._queue: asyncio.Queue[Item | None] = asyncio.Queue()
+        # reports handed over and not taken by a flush yet (None: `close` was called); a plain
+        # deque, with one future to wake the loop when it waits, since each run puts one:
+        # asyncio.Queue's bookkeeping (unfinished tasks, its event, its getters) cost a
+        # microsecond per run for nothing the reporter uses
+        self._items: collections.deque[Item | None] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
         # a second at most: outcomes on a failed-over primary go to its replica soon after
         self._outage = Outage("reporter", log, cap_s=1.0, worker_id=worker_id)
         self._pause = 0.0  # before the next try of reports that did not go through
@@ -78,41 +84,49 @@ class Reporter:
 
     def pending(self) -> bool:
         """Reports handed over whose outcome is not recorded yet."""
-        return bool(self.unsent) or not self._queue.empty()
+        return bool(self.unsent) or bool(self._items)
 
     # -- what the executions call ---------------------------------------------------------
+    def _put(self, item: Item | None) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:  # the loop waits for a report: wake it (once)
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
     def complete(self, ex: Execution) -> None:
         self.unsent[ex.key] = ex
-        self._queue.put_nowait(("complete", ex, _NO_ARGS))
+        self._put(("complete", ex, _NO_ARGS))
 
     def fail(self, ex: Execution, error: str, mode: FailMode, delay_ms: int = 0) -> None:
         self.unsent[ex.key] = ex
-        self._queue.put_nowait(("fail", ex, (error, mode, delay_ms)))
+        self._put(("fail", ex, (error, mode, delay_ms)))
 
     def release(self, ex: Execution) -> None:
         self.unsent[ex.key] = ex
-        self._queue.put_nowait(("release", ex, _NO_ARGS))
+        self._put(("release", ex, _NO_ARGS))
 
     def hand_back(self, ex: Execution) -> None:
         """A run given back before its body started (handback.lua): of a task this worker does
         not know (worker/unknown.py), or one whose start Redis did not answer."""
         self.unsent[ex.key] = ex
-        self._queue.put_nowait(("handback", ex, _NO_ARGS))
+        self._put(("handback", ex, _NO_ARGS))
 
     def rate_limited(self, ex: Execution, retry_after_ms: int, scope: str) -> None:
         """A run whose task raised RateLimited: given back, `scope` held (rate_limited.lua)."""
         self.unsent[ex.key] = ex
-        self._queue.put_nowait(("rate_limited", ex, (retry_after_ms, scope)))
+        self._put(("rate_limited", ex, (retry_after_ms, scope)))
 
     def continue_run(self, ex: Execution, state: bytes | None, delay_ms: int) -> None:
         """The task raised Continue: the same run again after delay_ms, from `state` (None:
         the checkpoint it has), the attempt not counted (continue_run.lua)."""
         self.unsent[ex.key] = ex
-        self._queue.put_nowait(("continue", ex, (state, delay_ms)))
+        self._put(("continue", ex, (state, delay_ms)))
 
     def close(self) -> None:
         """No more reports: `run` ends once the waiting ones are sent (or given up)."""
-        self._queue.put_nowait(None)
+        self._put(None)
 
     # -- the loop -------------------------------------------------------------------------
     async def run(self) -> None:
@@ -123,16 +137,15 @@ class Reporter:
         carry: list[Item] = []
         closed_at: float | None = None
         while closed_at is None or (carry and time.monotonic() - closed_at < SHUTDOWN_TRIES_S):
-            batch: list[Item | None] = []
             if carry:
                 await asyncio.sleep(self._pause)
             elif self.ledger:  # counts waiting: they go within COST_EVERY_S, reports or not
                 with contextlib.suppress(TimeoutError):
-                    batch.append(await asyncio.wait_for(self._queue.get(), COST_EVERY_S))
+                    await self._arrival(COST_EVERY_S)
             else:
-                batch.append(await self._queue.get())
-            while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+                await self._arrival(None)
+            batch = list(self._items)
+            self._items.clear()
             if None in batch and closed_at is None:
                 closed_at = time.monotonic()
                 self._closing = True
@@ -155,6 +168,19 @@ class Reporter:
             log.error("outcomes not recorded: Redis did not take them before shutdown",
                       runs=[ex.ctx.run_id for _, ex, _ in carry][:20], count=len(carry),
                       worker_id=self.worker_id)
+
+    async def _arrival(self, timeout: float | None) -> None:
+        """Until a report is waiting (TimeoutError after `timeout` s, if not None)."""
+        if self._items:
+            return
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            if timeout is None:
+                await waiter
+            else:
+                await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._waiter = None
 
     async def _isolate(self, items: list[Item], exc: Exception) -> list[Item]:
         """A flush failed with an error that is not Redis's (a fault in duetime's own code, or

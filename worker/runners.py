@@ -86,6 +86,24 @@ class Runners:
         if self._puller is None:
             self._wake()
 
+    def hold(self, n: int) -> None:
+        """`n` attempts will be submitted later (`submit_held`): they count as live from now,
+        so `ended` waits for them too (attempts held for their due time, worker/execution.py)."""
+        self.live += n
+
+    def submit_held(self, items: list[tuple[Any, Attempt, contextvars.Context]]) -> None:
+        """Queue attempts counted by `hold`, in one go: the puller then runs them one after
+        the other, as long as none waits."""
+        if items:
+            self._queue.extend(items)
+            if self._puller is None:
+                self._wake()
+
+    def pulling(self, ex: Any) -> bool:
+        """The attempt of `ex` has not waited yet: its runner is still the one pulling the
+        queue (the next queued attempt starts only once it has ended or waited)."""
+        return ex.runner is not None and ex.runner is self._puller
+
     async def ended(self) -> None:
         """Until no attempt is queued or executing."""
         while self.live:

@@ -86,6 +86,7 @@ class Worker:
         self.executor = Executor(registry, self.clock, self.reporter, config, on_free=self._wake.set)
         self.claimer = Claimer(self.client, self.scripts, keys, config, self.due, self.clock,
                                self.executor, self._wake)
+        self.executor.on_batch_end = self.claimer.poke
         self.leases = LeaseKeeper(self.client, self.scripts, keys, config, self.executor)
         self.unknown = UnknownTasks(self.client, keys, registry, self.clock,
                                     config.unknown_task_grace_ms, self.id)

@@ -113,6 +113,28 @@ def test_latency_delays_every_chunk_both_ways_in_order(
     link.latency(0.0)
 
 
+def test_a_precise_hub_delays_sub_millisecond_chunks_and_keeps_their_order(
+        servers: dict[str, EmbeddedServer]) -> None:
+    """The hub bench.throughput uses for --rtt_ms: the same delay line on a loop whose timers
+    are finer than a millisecond; a round trip is never shorter than the latency asked."""
+    with ProxyHub(precise=True) as precise:
+        link = precise.link(servers["redis"].port)
+        c = redis.Redis(port=link.port, socket_timeout=60)
+        c.ping()
+        link.latency(0.0005)
+        for _ in range(20):
+            t = time.perf_counter()
+            assert c.ping()
+            assert time.perf_counter() - t >= 0.001  # 0.5 ms at least each way
+        pipe = c.pipeline(transaction=False)
+        for i in range(200):
+            pipe.rpush("chaos:proxy:precise", i)
+        pipe.lrange("chaos:proxy:precise", 0, -1)
+        assert [int(x) for x in pipe.execute()[-1]] == list(range(200))
+        c.delete("chaos:proxy:precise")
+        c.close()
+
+
 def test_half_open_drops_silently_and_its_connections_stay_dead_after_heal(
         servers: dict[str, EmbeddedServer], hub: ProxyHub) -> None:
     link = hub.link(servers["redis"].port)

@@ -46,7 +46,9 @@ def once(real: Any, where: str, is_async: bool = False) -> Any:
 
 # where, (object, attribute, async), what the run shows afterwards
 POINTS = {
-    "executor call": (Executor, "_call", True, "retried"),
+    # the step where the executor hands the attempt to its body (Executor._enter_body: an
+    # async body is awaited inline in _attempt, a sync one through _call; both enter here)
+    "executor call": (Executor, "_enter_body", False, "retried"),
     "result packing": (execution, "pack_result", False, "not stored"),
     "attempt counting": (Executor, "count_successes", False, "succeeded"),
     "hand-over to the reporter": (Reporter, "complete", False, "retried"),

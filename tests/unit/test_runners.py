@@ -208,3 +208,35 @@ def test_in_context_passes_values_and_errors_as_await_does() -> None:
         assert ctx[var] == "inner" and var.get() == ""
 
     run(main())
+
+
+def test_held_attempts_count_as_live_and_run_back_to_back_once_submitted() -> None:
+    """`hold` counts attempts submitted later (a drain waits for them); `submit_held` queues
+    them in one go and one runner runs them one after the other while none waits; `pulling`
+    says an attempt has not waited yet."""
+    async def main() -> None:
+        runners, order, tasks = Runners(on_error), [], set()
+        exs = [Ex() for _ in range(20)]
+        pulled: list[bool] = []
+
+        async def attempt(i: int) -> None:
+            pulled.append(runners.pulling(exs[i]))
+            order.append(i)
+            tasks.add(asyncio.current_task())
+            if i == 10:
+                await asyncio.sleep(0)  # this one waits: it is no longer the puller's
+                pulled.append(runners.pulling(exs[i]))
+
+        runners.hold(20)
+        ended = asyncio.ensure_future(runners.ended())
+        await asyncio.sleep(0)
+        assert not ended.done() and runners.live == 20  # nothing submitted, yet not ended
+        runners.submit_held([(exs[i], attempt(i), contextvars.copy_context()) for i in range(20)])
+        await asyncio.wait_for(ended, 30)
+        assert order[:11] == list(range(11)) and sorted(order) == list(range(20))
+        assert pulled == [True] * 20 + [False]  # the waiting one, after it waited
+        assert len(tasks) == 2  # a second runner took over the queue when one waited
+        assert not runners.pulling(Ex())  # an attempt not executing is no runner's
+        runners.close()
+
+    run(main())

@@ -1,0 +1,101 @@
+"""Runs claimed ahead of their due time, held together and started together
+(worker/execution.py `_hold`, `_release`, `_settle_deferred`): one wait per instant however
+many runs share it, every body of a herd started before any of its bookkeeping, never early,
+and a held run stopped before its due time stops at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from duetime.common.connection import sync_client
+from duetime.worker.runtime import Worker, WorkerConfig
+
+import duetime
+from tests.integration.inproc import stopped, until
+
+herd_app = duetime.App()
+# what each body saw as it started: (its run id, its own instant in server ms, attempts the
+# executor had counted, reports handed to the reporter, ...)
+seen: list[tuple[str, float, int, int]] = []
+WORKER: list[Worker] = []
+
+
+@herd_app.task(name="herd.look")
+async def look(i: int = 0) -> None:
+    ex = WORKER[0].executor
+    seen.append((duetime.current_run().run_id, time.time() * 1000, ex.processed,
+                 len(ex.reporter.unsent)))
+
+
+@pytest.fixture
+def happ(url: str) -> Any:
+    herd_app.configure(redis_url=url, namespace=f"herd{uuid.uuid4().hex[:8]}")
+    seen.clear()
+    WORKER.clear()
+    yield herd_app
+    herd_app.close()
+
+
+def _instant(app: Any, ahead_s: float) -> datetime:
+    sec, usec = sync_client(app.redis_url).time()
+    return datetime.fromtimestamp(sec + usec / 1e6, tz=UTC) + timedelta(seconds=ahead_s)
+
+
+def test_a_herd_waits_once_and_starts_every_body_before_any_bookkeeping(happ):
+    """300 runs due at one instant, claimed seconds ahead: a single wait for the instant (not
+    one per run), then every body starts before the first of them is counted or reported,
+    none before its due time; each is then reported once."""
+    at = _instant(happ, 1.5)
+    ids = happ.enqueue_many([{"task": look, "args": [i], "at": at} for i in range(300)])
+    worker = Worker(happ.registry, happ.redis_url, happ.keys,
+                    WorkerConfig(queues=["default"], concurrency=400, claim_ahead_ms=5000))
+    WORKER.append(worker)
+    waits: list[float] = []
+    wait_until = worker.clock.wait_until
+
+    async def counted(server_ms: float) -> None:
+        waits.append(server_ms)
+        await wait_until(server_ms)
+
+    worker.clock.wait_until = counted  # type: ignore[method-assign]
+
+    async def main() -> None:
+        await stopped(asyncio.create_task(worker.run(handle_signals=False, until_idle=True)), 60)
+
+    asyncio.run(main())
+    assert worker.processed == 300
+    assert sorted(r for r, *_ in seen) == sorted(ids)
+    due_ms = happ.get_run(ids[0]).due.timestamp() * 1000
+    assert len(waits) == 1 and waits[0] == due_ms  # one wait for the whole herd
+    assert all(t >= due_ms for _, t, _, _ in seen)  # never early (same machine's clock)
+    # no body of the herd started after another's attempt was counted or reported
+    assert {(processed, unsent) for *_, processed, unsent in seen} == {(0, 0)}
+    assert {happ.get_run(i).state for i in ids} == {"succeeded"}
+
+
+def test_a_held_run_stopped_before_its_due_time_is_given_back_at_once(happ):
+    """A run held for a due time 50 s away, and the worker stops with a short grace: the run
+    goes back to its queue now (released, no attempt spent), not when it was due."""
+    run_id = happ.enqueue(look, [0], at=_instant(happ, 50))
+
+    async def main() -> None:
+        worker = Worker(happ.registry, happ.redis_url, happ.keys,
+                        WorkerConfig(queues=["default"], lease_ms=120_000,
+                                     claim_ahead_ms=60_000, grace_s=0.05))
+        WORKER.append(worker)
+        task = asyncio.create_task(worker.run(handle_signals=False))
+        await until(lambda: len(worker.executor.inflight) == 1, what="the run to be claimed")
+        assert len(worker.executor._hold_tasks) == 1  # held, waiting for its due time
+        worker.stop()
+        await stopped(task, 30)  # within the test's deadline, not 60 s later
+        assert not worker.executor._holds and not worker.executor._hold_tasks
+
+    asyncio.run(main())
+    run = happ.get_run(run_id)
+    assert run.state == "scheduled" and run.attempt == 0
+    assert seen == []  # its body never ran
