@@ -99,6 +99,23 @@ def versions(app, r) -> tuple[Version, Version]:
             Version(r, app.keys, {n: getattr(new, n) for n in old}, False, "new-worker"))
 
 
+def _each_run_once(app, everyone: set[str], dead: set[str], retried: set[str],
+                   succeeded: Counter, claims: Counter) -> None:
+    """0 lost, 0 run twice: every run but the dead ones succeeded exactly once, and was claimed
+    once (twice for those an attempt failed with a retry); one history per run, whichever
+    version ended which attempt, read with every field this version reads."""
+    assert set(succeeded) == everyone - dead
+    assert all(n == 1 for n in succeeded.values())
+    assert {i: n for i, n in claims.items() if n != (2 if i in retried else 1)} == {}
+    for i in everyone - dead:
+        run = app.get_run(i)
+        assert run.state == "succeeded" and run.created is not None, (i, run.state)
+        assert run.queue == "default" and run.max_attempts == 4, (i, run.queue, run.max_attempts)
+        outcomes = [a.outcome for a in run.attempts]
+        assert outcomes == (["failed", "succeeded"] if i in retried else ["succeeded"]), outcomes
+        assert run.attempts[-1].fence == run.fence and run.attempts[-1].ended is not None
+
+
 def test_a_live_namespace_upgrades_with_old_and_new_workers_side_by_side(app, r):
     k = app.keys
     old, new = versions(app, r)
@@ -176,19 +193,8 @@ def test_a_live_namespace_upgrades_with_old_and_new_workers_side_by_side(app, r)
             if not got:
                 break
 
-    # 0 lost, 0 run twice: every run but the dead ones succeeded exactly once, and was
-    # claimed once (twice for those the old worker failed with a retry)
     everyone = set(produced)
-    assert set(succeeded) == everyone - dead
-    assert all(n == 1 for n in succeeded.values())
-    assert {i: n for i, n in claims.items() if n != (2 if i in retried else 1)} == {}
-    # one history per run, whichever version ended which attempt
-    for i in everyone - dead:
-        run = app.get_run(i)
-        assert run.state == "succeeded", (i, run.state)
-        outcomes = [a.outcome for a in run.attempts]
-        assert outcomes == (["failed", "succeeded"] if i in retried else ["succeeded"]), outcomes
-        assert run.attempts[-1].fence == run.fence and run.attempts[-1].ended is not None
+    _each_run_once(app, everyone, dead, retried, succeeded, claims)
     # the new layout is in use: a first-try success by this version wrote no attempts key
     new_firsts = [i for i in everyone - dead - retried - set(old_done)
                   if r.exists(k.attempts(k.partition_of_run(i), i)) == 0]
@@ -369,13 +375,4 @@ def test_a_format_2_namespace_is_served_side_by_side_then_migrated_to_format_3(
             claims.update(c.run_id for c in runs)
             finish(new, p, runs)
 
-    # 0 lost, 0 run twice; one history per run, whichever version wrote it
-    everyone = set(produced)
-    assert set(succeeded) == everyone - dead
-    assert all(n == 1 for n in succeeded.values())
-    assert {i: n for i, n in claims.items() if n != (2 if i in retried else 1)} == {}
-    for i in everyone - dead:
-        run = app.get_run(i)
-        assert run.state == "succeeded" and run.created is not None, (i, run.state)
-        outcomes = [a.outcome for a in run.attempts]
-        assert outcomes == (["failed", "succeeded"] if i in retried else ["succeeded"]), outcomes
+    _each_run_once(app, set(produced), dead, retried, succeeded, claims)
