@@ -40,7 +40,8 @@ META_VERSION = "1"
 # "Namespace format"). 1 (or no field: every release before it): one attempts entry per ended
 # attempt. 2: the attempt that succeeds a run is inline in its hash, no entry pushed (a
 # format-1 worker serves a format-2 namespace beside it). 3: a run record leaves out the
-# fields at their default (`created` equal to `due`, the default back-off), which a format-2
+# fields at their default (`created` equal to `due`, the queue 'default', the default retry
+# policy: lua/_lib.lua RUN_DEFAULTS), which a format-2
 # process would misread: this version reads all three, writes 3 in a namespace it creates, and
 # keeps writing 2 in a format-2 namespace until `duetime migrate` moves it to 3 (once no
 # process of an older release serves it; docs/operations.md, "Upgrades and the namespace

@@ -67,7 +67,8 @@ local cap, compact = tonumber(caps[1]), (tonumber(caps[2]) or 2) >= 3
 -- one field list reused for every run (no table per run): state, due (slot 4), created, the
 -- shared fields, then the run's own fields from position base_n + 1. Format 3 leaves out what
 -- readers take as the default (docs/keys.md "The run record"): `created` when it is the due
--- time (a run due at once, the plain form without delay), and a back-off at the default
+-- time (a run due at once, the plain form without delay), and shared fields at RUN_DEFAULTS
+-- (the queue 'default', the default retry policy)
 local fields = {'state', 'scheduled', 'due', 0}
 if not (compact and plain and tonumber(plain_delay) == 0) then
   fields[5], fields[6] = 'created', int_s(now)
