@@ -52,6 +52,33 @@ local function damaged_index(pairs_)
   return nil
 end
 
+-- Redis keeps a sorted set as a listpack while it has at most 128 entries of at most 64 bytes
+-- (zset-max-listpack-entries / -value), and each insert into or removal from a listpack scans
+-- it from its head: a batch of n entries written into one costs O(n^2). At the batch sizes a
+-- drain writes (the leases of a claim of up to 128 runs, the due runs of an enqueue call, the
+-- finished runs of a complete call) that was about a fifth of Redis's instructions per run
+-- (bench/RESULTS.md, "Sorted sets that stay skiplists"). So a batch of ZSET_BATCH entries or
+-- more goes into a skiplist: an entry longer than 64 bytes, first in the same ZADD, makes
+-- Redis create (or convert) the set as a skiplist, and it is removed again at once; Redis
+-- never converts a skiplist back, not even as it shrinks, so the set stays one until it is
+-- emptied (and deleted). Nobody sees the entry: the script is atomic. A set that is already a
+-- skiplist, and a server without OBJECT ENCODING (fakeredis), get the plain ZADD. `entries`
+-- is ZADD's flat list: score, member, score, member, ...
+local SKIPLIST_SEED = string.rep('~', 65)
+local ZSET_BATCH = 16
+
+local function zadd_batch(key, entries)
+  if #entries >= 2 * ZSET_BATCH then
+    local enc = redis.pcall('OBJECT', 'ENCODING', key)
+    if type(enc) ~= 'table' and enc ~= 'skiplist' then  -- no set yet (false), or a listpack
+      redis.call('ZADD', key, 0, SKIPLIST_SEED, unpack(entries))
+      redis.call('ZREM', key, SKIPLIST_SEED)
+      return
+    end
+  end
+  redis.call('ZADD', key, unpack(entries))
+end
+
 -- A run's fields (HMGET), or nil and the reason when its record key is not a hash.
 local function run_fields(run_key, ...)
   local f = redis.pcall('HMGET', run_key, ...)

@@ -137,6 +137,6 @@ for i = 5, #ARGV, step do
   out[#out + 1] = result
 end
 if #unleased > 0 then redis.call('ZREM', leases_key, unpack(unleased)) end
-if #finished > 0 then redis.call('ZADD', done_key, unpack(finished)) end
+if #finished > 0 then zadd_batch(done_key, finished) end
 for q in pairs(freed) do wake_workers(channel, partition, q, now_s) end
 return out

@@ -181,7 +181,7 @@ while i <= nargs do
 end
 if earliest ~= nil then
   local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
-  redis.call('ZADD', due_key, unpack(added))
+  zadd_batch(due_key, added)
   if head[2] == nil or earliest < tonumber(head[2]) then
     wake_workers(ARGV[2], ARGV[3], queue, earliest)
   end

@@ -45,6 +45,6 @@ local function write_indexes(c)
   if #c.leased > 0 then
     -- a first lease, or one earlier than the set's head, is told to the reapers
     tell_schedulers(c.sched_wake, 'l', c.partition, c.leases_key, c.until_s)
-    redis.call('ZADD', c.leases_key, unpack(c.leased))
+    zadd_batch(c.leases_key, c.leased)
   end
 end

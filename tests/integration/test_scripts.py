@@ -846,3 +846,45 @@ def test_a_call_with_one_result_or_fault_among_bare_first_attempts_sends_the_ful
     [a] = app.get_run(with_fault.run_id).attempts
     assert a.outcome == "succeeded" and a.report_fault == "ConnectionError: reset"
     assert {app.get_run(i).state for i in ids} == {"succeeded"}
+
+
+def test_batched_index_writes_go_into_skiplists_and_leave_no_trace(app, r, lc, server):
+    """Each entry written into a listpack-encoded sorted set scans it (lua/_lib.lua
+    zadd_batch): the due runs of an enqueue call, the leases of a claim and the finished runs
+    of a complete call, 16 or more into one set, go into a skiplist instead, made so by an
+    entry that the same call removes again. That entry is never left in a set, and a small
+    write keeps the listpack."""
+    from tests.conftest import MemoryServer
+
+    k, parts = app.keys, range(app.keys.partitions)
+    real = not isinstance(server, MemoryServer)  # the in-memory server has no encodings
+
+    def check(key: str, batch: int) -> None:
+        members = r.zrange(key, 0, -1)
+        assert len(members) == batch and all(len(m) <= 64 for m in members)  # no seed left
+        if real and batch >= 16:
+            assert r.object("encoding", key) == b"skiplist", key
+
+    ids = app.enqueue_many([(basic.noop, [i]) for i in range(40 * k.partitions)])
+    due = {p: r.zcard(k.due(p, "default")) for p in parts}  # one enqueue.lua call each
+    assert sum(due.values()) == len(ids) and sum(n >= 16 for n in due.values()) >= len(due) // 2
+    for p in parts:
+        check(k.due(p, "default"), due[p])
+    claimed = lc.claim(n=1000)  # one claim.lua call per partition
+    assert sorted(c.run_id for _, c in claimed) == sorted(ids)
+    by_p: dict[int, list] = {}
+    for p, c in claimed:
+        by_p.setdefault(p, []).append(c)
+    scripts = Scripts(r)
+    for p, cs in by_p.items():
+        check(k.leases(p), len(cs))
+        assert {m.decode() for m in r.zrange(k.leases(p), 0, -1)} == {c.run_id for c in cs}
+        keys, args = tr.complete(k, p, [(c.run_id, c.fence) for c in cs])
+        assert {x.decode() for x in scripts.complete(keys=keys, args=args)} == {"succeeded"}
+        check(k.done(p), len(cs))
+        assert not r.exists(k.leases(p))
+    one = app.enqueue(basic.noop)  # into a due set emptied (so deleted) by the claims
+    [key] = [k.due(p, "default") for p in parts if r.zscore(k.due(p, "default"), one)]
+    check(key, 1)
+    if real:
+        assert r.object("encoding", key) == b"listpack"

@@ -98,6 +98,9 @@ def test_each_role_runs_its_part_and_nothing_is_refused(acl, namespace: str, tmp
         app.schedule("acl-skip", duetime.Every(timedelta(seconds=1)), chaos_app.long_tick,
                      args=[1.5], overlap="skip")
         ok = [chaos_app.quick.enqueue(0.0) for _ in range(3)] + [chaos_app.aquick.enqueue(0.0)]
+        # batches of 16 or more runs to a partition: enqueue, claim and complete write them into
+        # skiplists (OBJECT ENCODING first, lua/_lib.lua zadd_batch)
+        ok += app.enqueue_many([(chaos_app.quick, [0.0])] * (40 * app.keys.partitions))
         failing = chaos_app.failing.enqueue()
         flaky = chaos_app.flaky.enqueue()
         later = chaos_app.quick.options(delay=3600).enqueue(0.0)
@@ -111,7 +114,7 @@ def test_each_role_runs_its_part_and_nothing_is_refused(acl, namespace: str, tmp
         procs.append(start(rs["scheduler"], port, namespace, journal, "scheduler",
                            "--tick", "100ms", "--reap-tick", "100ms"))
         w1 = start(rs["worker"], port, namespace, journal, "worker", "--app", APP, "--lease", "1s",
-                   "--grace", "200ms")
+                   "--grace", "200ms", "--concurrency", "64")
         procs.append(w1)
         wait_until(lambda: all(app.get_run(i).state == "succeeded" for i in ok + [flaky])
                    and app.get_run(failing).state == "dead", 30, "runs to finish")
