@@ -170,7 +170,7 @@ def render(res: dict[str, Any]) -> str:
           f"- rounds: {a['repeat']}; W1 {a['runs']:,} jobs (rq's forking worker: "
           f"{min(a['runs'], a['rq_fork_runs']):,}); W2 {a['w2_runs']:,} jobs over {a['w2_spread']:g} s; "
           f"W3 job of {a['w3_job_seconds']:g} s killed {a['w3_kill_after']:g} s in, rerun awaited "
-          f"{a['w3_wait']:g} s",
+          f"{a['w3_wait']:g} s; asyncio workers at {a.get('concurrency', 100)} jobs at once",
           "- load average (1, 5, 15 min) at each round's start: "
           + "; ".join("/".join(f"{x:.2f}" for x in la) for la in res.get("loadavg", [])),
           "  (the machine is shared with other work; a high first number means a noisy round)"]

@@ -570,6 +570,9 @@ def main() -> None:
                     ",".join(s.name for s in SYSTEMS))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--runs", type=int, default=20000, help="W1 burst size")
+    ap.add_argument("--concurrency", type=int, default=100,
+                    help="jobs at once in each asyncio system's worker (duetime, taskiq, arq, saq): "
+                         "BENCH_CONCURRENCY, the same for all of them")
     ap.add_argument("--rq-fork-runs", type=int, default=1000,
                     help="W1 size for rq's forking worker (a fork per job: ~30 jobs/s here)")
     ap.add_argument("--rq-simple-runs", type=int, default=2000,
@@ -598,6 +601,7 @@ def main() -> None:
     ap.add_argument("--w5-register-timeout", type=float, default=900.0)
     ap.add_argument("--results", default=str(RESULTS))
     args = ap.parse_args()
+    os.environ["BENCH_CONCURRENCY"] = str(args.concurrency)  # read by every adapter process
     workloads = {w.strip().upper() for w in args.workloads.split(",") if w.strip()}
     names = [s.name for s in SYSTEMS if s.in_all] if args.systems == "all" else args.systems.split(",")
     unknown = [n for n in names if n not in BY_NAME]

@@ -13,7 +13,7 @@ from arq.worker import run_worker as arq_run_worker
 
 from bench.peers import common
 
-MAX_JOBS = 100
+MAX_JOBS = common.CONCURRENCY
 CHUNK = 100
 
 

@@ -7,6 +7,7 @@ Environment (set by the harness for every process of a run):
   BENCH_TAG        key tag for this system and round, e.g. "rq:w1:2"
   BENCH_MODE       "default" or "aggressive" (W3 recovery settings)
   BENCH_VARIANT    an adapter's variant, e.g. rq "simple" (SimpleWorker)
+  BENCH_CONCURRENCY jobs at once in an asyncio system's worker (default 100)
 
 Every task execution calls start(i) first thing (RPUSH "<i> <time.time()>" on
 bench:<tag>:starts) and done(i) at its end (HINCRBY bench:<tag>:count <i> 1). A no-op job
@@ -29,6 +30,10 @@ TAG = os.environ.get("BENCH_TAG", "dev")
 MODE = os.environ.get("BENCH_MODE", "default")
 VARIANT = os.environ.get("BENCH_VARIANT", "")
 LONG_SECONDS = float(os.environ.get("BENCH_LONG_SECONDS", "5"))
+# how many jobs an asyncio system runs at once in its one worker process (duetime --concurrency,
+# taskiq --max-async-tasks, arq max_jobs, saq concurrency): the same for each of them, 100 by
+# default (taskiq's own default); `peers_run --concurrency N` sets it for a run
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "100"))
 
 _local = threading.local()
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import duetime
 from bench.peers import common
 
-CONCURRENCY = 100
+CONCURRENCY = common.CONCURRENCY
 app = duetime.App(redis_url=common.URL, namespace="bench")
 
 

@@ -10,7 +10,7 @@ from saq import Job, Queue
 
 from bench.peers import common
 
-CONCURRENCY = 100
+CONCURRENCY = common.CONCURRENCY
 CHUNK = 100
 queue = Queue.from_url(common.URL)
 

@@ -37,7 +37,8 @@ def describe() -> dict:
         "enqueue": f"await count.kiq(i), {CHUNK} at a time with asyncio.gather",
         "enqueue_at": "await count.schedule_by_time(ListRedisScheduleSource, datetime, k); "
                       "`taskiq scheduler ... --update-interval 1` beside the worker",
-        "worker": "taskiq worker bench.peers.taskiq:broker --workers 1 (max-async-tasks 100 default)",
+        "worker": f"taskiq worker bench.peers.taskiq:broker --workers 1 --max-async-tasks "
+                  f"{common.CONCURRENCY} (100: its default)",
         "register": f"await ListRedisScheduleSource.add_schedule(ScheduledTask(cron=..., args=[k])), "
                     f"{CHUNK} at a time with asyncio.gather",
         "scheduler": "taskiq scheduler bench.peers.taskiq:scheduler (defaults: --update-interval 60)",
@@ -88,7 +89,8 @@ def register_schedules(n: int, every: int) -> None:
 
 def worker_procs(workload: str) -> list[list[str]]:
     bin_ = os.path.join(os.path.dirname(sys.executable), "taskiq")
-    worker = [bin_, "worker", "bench.peers.taskiq:broker", "--workers", "1", "--log-level", "WARNING"]
+    worker = [bin_, "worker", "bench.peers.taskiq:broker", "--workers", "1", "--max-async-tasks",
+              str(common.CONCURRENCY), "--log-level", "WARNING"]
     if workload == "W2":
         return [worker, [bin_, "scheduler", "bench.peers.taskiq:scheduler", "--update-interval", "1",
                          "--log-level", "WARNING"]]
