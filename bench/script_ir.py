@@ -7,6 +7,7 @@ under 1 %. (The server is ~50× slower under valgrind: keep N small.)
 
     .venv/bin/python -m bench.script_ir [--runs 3000] [--batch 50] [--payload B] [--retained N]
         LUA_DIR [LUA_DIR ...]
+    .venv/bin/python -m bench.script_ir --drain --runs 8000   (a drain through the worker)
 
 Prints, per copy of `lua/`, instructions per run of each phase (thousands) and their sum,
 then each copy relative to the first. Needs `valgrind` and `redis-server` on PATH (or `--binary`).
@@ -77,6 +78,24 @@ class Callgrind:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def drain(binary: str, runs: int) -> None:
+    """Instructions per run of a whole drain through the worker (`bench.throughput`'s round)."""
+    from bench import throughput
+
+    cg = Callgrind(binary)
+    try:
+        r = redis.Redis.from_url(cg.url)
+        throughput.one_round(cg.url, 1000, 256)  # warm up: the scripts loaded, the worker's imports cached
+        c0 = cg.counter(r)
+        throughput.one_round(cg.url, runs, 256)
+        c1 = cg.counter(r)
+    finally:
+        cg.stop()
+    print(f"redis-server under callgrind, a drain of {runs} runs through one worker process: "
+          f"{(c1 - c0) / runs / 1e3:.1f} thousand instructions per run (enqueue, claim, complete, "
+          "the worker's other calls and the bench's polling)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3000)
@@ -86,9 +105,17 @@ def main() -> None:
                          "with --keep, callgrind_annotate then names its functions)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the dumps (callgrind_annotate one to see where a phase goes)")
+    ap.add_argument("--drain", action="store_true",
+                    help="instead of the phases: a whole `bench.throughput` round of --runs runs "
+                         "(enqueue_many, then one worker process drains them at --concurrency "
+                         "256) against the counted server, this tree's lua/ only; a worker facing a "
+                         "server ~50x slower claims full batches")
     _state_args(ap)
     ap.add_argument("lua_dirs", nargs="*", type=Path, default=[LUA])
     args = ap.parse_args()
+    if args.drain:
+        drain(args.binary, args.runs)
+        return
     cg = Callgrind(args.binary, args.keep)
     res: dict[Path, tuple[float, ...]] = {}
     try:
