@@ -7,8 +7,9 @@ They end when the worker closes them (`Worker.run`, once the in-flight runs drai
 reports went), and a cancellation alone is not a sure way to say so. On Python 3.11,
 `asyncio.wait_for` returns the awaited call's result, not CancelledError, when a cancellation
 reaches it in the moment between that call finishing and wait_for resuming -- and redis-py
-sends every command through `asyncio.wait_for` when the client has a socket timeout, as the
-worker's has (`process_kw`). A loop whose cancellation was lost so went on as if nothing had
+sends a command through `asyncio.wait_for` when the client has a socket timeout, as the
+worker's has (`process_kw`; duetime's connections skip it only for a write that cannot wait,
+common/connection.py). A loop whose cancellation was lost so went on as if nothing had
 happened (a 30 s sleep, the next PING) and the worker's shutdown, waiting for it, waited until
 the next cancellation: the one of the test harness after 60 s, or none.
 
