@@ -49,6 +49,9 @@ class RunContext:
     # the last progress reported, (sequence, JSON), and the sequence the heartbeat last sent
     _progress: tuple[int, str] | None = field(default=None, repr=False)
     _progress_sent: int = field(default=0, repr=False)
+    # binds `_writer` and `_loop` the first time a checkpoint is written (the worker's, for a
+    # first claim): most runs never checkpoint, so they are not bound up front, per run
+    _bind_later: Callable[[RunContext], None] | None = field(default=None, repr=False)
 
     @property
     def lease_lost(self) -> bool:
@@ -149,6 +152,8 @@ class RunContext:
         return stored
 
     def _checkpoint_target(self) -> tuple[CheckpointWriter, asyncio.AbstractEventLoop]:
+        if self._writer is None and self._bind_later is not None:
+            self._bind_later(self)
         if self._writer is None or self._loop is None:
             raise RuntimeError("checkpoints are only available inside a task run by a duetime "
                                "worker")

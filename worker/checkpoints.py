@@ -5,7 +5,8 @@ runs").
   event loop and Redis client, so `checkpoint(state)` (a sync task, from its thread) and
   `await acheckpoint(state)` (an async task, on the loop) reach checkpoint.lua, and gives it
   the run's checkpoint as `checkpoint_state`. A first claim (fence 1) has none, so only a
-  later claim (a retry, a recovery, a continuation) reads it: one HGET, none on the hot path.
+  later claim (a retry, a recovery, a continuation) reads it: one HGET, none on the hot path;
+  a first claim's context is bound only when its first checkpoint is written (`later`).
 - Progress is not sent by the task: the lease keeper puts what changed since its last beat on
   the next heartbeat (`progress_arg`, then `RunContext.progress_delivered`).
 """
@@ -14,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aredis
 from duetime.common import transitions as tr
 from duetime.common.codec import CHECKPOINT_MAX_BYTES, unpack_checkpoint
+from duetime.common.context import RunContext
 from duetime.common.errors import Fatal
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
@@ -55,14 +58,23 @@ class Checkpoints:
         self.bind(ex, state)
 
     def bind(self, ex: Execution, state: Any = None) -> None:
-        """`prepare` without the read: what a first claim (fence 1, no checkpoint yet) needs,
-        done without a coroutine on the hot path."""
-        ex.ctx.bind_checkpoints(functools.partial(self.write, ex), asyncio.get_running_loop(),
-                                state)
+        """`prepare` without the read (no checkpoint to start from)."""
+        ex.ctx.bind_checkpoints(functools.partial(self.write, ex.partition, ex.ctx),
+                                asyncio.get_running_loop(), state)
 
-    async def write(self, ex: Execution, data: bytes) -> bool:
-        ctx = ex.ctx
-        keys, args = tr.checkpoint(self.keys, ex.partition, ctx.run_id, self.worker_id,
+    def later(self, partition: int) -> Callable[[RunContext], None]:
+        """What a first claim (fence 1: no checkpoint yet) of `partition` needs, for
+        `RunContext._bind_later`: the binding `bind` makes, done only when the run first
+        writes a checkpoint (from its thread, for a sync task: the loop is taken here, on
+        it). One per claimed batch, instead of a binding per run that most runs never use."""
+        return functools.partial(self._bind_ctx, partition, asyncio.get_running_loop())
+
+    def _bind_ctx(self, partition: int, loop: asyncio.AbstractEventLoop, ctx: RunContext) -> None:
+        ctx.bind_checkpoints(functools.partial(self.write, partition, ctx), loop,
+                             ctx.checkpoint_state)
+
+    async def write(self, partition: int, ctx: RunContext, data: bytes) -> bool:
+        keys, args = tr.checkpoint(self.keys, partition, ctx.run_id, self.worker_id,
                                    ctx.fence, data, CHECKPOINT_MAX_BYTES)
         async with asyncio.timeout(self.timeout_s):
             reply = tr.status(await self.scripts.checkpoint(keys=keys, args=args,

@@ -171,10 +171,12 @@ class Executor:
         hooks = self.hooks
         now: list[Claimed] = []  # the runs that start at once: their delays observed in bulk
         due_ms, scheduled_at = -1, None  # runs of a batch often share their due ms: one datetime
+        # a first claim's checkpoints, bound if it ever writes one (Checkpoints.later)
+        later = self.checkpoints.later(p) if self.checkpoints is not None else None
         for c in runs:
             if c.due_ms != due_ms:
                 due_ms, scheduled_at = c.due_ms, from_ms(c.due_ms)
-            ex = self._begin(p, queue, c, renewed, scheduled_at)
+            ex = self._begin(p, queue, c, renewed, scheduled_at, later)
             # claimed ahead of its due time: it waits for it, plus the clock estimate's error
             # bound, so it never starts before its due time on the server's clock
             wait_s = (c.ready_ms + early_ms) / 1000
@@ -221,9 +223,7 @@ class Executor:
             args, kwargs = unpack_payload(c.payload)
         except Exception:  # noqa: BLE001 - raised again, and judged, at its due time
             return
-        if self.checkpoints is not None:
-            self.checkpoints.bind(ex)
-        ex.prepared = (spec, args, kwargs)
+        ex.prepared = (spec, args, kwargs)  # a first claim: its checkpoints bind when written
 
     def _hold(self, c: Claimed, held: Held) -> None:
         """Hold an attempt until its due time (`c.ready_ms`), with every other one due then:
@@ -288,15 +288,18 @@ class Executor:
         self.start_batch(p, queue, [c], now_ms)
 
     def _begin(self, p: int, queue: str, c: Claimed, renewed_at: float,
-               scheduled_at: datetime | None) -> Execution:
+               scheduled_at: datetime | None,
+               later: Callable[[RunContext], None] | None = None) -> Execution:
         """The attempt's in-flight state, in `inflight` from its claim on; `scheduled_at` is
-        `c.due_ms` as a datetime (made by the caller, once for the runs that share it)."""
+        `c.due_ms` as a datetime (made by the caller, once for the runs that share it);
+        `later` binds a first claim's checkpoints when it writes one (Checkpoints.later)."""
         ctx = RunContext(
             run_id=c.run_id, task=c.task, queue=queue, attempt=c.attempt, fence=c.fence,
             worker_id=self.worker_id, idempotency_key=c.key or c.run_id,
             scheduled_at=scheduled_at, schedule=c.schedule,
             interval_start=from_ms(c.interval_start) if c.interval_start else None,
             interval_end=from_ms(c.interval_end) if c.interval_end else None,
+            _bind_later=later if c.fence == 1 else None,
         )
         ex = Execution(ctx, p, self._owner(c.task), renewed_at=renewed_at, bare=c.bare)
         self.inflight[(c.run_id, c.fence)] = ex
@@ -402,11 +405,10 @@ class Executor:
                 except Exception as exc:  # noqa: BLE001 - it will never decode: no retry
                     raise Fatal(f"payload unreadable (not duetime's msgpack [args, kwargs]): "
                                 f"{exc!r}") from None
-                if self.checkpoints is None:  # a bare Executor: its tasks cannot checkpoint
-                    pass
-                elif ctx.fence == 1:  # a first claim: no checkpoint to read
-                    self.checkpoints.bind(ex)
-                else:  # current_run().checkpoint_state: the run's checkpoint, read from Redis
+                # current_run().checkpoint_state of a later claim: the run's checkpoint, read
+                # from Redis (a first claim has none: bound if it writes one, `_begin`; a
+                # bare Executor's tasks cannot checkpoint)
+                if self.checkpoints is not None and ctx.fence != 1:
                     try:
                         await self.checkpoints.prepare(ex)
                     except REDIS_ERRORS as exc:
