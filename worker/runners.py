@@ -32,37 +32,40 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 Attempt = Coroutine[Any, Any, None]
+_UNSTARTED: Any = object()  # InContext's `first` when the caller took no step of the coroutine
 
 
 class InContext:
     """`await InContext(coro, context, on_wait)`: run `coro` to its end with each step in
     `context`; `on_wait()` is called the first time it waits (yields to the event loop).
     What the awaiting task is sent or thrown (a wake-up, a cancellation) goes to `coro`, as
-    `await coro` would pass it."""
+    `await coro` would pass it. With `first`, the caller took coro's first step itself (in
+    `context`), which waited and yielded `first`, and called on_wait: this goes on from there."""
 
-    __slots__ = ("coro", "context", "on_wait")
+    __slots__ = ("coro", "context", "on_wait", "first")
 
     def __init__(self, coro: Attempt, context: contextvars.Context,
-                 on_wait: Callable[[], None]) -> None:
-        self.coro, self.context, self.on_wait = coro, context, on_wait
+                 on_wait: Callable[[], None], first: Any = _UNSTARTED) -> None:
+        self.coro, self.context, self.on_wait, self.first = coro, context, on_wait, first
 
     def __await__(self) -> Generator[Any, Any, None]:
         run, send, throw = self.context.run, self.coro.send, self.coro.throw
-        waited = False
-        value: Any = None
-        error: BaseException | None = None
-        while True:
+        yielded = self.first
+        if yielded is _UNSTARTED:  # (a wait may yield None: asyncio.sleep(0) does)
             try:
-                yielded = run(send, value) if error is None else run(throw, error)
+                yielded = run(send, None)
             except StopIteration:
                 return
-            if not waited:
-                waited = True
-                self.on_wait()
+            self.on_wait()
+        while True:
             try:
                 value, error = (yield yielded), None
             except BaseException as exc:  # noqa: BLE001 - handed to the attempt, as await does
                 value, error = None, exc
+            try:
+                yielded = run(send, value) if error is None else run(throw, error)
+            except StopIteration:
+                return
 
 
 class Runners:
@@ -152,7 +155,13 @@ class Runners:
             ex, attempt, context = queue.popleft()
             ex.runner = me
             try:
-                await InContext(attempt, context, self._waited)
+                try:  # its first step, taken here: most attempts end in it (no InContext)
+                    yielded = context.run(attempt.send, None)
+                except StopIteration:
+                    pass
+                else:  # it waits: another runner takes over the queue, this one goes on
+                    self._waited()
+                    await InContext(attempt, context, self._waited, yielded)
             except asyncio.CancelledError:
                 if not ex.cancels:  # not sent to the attempt: the runner itself is stopped
                     raise
