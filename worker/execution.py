@@ -301,7 +301,10 @@ class Executor:
             interval_end=from_ms(c.interval_end) if c.interval_end else None,
             _bind_later=later if c.fence == 1 else None,
         )
-        ex = Execution(ctx, p, self._owner(c.task), renewed_at=renewed_at, bare=c.bare)
+        owner = self._owners.get(c.task)
+        if owner is None:
+            owner = self._owner(c.task)
+        ex = Execution(ctx, p, owner, renewed_at=renewed_at, bare=c.bare)
         self.inflight[(c.run_id, c.fence)] = ex
         if self._bodies:
             prev = self._bodies.get(c.run_id)
@@ -579,6 +582,7 @@ class Executor:
             return
         done, self._deferred = self._deferred, []
         inflight, succeeded, debug = self.inflight, self._succeeded, self._debug
+        handed: list[Execution] = []  # to the reporter in one call, in their order
         try:
             for ex, elapsed in done:
                 ctx = ex.ctx
@@ -598,10 +602,11 @@ class Executor:
                         log.debug("run succeeded", run_id=ctx.run_id, task=ctx.task,
                                   attempt=ctx.attempt, worker_id=self.worker_id,
                                   schedule=ctx.schedule, duration_s=round(elapsed, 6))
-                    self.reporter.complete(ex)
+                    handed.append(ex)
                 except Exception as exc:  # noqa: BLE001 - the worker's own failure: never lost
                     self.failed(ex, exc)
         finally:
+            self.reporter.complete_all(handed)
             self._on_free()
 
     def _observe_delay(self, c: Claimed, queue: str) -> None:
