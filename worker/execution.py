@@ -78,6 +78,11 @@ class Execution:
     ctx: RunContext
     partition: int
     owner: str = ""  # the task's owner as this worker's code declares it ('' if none)
+    # monotonic time its lease was last known good: the claim, then each heartbeat's sending.
+    # A lease not renewed for a whole lease length may have expired (leases.py)
+    renewed_at: float = field(default_factory=time.monotonic)
+    bare: bool = False  # its claim said: no schedule, batch or limit slot (Claimed.bare)
+    # (the five fields above come first: `_begin` passes them by position, once per run)
     runner: asyncio.Task[None] | None = None  # the task executing it, while it does (runners.py)
     cancels: int = 0  # cancellations sent to its runner for it (the runner takes them back)
     stopped: bool = False  # interrupted before a runner started it: it stops as it starts
@@ -91,10 +96,6 @@ class Execution:
     body_done: asyncio.Event | None = None  # made when a later attempt waits for this body
     result: bytes = b""  # the task's return value, packed to be stored on the run ('' = none)
     report_fault: str = ""  # what the first failed send of its report met ('' = none)
-    bare: bool = False  # its claim said: no schedule, batch or limit slot (Claimed.bare)
-    # monotonic time its lease was last known good: the claim, then each heartbeat's sending.
-    # A lease not renewed for a whole lease length may have expired (leases.py)
-    renewed_at: float = field(default_factory=time.monotonic)
     hooked: Any = None  # its middleware state, once before_attempt ran (worker/middleware.py)
     # (task spec, args, kwargs) decoded while it was held for its due time (Executor._prepare)
     prepared: tuple[TaskSpec, list[Any], dict[str, Any]] | None = None
@@ -308,7 +309,7 @@ class Executor:
         owner = self._owners.get(c.task)
         if owner is None:
             owner = self._owner(c.task)
-        ex = Execution(ctx, p, owner, renewed_at=renewed_at, bare=c.bare)
+        ex = Execution(ctx, p, owner, renewed_at, c.bare)
         self.inflight[(c.run_id, c.fence)] = ex
         if self._bodies:
             prev = self._bodies.get(c.run_id)
