@@ -587,7 +587,6 @@ class Executor:
             return
         done, self._deferred = self._deferred, []
         inflight, succeeded, debug = self.inflight, self._succeeded, self._debug
-        handed: list[Execution] = []  # to the reporter in one call, in their order
         try:
             for ex, elapsed in done:
                 ctx = ex.ctx
@@ -607,11 +606,10 @@ class Executor:
                         log.debug("run succeeded", run_id=ctx.run_id, task=ctx.task,
                                   attempt=ctx.attempt, worker_id=self.worker_id,
                                   schedule=ctx.schedule, duration_s=round(elapsed, 6))
-                    handed.append(ex)
+                    self.reporter.complete(ex)
                 except Exception as exc:  # noqa: BLE001 - the worker's own failure: never lost
                     self.failed(ex, exc)
         finally:
-            self.reporter.complete_all(handed)
             self._on_free()
 
     def _observe_delay(self, c: Claimed, queue: str) -> None:

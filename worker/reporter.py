@@ -89,9 +89,6 @@ class Reporter:
     # -- what the executions call ---------------------------------------------------------
     def _put(self, item: Item | None) -> None:
         self._items.append(item)
-        self._wake()
-
-    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None:  # the loop waits for a report: wake it (once)
             self._waiter = None
@@ -101,14 +98,6 @@ class Reporter:
     def complete(self, ex: Execution) -> None:
         self.unsent[ex.key] = ex
         self._put(("complete", ex, _NO_ARGS))
-
-    def complete_all(self, exs: list[Execution]) -> None:
-        """`complete` of each, in order, in one call (a claimed batch's successes)."""
-        unsent, items = self.unsent, self._items
-        for ex in exs:
-            unsent[ex.key] = ex
-            items.append(("complete", ex, _NO_ARGS))
-        self._wake()
 
     def fail(self, ex: Execution, error: str, mode: FailMode, delay_ms: int = 0) -> None:
         self.unsent[ex.key] = ex
