@@ -54,22 +54,19 @@ class Checkpoints:
                     state = unpack_checkpoint(raw if isinstance(raw, bytes) else raw.encode())
                 except Exception as exc:  # noqa: BLE001 - it will never decode: no retry
                     raise Fatal(f"checkpoint unreadable: {exc}") from None
-
-        self.bind(ex, state)
-
-    def bind(self, ex: Execution, state: Any = None) -> None:
-        """`prepare` without the read (no checkpoint to start from)."""
-        ex.ctx.bind_checkpoints(functools.partial(self.write, ex.partition, ex.ctx),
-                                asyncio.get_running_loop(), state)
+        ctx.checkpoint_state = state
+        self._bind_ctx(ex.partition, asyncio.get_running_loop(), ctx)
 
     def later(self, partition: int) -> Callable[[RunContext], None]:
         """What a first claim (fence 1: no checkpoint yet) of `partition` needs, for
-        `RunContext._bind_later`: the binding `bind` makes, done only when the run first
+        `RunContext._bind_later`: the binding `prepare` makes, done only when the run first
         writes a checkpoint (from its thread, for a sync task: the loop is taken here, on
-        it). One per claimed batch, instead of a binding per run that most runs never use."""
+        it). One per claimed batch, instead of a binding per run that most runs never use.
+        `prepare` binds a later claim's context the same way, at once."""
         return functools.partial(self._bind_ctx, partition, asyncio.get_running_loop())
 
     def _bind_ctx(self, partition: int, loop: asyncio.AbstractEventLoop, ctx: RunContext) -> None:
+        """Checkpoints of `ctx` go to `write` on `loop`; it starts from its checkpoint_state."""
         ctx.bind_checkpoints(functools.partial(self.write, partition, ctx), loop,
                              ctx.checkpoint_state)
 
