@@ -34,13 +34,15 @@ from tests.recorder import Recorder
 
 
 async def until(pred: Callable[[], object], timeout: float = 15.0, interval: float = 0.01,
-                what: str = "condition") -> object:
+                what: str = "condition", off_loop: bool = False) -> object:
     """Poll `pred` without blocking the loop the worker runs on (the same deadline floor as
-    `tests.conftest.wait_for`: a wait is never a latency bound)."""
+    `tests.conftest.wait_for`: a wait is never a latency bound). `off_loop`: call `pred` in a
+    thread, for a predicate that makes many server calls (called on the loop, it would hold up
+    the worker's heartbeats and replies for as long as it takes)."""
     timeout = max(timeout, WAIT_FLOOR_S)
     deadline = time.monotonic() + timeout
     while True:
-        value = pred()
+        value = await asyncio.to_thread(pred) if off_loop else pred()
         if value:
             return value
         if time.monotonic() > deadline:
