@@ -1,8 +1,9 @@
 """How late a held run wakes at its instant, the worker's hold alone (no Redis): N waits in
 one event loop, each until an instant a random 5-15 ms ahead (one at a time, as W2's runs
-come), by `asyncio.sleep` (the hold before) and by `ServerClock.wait_until` (loop timer, then
-the fine timer); lateness = the monotonic clock after the wait - the instant. Rounds
-interleaved.
+come), by `asyncio.sleep` (the hold of old), by `ServerClock.wait_until` with the helper
+thread's fine timer (`FineTimer`, the hold before the loop's timerfd, still the one off
+Linux) and with the loop's own timerfd (`LoopFineTimer`, the default on Linux); lateness =
+the monotonic clock after the wait - the instant. Rounds interleaved.
 
     .venv/bin/python -m bench.hold_timer --waits 300 --repeat 3
 """
@@ -15,13 +16,15 @@ import os
 import random
 import time
 
-from duetime.worker.clock import ServerClock
+from duetime.worker.clock import FineTimer, ServerClock, fine_sleep
 
 from bench.stats import percentile
 
 
 async def one_round(kind: str, n: int, rng: random.Random) -> dict[str, float]:
-    clock = ServerClock(wall=time.monotonic)  # server clock = the monotonic one, no error
+    # server clock = the monotonic one, no error
+    fine = FineTimer().sleep if kind == "wait_until, thread" else fine_sleep
+    clock = ServerClock(wall=time.monotonic, fine=fine)
     late: list[float] = []
     for _ in range(n):
         at = time.monotonic() + rng.uniform(0.005, 0.015)
@@ -40,14 +43,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     rng = random.Random(1)
-    rows: dict[str, list[dict[str, float]]] = {"asyncio.sleep": [], "wait_until": []}
+    rows: dict[str, list[dict[str, float]]] = {
+        "asyncio.sleep": [], "wait_until, thread": [], "wait_until, timerfd": []}
     for _ in range(args.repeat):
         for kind in rows:
             rows[kind].append(asyncio.run(one_round(kind, args.waits, rng)))
     print(f"{args.waits} waits x {args.repeat} rounds, load average {os.getloadavg()[0]:.1f}")
     for kind, rs in rows.items():
         med = {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in rs[0]}
-        print(f"  {kind:<14} lateness ms (median of rounds): p50 {med['p50']:.3f}  "
+        print(f"  {kind:<20} lateness ms (median of rounds): p50 {med['p50']:.3f}  "
               f"p99 {med['p99']:.3f}  max {med['max']:.3f}  early {sum(r['early'] for r in rs):.0f}")
 
 

@@ -1,16 +1,42 @@
 """ServerClock.wait_until, the hold of a run claimed ahead of its due time, on a controlled
 clock: it never returns before the server clock has surely reached the instant (estimate +
-error bound), whatever the pauses do; the last stretch goes to the fine timer. FineTimer on
-the real monotonic clock: a waiter is never released before its instant, and waiters of one
-instant are released together."""
+error bound), whatever the pauses do; the last stretch goes to the fine timer. The fine
+timers (the loop's timerfd on Linux, the helper thread elsewhere) on the real monotonic clock:
+a waiter is never released before its instant, and waiters of one instant are released
+together."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
+from duetime.worker import clock as clock_module
 from duetime.worker.clock import FINE_S, FineTimer, ServerClock
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@pytest.fixture(params=["thread", "timerfd"])
+def fine(request: pytest.FixtureRequest) -> Sleep:
+    """A fresh fine timer of each kind."""
+    if request.param == "thread":
+        return FineTimer().sleep
+    if clock_module._TFD is None:
+        pytest.skip(f"no timerfd on {sys.platform}: the worker uses the helper thread there")
+    return clock_module._LoopFineTimers(clock_module._TFD).sleep
+
+
+def test_the_default_fine_timer_on_linux_is_the_loops_timerfd() -> None:
+    if not sys.platform.startswith("linux"):
+        pytest.skip("timerfd is Linux's")
+    assert clock_module._TFD is not None
+    assert isinstance(clock_module.fine_sleep.__self__,  # type: ignore[attr-defined]
+                      clock_module._LoopFineTimers)
+    assert ServerClock()._fine == clock_module.fine_sleep
 
 
 class Controlled:
@@ -72,13 +98,12 @@ def test_wait_until_an_instant_within_the_error_bound_still_waits_for_it():
     assert clock.now_ms() >= 50_000.0 - 0.2 + 0.5
 
 
-def test_fine_timer_never_releases_a_waiter_before_its_instant():
-    timer = FineTimer()
+def test_fine_timer_never_releases_a_waiter_before_its_instant(fine: Sleep) -> None:
 
     async def main() -> list[tuple[float, float]]:
         async def one(s: float) -> tuple[float, float]:
             at = time.monotonic() + s
-            await timer.sleep(s)
+            await fine(s)
             return at, time.monotonic()
         # pushed latest first: each new one is earlier than what the thread waits for
         return await asyncio.gather(*(one(0.004 - i * 0.0005) for i in range(8)))
@@ -87,12 +112,11 @@ def test_fine_timer_never_releases_a_waiter_before_its_instant():
         assert woke >= at
 
 
-def test_fine_timer_releases_a_herd_of_one_instant_together():
-    timer = FineTimer()
+def test_fine_timer_releases_a_herd_of_one_instant_together(fine: Sleep) -> None:
 
     async def main() -> int:
         at = time.monotonic() + 0.003
-        futs = [timer.sleep(at - time.monotonic()) for _ in range(2000)]
+        futs = [fine(at - time.monotonic()) for _ in range(2000)]
         await asyncio.wait_for(asyncio.gather(*futs), 30)
         assert time.monotonic() >= at
         return len(futs)
@@ -100,14 +124,28 @@ def test_fine_timer_releases_a_herd_of_one_instant_together():
     assert asyncio.run(main()) == 2000
 
 
-def test_fine_timer_survives_a_cancelled_waiter():
-    timer = FineTimer()
-
+def test_fine_timer_survives_a_cancelled_waiter(fine: Sleep) -> None:
     async def main() -> None:
-        gone = asyncio.ensure_future(timer.sleep(0.002))
-        kept = asyncio.ensure_future(timer.sleep(0.002))
+        gone = asyncio.ensure_future(fine(0.002))
+        kept = asyncio.ensure_future(fine(0.002))
         gone.cancel()
         await asyncio.wait_for(kept, 30)
         assert gone.cancelled()
 
     asyncio.run(main())
+
+
+def test_fine_timer_serves_one_loop_after_another_without_keeping_their_fds(fine: Sleep) -> None:
+    """Every `asyncio.run` is a loop of its own: each gets its waits, and the timerfds of the
+    loops that closed are closed (a worker's tests run hundreds of loops in one process)."""
+    async def waits() -> None:
+        at = time.monotonic() + 0.001
+        await asyncio.gather(fine(0.002), fine(0.001))
+        assert time.monotonic() >= at
+
+    asyncio.run(waits())
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    for _ in range(50):
+        asyncio.run(waits())
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) <= fds + 1  # the newest loop's, at most
