@@ -38,16 +38,24 @@ def commandstats(r: redis.Redis) -> dict[str, float]:
     return out
 
 
-def wait_done(r: redis.Redis, done_keys: list[str], n: int, poll_s: float = 0.005) -> None:
-    """Until the done sets hold n runs (`r` may be a cluster client: the reads are pipelined
+def finished(r: redis.Redis, done_keys: list[str]) -> int:
+    """How many runs the done sets hold (`r` may be a cluster client: the reads are pipelined
     either way)."""
-    while True:
-        pipe = r.pipeline(transaction=False)
-        for k in done_keys:
-            pipe.zcard(k)
-        if sum(pipe.execute()) >= n:
-            return
+    pipe = r.pipeline(transaction=False)
+    for k in done_keys:
+        pipe.zcard(k)
+    return int(sum(pipe.execute()))
+
+
+def wait_done(r: redis.Redis, done_keys: list[str], n: int, poll_s: float = 0.005,
+              deadline: float | None = None) -> int:
+    """Until the done sets hold n runs; → how many they hold. `deadline` (monotonic): raise
+    TimeoutError past it instead of waiting on (a worker under valgrind may never get there)."""
+    while (done := finished(r, done_keys)) < n:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"the worker finished {done} of {n} runs in time")
         time.sleep(poll_s)
+    return done
 
 
 def cpu_s(pid: int) -> float:

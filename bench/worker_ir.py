@@ -30,23 +30,9 @@ import redis
 
 from bench.apps import app, noop
 from bench.script_ir import _free_port
+from bench.throughput import finished, wait_done
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _finished(r: redis.Redis, done_keys: list[str]) -> int:
-    pipe = r.pipeline(transaction=False)
-    for k in done_keys:
-        pipe.zcard(k)
-    return int(sum(pipe.execute()))
-
-
-def _wait(r: redis.Redis, done_keys: list[str], n: int, deadline: float) -> int:
-    while (done := _finished(r, done_keys)) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the worker finished {done} of {n} runs in time")
-        time.sleep(0.1)
-    return done
 
 
 def one_tree(tree: Path, runs: int, concurrency: int) -> float:
@@ -80,11 +66,11 @@ def one_tree(tree: Path, runs: int, concurrency: int) -> float:
              "worker", "--app", "bench.apps:app", "--concurrency", str(concurrency)],
             env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         limit = time.monotonic() + 600 + runs / 20  # ~50x slower than the worker alone
-        _wait(r, done_keys, 1, limit)
+        wait_done(r, done_keys, 1, poll_s=0.1, deadline=limit)
         subprocess.run(["callgrind_control", "-z", str(worker.pid)], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        first = _finished(r, done_keys)
-        _wait(r, done_keys, runs, limit)
+        first = finished(r, done_keys)
+        wait_done(r, done_keys, runs, poll_s=0.1, deadline=limit)
         subprocess.run(["callgrind_control", "-d", str(worker.pid)], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # the dump after the zeroing: the drain from `first` on
