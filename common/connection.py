@@ -27,6 +27,7 @@ from duetime.common.errors import (
     RedisUnavailable,
 )
 from duetime.common.keys import Keyspace, stored_partitions
+from duetime.common.loops import HeldLoopTimer
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -349,51 +350,14 @@ class _UntimedSmallWrites:
         return writer.transport.get_write_buffer_size() + size < WRITE_HIGH_WATER
 
 
-# a timer that fires this much after its time found the loop held (a task body that blocked
-# it, a long pause), not a slow server: what arrived meanwhile is read before it runs
-HELD_LOOP_S = 1.0
-
-
-class _ReplyTimer:
-    """Cancels the task reading a reply once `bound` seconds passed on a loop free to read it.
-    A timer that fires more than HELD_LOOP_S late was held up with the loop; asyncio handles
-    the socket's readiness before the timers of the same turn, so a reply that arrived while
-    the loop was held is already on its way to the reader, and the timer is armed again for
-    `bound` from now instead of throwing that reply away."""
-
-    __slots__ = ("_loop", "_task", "_bound", "_handle", "fired")
-
-    def __init__(self, task: asyncio.Task[Any], bound: float) -> None:
-        self._loop, self._task, self._bound, self.fired = task.get_loop(), task, bound, False
-        self._handle = self._arm()
-
-    def _arm(self) -> asyncio.TimerHandle:
-        due = self._loop.time() + self._bound
-        return self._loop.call_at(due, self._expire, due)
-
-    def _expire(self, due: float) -> None:
-        if self._loop.time() - due > HELD_LOOP_S:
-            self._handle = self._arm()
-            return
-        self.fired = True
-        self._task.cancel()
-
-    def timed_out(self) -> bool:
-        """After a CancelledError: was it this timer's (and no other cancellation pending)?"""
-        return self.fired and self._task.uncancel() == 0
-
-    def cancel(self) -> None:
-        self._handle.cancel()
-
-
 class _RepliesOutwaitAHeldLoop:
     """A reply's timeout counts only time in which the loop could read it. redis-py bounds a
     read by the socket timeout with `asyncio.timeout`, measured on the wall clock: a task body
     that blocks the worker's loop for longer (a sync call in an `async def`) made every read
     in flight time out when the loop came back, the replies waiting in the socket thrown away
     with the connection. A claim's lost reply left its batch leased to no one until the lease
-    ran out. The read goes through redis-py with the timeout set aside and a `_ReplyTimer` in
-    its place; a read given its own timeout (pub/sub) is redis-py's alone."""
+    ran out. The read goes through redis-py with the timeout set aside and a `HeldLoopTimer`
+    (common/loops.py) in its place; a read given its own timeout (pub/sub) is redis-py's alone."""
 
     socket_timeout: float | None
 
@@ -403,7 +367,7 @@ class _RepliesOutwaitAHeldLoop:
         given = kwargs.get("timeout", args[1] if len(args) > 1 else None)
         if not bound or given is not None or task is None:
             return await super().read_response(*args, **kwargs)  # type: ignore[misc]
-        timer = _ReplyTimer(task, bound)
+        timer = HeldLoopTimer(task, bound)
         self.socket_timeout = None
         try:
             return await super().read_response(*args, **kwargs)  # type: ignore[misc]

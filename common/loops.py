@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 END_WAIT_S = 5.0  # a loop not ended this long after its cancellation is cancelled again
@@ -64,3 +65,58 @@ async def end(tasks: list[asyncio.Task[Any]], log: Any, worker_id: str) -> None:
     for t in tasks:
         if not t.cancelled():
             t.exception()  # retrieved: no "exception was never retrieved" at exit
+
+
+# a timer that fires this much after its time found the loop held (a task body that blocked
+# it, a long pause), not a slow server: what arrived meanwhile is read before it runs
+HELD_LOOP_S = 1.0
+
+
+class HeldLoopTimer:
+    """Cancels `task` once `bound` seconds passed on a loop free to run it: the timeout of a
+    wait on Redis (a reply, a heartbeat). A timer that fires more than HELD_LOOP_S late was
+    held up with the loop; asyncio handles the sockets' readiness before the timers of the
+    same turn, so a reply that arrived while the loop was held is already on its way to its
+    reader, and the timer is armed again for `bound` from now instead of throwing that reply
+    away (`asyncio.timeout` counts wall time: it would)."""
+
+    __slots__ = ("_loop", "_task", "_bound", "_handle", "fired")
+
+    def __init__(self, task: asyncio.Task[Any], bound: float) -> None:
+        self._loop, self._task, self._bound, self.fired = task.get_loop(), task, bound, False
+        self._handle = self._arm()
+
+    def _arm(self) -> asyncio.TimerHandle:
+        due = self._loop.time() + self._bound
+        return self._loop.call_at(due, self._expire, due)
+
+    def _expire(self, due: float) -> None:
+        if self._loop.time() - due > HELD_LOOP_S:
+            self._handle = self._arm()
+            return
+        self.fired = True
+        self._task.cancel()
+
+    def timed_out(self) -> bool:
+        """After a CancelledError: was it this timer's (and no other cancellation pending)?"""
+        return self.fired and self._task.uncancel() == 0
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+@contextlib.asynccontextmanager
+async def loop_timeout(seconds: float) -> AsyncIterator[None]:
+    """`asyncio.timeout(seconds)` counting only time the loop was free (HeldLoopTimer):
+    TimeoutError when the block had `seconds` of a free loop and did not finish."""
+    task = asyncio.current_task()
+    assert task is not None, "loop_timeout is for a task's own waits"
+    timer = HeldLoopTimer(task, seconds)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if timer.timed_out():
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.cancel()

@@ -24,7 +24,7 @@ from duetime.common import transitions as tr
 from duetime.common.connection import FORMAT
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
-from duetime.common.loops import cancelled, pause
+from duetime.common.loops import cancelled, loop_timeout, pause
 from duetime.common.outage import Outage, bounded
 from duetime.common.scripts import Scripts
 from duetime.worker.checkpoints import progress_arg
@@ -54,7 +54,9 @@ class LeaseKeeper:
             # readiness: its heartbeats reach Redis
             metrics.health.beat("worker")
             try:
-                async with asyncio.timeout(self.interval_s):  # a stalled link fails the beat
+                # a stalled link fails the beat; a loop held by a task body does not (the
+                # renewals that came back meanwhile count: the worker renews first)
+                async with loop_timeout(self.interval_s):
                     await self.beat()
                 self.outage.ok()
                 metrics.health.ready("worker")

@@ -16,7 +16,8 @@ import uuid
 
 import pytest
 import redis
-from duetime.common.connection import HELD_LOOP_S, async_client
+from duetime.common.connection import async_client
+from duetime.common.loops import HELD_LOOP_S
 
 from duetime.embedded import EmbeddedServer
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import threading
+import time
+from typing import Any
 
 import pytest
 from duetime.common import loops
@@ -94,3 +97,132 @@ def test_end_cancels_again_a_task_that_lost_its_cancellation_and_names_it(monkey
     assert isinstance(fails.exception(), RuntimeError)  # dropped by end, as gather would
     lines = log.events("a worker task did not end when cancelled; cancelling it again")
     assert [(e["task"], e["worker_id"]) for e in lines] == [("deaf", "w1")]
+
+
+# loop_timeout: a timeout that counts only time the loop was free. The loop is held with
+# time.sleep on purpose: that is the fault (a task body blocking the worker's loop).
+BOUND_S = 0.2
+HOLD_S = BOUND_S + loops.HELD_LOOP_S + 0.5  # past the bound, and by more than a late timer
+
+
+def reply_during_the_hold(fut: asyncio.Future[Any], value: Any) -> None:
+    """`fut` gets `value` while the loop is held, as a reply arrives on a socket then: from
+    outside the loop, so it is handled in the same turn as the timers that fell due."""
+    loop = fut.get_loop()
+    threading.Timer(0.05, loop.call_soon_threadsafe, (fut.set_result, value)).start()
+
+
+def test_loop_timeout_lets_a_wait_that_ended_while_the_loop_was_held_finish():
+    async def main() -> str:
+        reply = asyncio.get_running_loop().create_future()
+
+        async def wait() -> str:
+            async with loops.loop_timeout(BOUND_S):
+                return await reply
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0)  # it waits for its reply
+        reply_during_the_hold(reply, "renewed")  # the reply comes while the loop is held
+        time.sleep(HOLD_S)  # past the bound
+        return await task
+
+    assert asyncio.run(main()) == "renewed"  # asyncio.timeout: TimeoutError
+
+
+def test_asyncio_timeout_throws_that_reply_away():
+    """Why loop_timeout exists: the same sequence under asyncio.timeout."""
+    async def main() -> None:
+        reply = asyncio.get_running_loop().create_future()
+
+        async def wait() -> str:
+            async with asyncio.timeout(BOUND_S):
+                return await reply
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0)
+        reply_during_the_hold(reply, "renewed")
+        time.sleep(HOLD_S)
+        with pytest.raises(TimeoutError):
+            await task
+
+    asyncio.run(main())
+
+
+def test_loop_timeout_still_times_out_a_wait_with_no_end():
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(TimeoutError):  # on a free loop
+            async with loops.loop_timeout(BOUND_S):
+                await loop.create_future()
+        free = loop.time() - start
+
+        async def wait() -> None:
+            async with loops.loop_timeout(BOUND_S):
+                await loop.create_future()
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0)
+        time.sleep(HOLD_S)  # held: the timer fires late and arms again ...
+        back = loop.time()
+        with pytest.raises(TimeoutError):  # ... then expires on a free loop
+            await task
+        return free, loop.time() - back
+
+    free, after_the_hold = asyncio.run(main())
+    assert free >= BOUND_S and after_the_hold >= BOUND_S
+
+
+def test_loop_timeout_leaves_another_cancellation_a_cancellation():
+    async def main() -> None:
+        async def wait() -> None:
+            async with loops.loop_timeout(BOUND_S):
+                await asyncio.get_running_loop().create_future()
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+
+
+def test_a_heartbeat_that_came_back_while_the_loop_was_held_counts(monkeypatch):
+    """The lease keeper's beat is bounded by loop_timeout: a beat whose renewals came back
+    while a task body held the loop past the bound is a success, not a failure followed by
+    the attempts stopped as lost (a worker that was itself stalled renews first)."""
+    from duetime.worker.leases import LeaseKeeper
+
+    outcomes: list[str] = []
+    keeper = LeaseKeeper.__new__(LeaseKeeper)
+    keeper.interval_s = BOUND_S
+    keeper.expire_unrenewed = lambda: float("inf")  # type: ignore[method-assign]
+
+    class Seen:
+        def ok(self) -> None:
+            outcomes.append("ok")
+
+        def failed(self, exc: BaseException) -> float:
+            outcomes.append(f"failed: {type(exc).__name__}")
+            return BOUND_S
+
+    keeper.outage = Seen()  # type: ignore[assignment]
+
+    async def main() -> None:
+        closing = asyncio.Event()
+        reply = asyncio.get_running_loop().create_future()
+
+        async def beat() -> None:
+            await reply
+            closing.set()  # one beat is enough
+
+        monkeypatch.setattr(keeper, "beat", beat)
+        task = asyncio.create_task(keeper.run(closing))
+        await asyncio.sleep(0)  # the beat waits for its reply
+        reply_during_the_hold(reply, None)
+        time.sleep(HOLD_S)
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
+    assert outcomes == ["ok"]
