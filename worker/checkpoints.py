@@ -25,6 +25,7 @@ from duetime.common.context import RunContext
 from duetime.common.errors import Fatal
 from duetime.common.keys import Keyspace
 from duetime.common.logs import get as get_logger
+from duetime.common.loops import loop_timeout
 from duetime.common.scripts import Scripts
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class Checkpoints:
     async def write(self, partition: int, ctx: RunContext, data: bytes) -> bool:
         keys, args = tr.checkpoint(self.keys, partition, ctx.run_id, self.worker_id,
                                    ctx.fence, data, CHECKPOINT_MAX_BYTES)
-        async with asyncio.timeout(self.timeout_s):
+        async with loop_timeout(self.timeout_s):  # a free loop's time (common/loops.py)
             reply = tr.status(await self.scripts.checkpoint(keys=keys, args=args,
                                                             client=self.client))
         if reply == b"stored":
