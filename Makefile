@@ -55,12 +55,14 @@ soak-batches: venv
 
 # The declared lower bounds are true: one fresh venv with every dependency at the lowest
 # version pyproject.toml allows (constraints/floors.txt), duetime installed there, and the fast
-# lane run in it (pip's cache keeps this to a few seconds after the first time). The outbox's
+# lane run in it (pip's cache keeps this to a few seconds after the first time), with the
+# asyncio connection's own read and write paths (they override redis-py's). The outbox's
 # tests run here but its worker-process one and its CLI error line (`duetime worker` at the
 # structlog and click floors does not start, and an error exit of any command fails on
 # click 8.1.0: floors of the core dependencies to raise, outside the outbox extra).
 FLOORS_VENV := .venv-floors
 FLOORS_TESTS ?= tests/unit tests/integration/test_scripts.py tests/client/test_reload.py \
+	tests/integration/test_connection_reads.py tests/integration/test_connection_writes.py \
 	tests/property/test_calendars.py tests/integration/test_calendars.py \
 	tests/integrations/test_otel.py tests/integrations/test_sentry.py \
 	tests/outbox \
