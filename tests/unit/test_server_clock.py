@@ -99,13 +99,12 @@ def test_wait_until_an_instant_within_the_error_bound_still_waits_for_it():
 
 
 def test_fine_timer_never_releases_a_waiter_before_its_instant(fine: Sleep) -> None:
-
     async def main() -> list[tuple[float, float]]:
         async def one(s: float) -> tuple[float, float]:
             at = time.monotonic() + s
             await fine(s)
             return at, time.monotonic()
-        # pushed latest first: each new one is earlier than what the thread waits for
+        # pushed latest first: each new one is earlier than what the timer is armed for
         return await asyncio.gather(*(one(0.004 - i * 0.0005) for i in range(8)))
 
     for at, woke in asyncio.run(main()):
@@ -113,7 +112,6 @@ def test_fine_timer_never_releases_a_waiter_before_its_instant(fine: Sleep) -> N
 
 
 def test_fine_timer_releases_a_herd_of_one_instant_together(fine: Sleep) -> None:
-
     async def main() -> int:
         at = time.monotonic() + 0.003
         futs = [fine(at - time.monotonic()) for _ in range(2000)]
