@@ -27,14 +27,27 @@ from duetime.common.middleware import FAILED, Middleware, RunInfo
 
 
 def _without_locals(event: dict[str, Any], hint: dict[str, Any]) -> dict[str, Any]:
-    """Drop the frames' local variables (they hold the task's arguments)."""
-    for value in (event.get("exception") or {}).get("values") or ():
-        for frame in (value.get("stacktrace") or {}).get("frames") or ():
-            frame.pop("vars", None)
-    for thread in (event.get("threads") or {}).get("values") or ():
-        for frame in (thread.get("stacktrace") or {}).get("frames") or ():
-            frame.pop("vars", None)
+    """Drop the local variables of every frame (they hold the task's arguments), wherever the
+    event carries a stack trace: its exceptions' (chained ones too), its threads', its own.
+    The whole event is walked, not the places one sentry-sdk version puts them."""
+    _drop_vars(event)
     return event
+
+
+def _drop_vars(node: Any) -> None:
+    if isinstance(node, dict):
+        frames = node.get("frames")
+        if isinstance(frames, list):
+            for frame in frames:
+                if isinstance(frame, dict):
+                    frame.pop("vars", None)
+        for value in node.values():
+            if isinstance(value, dict | list):
+                _drop_vars(value)
+    elif isinstance(node, list):
+        for value in node:
+            if isinstance(value, dict | list):
+                _drop_vars(value)
 
 
 class Sentry(Middleware):
@@ -70,5 +83,10 @@ class Sentry(Middleware):
             scope.fingerprint = ["duetime-dead-letter", run.task]
             if run.error:
                 scope.set_extra("last_error", run.error.splitlines()[0][:500])
-            sentry_sdk.capture_message(f"duetime: a run of {run.task} was dead-lettered",
-                                       level="error")
+            # sent with no stack: sentry-sdk attaches the calling stack to a message when
+            # `attach_stacktrace` is on (its default from 3.0), after every event processor
+            # ran and with each frame's locals whatever `include_local_variables` says; here
+            # that stack is duetime's report path, whose frames hold the run and its arguments
+            sentry_sdk.capture_event({
+                "message": f"duetime: a run of {run.task} was dead-lettered", "level": "error",
+                "threads": {"values": []}})

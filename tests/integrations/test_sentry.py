@@ -37,10 +37,14 @@ class Capture(Transport):
 
 
 @pytest.fixture
-def events() -> Iterator[list[dict[str, Any]]]:
+def events(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
+    """Sentry on, every event kept; `attach_stacktrace` as the test's parameter says, else
+    the installed sentry-sdk's default (off in 2.x, on from 3.0)."""
     EVENTS.clear()
+    attach = getattr(request, "param", None)
     sentry_sdk.init(dsn="https://public@sentry.invalid/1", transport=Capture,
-                    default_integrations=False)
+                    default_integrations=False,
+                    **({} if attach is None else {"attach_stacktrace": attach}))
     yield EVENTS
     sentry_sdk.get_client().close()
     sentry_sdk.init(default_integrations=False)  # no DSN: off, and nothing left patched in this process
@@ -50,6 +54,11 @@ def _frames(event: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for v in event["exception"]["values"] for f in v["stacktrace"]["frames"]]
 
 
+# a stack attached to a message (sentry-sdk's `attach_stacktrace`, the default from 3.0) is
+# taken after every event processor ran, with its frames' locals: the dead letter's event
+# must carry none, whichever the setting
+@pytest.mark.parametrize("events", [None, False, True], indirect=True,
+                         ids=["sdk-default", "no-attach", "attach-stacktrace"])
 def test_failed_attempts_and_the_dead_letter_are_events(own_app: duetime.App, events):
     own_app.middleware(Sentry())
 
