@@ -39,6 +39,9 @@ def test_wait_returns_the_result_as_soon_as_the_run_ends(app, r, monkeypatch):
     timer = threading.Timer(0.3, _complete, (app, r, run_id, {"invoice": 42, "total": [1.5]}))
     timer.start()
     assert app.wait(run_id, timeout=60) == {"invoice": 42, "total": [1.5]}
+    # the notice comes before the script's reply: the completing thread may still be reading
+    # it, on `r`, which the fixture closes when the test returns
+    timer.join(30)
     assert app.get_run(run_id).result == {"invoice": 42, "total": [1.5]}
     assert app.wait(run_id) == {"invoice": 42, "total": [1.5]}  # already ended: at once
 
@@ -89,6 +92,8 @@ def test_await_result_wakes_on_the_notice_without_blocking_the_loop(app, r, monk
     monkeypatch.setattr(client_runs, "WAIT_CHUNK_S", 3600.0)
     run_id = app.enqueue(basic.noop)
 
+    completing = threading.Thread(target=_complete, args=(app, r, run_id, "done"))
+
     async def main() -> tuple[object, int]:
         turns, stop = 0, asyncio.Event()
 
@@ -98,7 +103,7 @@ def test_await_result_wakes_on_the_notice_without_blocking_the_loop(app, r, monk
                 await asyncio.sleep(0.001)
                 turns += 1
                 if turns == 20:  # the loop turned while the await waits: now the run ends
-                    threading.Thread(target=_complete, args=(app, r, run_id, "done")).start()
+                    completing.start()
 
         waiting = asyncio.create_task(app.await_result(run_id, timeout=60))
         tick = asyncio.create_task(ticker())
@@ -109,6 +114,7 @@ def test_await_result_wakes_on_the_notice_without_blocking_the_loop(app, r, monk
         return got, seen
 
     got, turns = asyncio.run(main())
+    completing.join(30)  # still reading its reply when the notice woke the await: on `r`
     assert got == "done"
     assert turns >= 20
 
