@@ -43,12 +43,14 @@ META_VERSION = "1"
 # attempt. 2: the attempt that succeeds a run is inline in its hash, no entry pushed (a
 # format-1 worker serves a format-2 namespace beside it). 3: a run record leaves out the
 # fields at their default (`created` equal to `due`, the queue 'default', the default retry
-# policy: lua/_lib.lua RUN_DEFAULTS), which a format-2
-# process would misread: this version reads all three, writes 3 in a namespace it creates, and
-# keeps writing 2 in a format-2 namespace until `duetime migrate` moves it to 3 (once no
-# process of an older release serves it; docs/operations.md, "Upgrades and the namespace
-# format"). Where a partition writes, its `T:caps` field `format` says (enqueue.lua reads it).
-FORMAT = 3
+# policy: lua/_lib.lua RUN_DEFAULTS), which a format-2 process would misread. 4: a due time
+# asked for as an instant (`at=`) is kept to the microsecond (the run's `due` and its due-set
+# score carry up to three decimals of a ms), which a format-3 process would read as a damaged
+# record. This version reads them all, writes 4 in a namespace it creates, and keeps writing a
+# namespace's own format in an older one until `duetime migrate` moves it on (once no process
+# of an older release serves it; docs/operations.md, "Upgrades and the namespace format").
+# Where a partition writes, its `T:caps` field `format` says (enqueue.lua and hold.lua read it).
+FORMAT = 4
 
 
 # How a connection whose peer vanished (no FIN, no RST: a host that lost power, a partition, a

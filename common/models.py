@@ -36,8 +36,10 @@ def from_ms(ms: int | float | str | bytes | None) -> datetime | None:
     if ms in (None, b"", ""):
         return None
     try:
-        value = float(ms)
-        return exact_from_ms(int(value)) if math.isfinite(value) else None
+        value = float(ms)  # a due time may carry a fraction of a ms (format 4)
+        if not math.isfinite(value):
+            return None
+        return exact_from_ms(int(value) if value.is_integer() else value)
     except (ValueError, InvalidTime):
         return None
 

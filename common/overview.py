@@ -95,6 +95,12 @@ def _s(b: bytes | None) -> str:
     return b.decode() if b else ""
 
 
+def _is_ms(b: bytes) -> bool:
+    """A stored time in ms: digits, or digits with a fraction (a due time, format 4)."""
+    whole, _, frac = b.partition(b".")
+    return whole.isdigit() and (not frac or frac.isdigit())
+
+
 def _queued(pipe: Any) -> list[Any]:
     """The argument lists of a pipeline's queued commands, to name the key of a refused one.
     redis-py 8's cluster pipeline queues them in its execution strategy, not in
@@ -326,8 +332,9 @@ class NamespaceReader:
             else:
                 st.dead += round(weight)
             if kind != "dead" and attempt == b"1" and due and started \
-                    and due.isdigit() and started.isdigit():
-                lateness.setdefault(st.queue, []).append(max(0.0, (int(started) - int(due)) / 1000))
+                    and _is_ms(due) and started.isdigit():  # a due time may keep its µs (format 4)
+                lateness.setdefault(st.queue, []).append(
+                    max(0.0, (int(started) - float(due)) / 1000))
         for q, values in lateness.items():
             ov.queues[q].lateness_p50_s = percentile(values, 50)
             ov.queues[q].lateness_p99_s = percentile(values, 99)

@@ -63,12 +63,12 @@ class Claimed:
     attempt: int
     task: str
     payload: bytes
-    due_ms: int
+    due_ms: float  # the run's due time: whole ms, or to the microsecond (format 4)
     timeout_ms: int
     idempotent: bool
     key: str | None
     schedule: str | None
-    ready_ms: int  # when it became claimable: its due time, or its retry time
+    ready_ms: float  # when it became claimable: its due time (to the µs), or its retry time
     damaged: str = ""  # why the run record cannot be read (the worker dead-letters the run)
     limited_by: str = ""  # the limit it waited on before this claim, if any
     interval_start: int = 0  # a schedule's run: its data interval (0: none)
@@ -109,6 +109,14 @@ assert CLAIM_EXTRA_FIELDS == ("timeout_ms", "idempotent", "key", "schedule", "li
                               "interval_start", "interval_end", "tenant", "headers", "bare")
 
 
+def _ms(raw: bytes | None) -> float:
+    """A due time as the run record holds it: whole ms, or (namespace format 4) a due time
+    kept to the microsecond, with up to three decimals."""
+    if not raw:
+        return 0
+    return int(raw) if b"." not in raw else float(raw)
+
+
 def parse_claim(res: list[Any]) -> ClaimReply:
     nxt = int(res[_NEXT])
     runs = []
@@ -119,18 +127,19 @@ def parse_claim(res: list[Any]) -> ClaimReply:
         # run record, which an operator's HSET may have damaged: one bad run must not sink
         # its batch
         fence, attempt, ready, run_id = head.split(b" ", 3)
-        run_id, fence, attempt, ready = run_id.decode(), int(fence), int(attempt), int(ready)
+        run_id, fence, attempt = run_id.decode(), int(fence), int(attempt)
+        ready = int(ready) if b"." not in ready else float(ready)  # to the µs (format 4)
         try:
             if not extra:  # none of the optional fields: a plain run
                 runs.append(Claimed(run_id, fence, attempt, task.decode() if task else "",
-                                    payload or b"", int(due or 0), 0, True, None, None, ready,
+                                    payload or b"", _ms(due), 0, True, None, None, ready,
                                     bare=True))
                 continue
             (timeout, idempotent, key, schedule, limited_by, iv_start, iv_end, tenant,
              headers, bare) = extra
             runs.append(Claimed(
                 run_id, fence, attempt, task.decode() if task else "", payload or b"",
-                int(due or 0), int(timeout or 0), idempotent != b"0",
+                _ms(due), int(timeout or 0), idempotent != b"0",
                 key.decode() if key else None, schedule.decode() if schedule else None,
                 ready, "", limited_by.decode() if limited_by else "",
                 int(iv_start or 0), int(iv_end or 0),

@@ -100,6 +100,35 @@ local function int_s(x)
   return string.format('%d', tonumber(x) or 0)
 end
 
+-- Due times (docs/keys.md "Namespace format"): from format 4 a run's due time is kept to the
+-- microsecond: its `due` field and its due-set score may carry up to three decimals of a ms
+-- (the instant asked for, never rounded); every other time stays a whole ms.
+-- due_text: a due time sent by a client as text ('1765000000123' or '1765000000123.457'), as
+-- this partition stores it: as sent where `fine` (its T:caps format is 4 or later), else
+-- rounded up to the whole ms, so a process of an older release, which reads whole ms only,
+-- never meets a fraction and the run never starts before the instant asked for.
+local function due_text(s, fine)
+  if fine or not s:find('.', 1, true) then return s end
+  return string.format('%d', math.ceil(tonumber(s)))
+end
+
+-- A due time (a number, perhaps with a fraction of a ms) as text: a whole ms as an integer
+-- (see int_s), a fraction with the 17 digits that give the same double back (rounded to the
+-- microsecond, the text could name a double below the instant).
+local function ms_s(x)
+  if type(x) == 'string' and x ~= '' then return x end
+  x = tonumber(x) or 0
+  if x % 1 == 0 then return string.format('%d', x) end
+  return string.format('%.17g', x)
+end
+
+-- A time in ms as a whole ms, rounded up: an attempt's start, claimed ahead of a due time
+-- kept to the microsecond, is recorded as the first whole ms at or after it.
+local function ceil_s(x)
+  if type(x) == 'string' and not x:find('.', 1, true) then return x end
+  return string.format('%d', math.ceil(tonumber(x) or 0))
+end
+
 -- Append a lifecycle event to the partition's capped stream.
 local function emit(events_key, run_id, kind, detail)
   redis.call('XADD', events_key, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
@@ -169,9 +198,12 @@ local function wake_workers(channel, partition, queue, due)
 end
 
 -- Add a member to a due/retry zset; tell idle workers when it became the set's earliest.
+-- `score` is a number or its text: a due time's text goes in as it is (ms_s), a fraction of a
+-- ms included.
 local function add_due(zkey, score, run_id, channel, partition, queue)
   local head = redis.call('ZRANGE', zkey, 0, 0, 'WITHSCORES')
-  redis.call('ZADD', zkey, score, run_id)
+  redis.call('ZADD', zkey, ms_s(score), run_id)
+  score = tonumber(score)
   if head[2] == nil or score < tonumber(head[2]) then
     wake_workers(channel, partition, queue, score)
   end
@@ -237,6 +269,7 @@ local function release_waiting(prefix, run_id, now, fresh)
   if f.err or f[1] ~= 'waiting' then return false end
   local queue = f[2] or RUN_DEFAULTS.queue
   local due = math.max(num(f[3]) or now, now)
+  local due_s = ms_s(due)  -- to the microsecond where it was kept so (format 4)
   local due_key = prefix .. K.due .. queue
   local lanes_key = prefix .. K.lanes .. queue
   local why = not fresh and (wrong_type(due_key, 'zset')
@@ -255,16 +288,16 @@ local function release_waiting(prefix, run_id, now, fresh)
   if fresh then
     redis.call('HSET', run_key, 'state', 'scheduled')
   else
-    redis.call('HSET', run_key, 'state', 'scheduled', 'due', int_s(due), 'released', now)
+    redis.call('HSET', run_key, 'state', 'scheduled', 'due', due_s, 'released', now)
   end
   if f[4] then redis.call('ZADD', prefix .. K.prio .. queue, -tonumber(f[4]) * 1e13 + due, run_id) end
   if f[5] or redis.call('EXISTS', lanes_key) == 1 then
     local tenant = f[5] or ''
-    redis.call('ZADD', prefix .. K.lane .. queue .. '|' .. tenant, due, run_id)
-    redis.call('ZADD', prefix .. K.laned .. queue, due, run_id)
+    redis.call('ZADD', prefix .. K.lane .. queue .. '|' .. tenant, due_s, run_id)
+    redis.call('ZADD', prefix .. K.laned .. queue, due_s, run_id)
     redis.call('ZADD', lanes_key, 'NX', 0, tenant)
   end
-  add_due(due_key, due, run_id, prefix_channel(prefix), prefix_partition(prefix), queue)
+  add_due(due_key, due_s, run_id, prefix_channel(prefix), prefix_partition(prefix), queue)
   if not fresh then emit(prefix .. K.events, run_id, 'released', '') end
   return true
 end

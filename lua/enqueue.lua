@@ -18,7 +18,9 @@
 --         ids, a resend of a call whose reply was lost)
 -- ARGV[6] count S of shared values, then S values: field, value pairs every run of the call
 --         gets (task, queue, retry policy: the same for a batch of one task)
--- ARGV[7 + S] the runs' form: '' = each run is: run id, due ms ('' = server time + delay),
+-- ARGV[7 + S] the runs' form: '' = each run is: run id, due ms ('' = server time + delay;
+--         a fraction of a ms, to the microsecond, is kept where the partition's format is 4
+--         or later, else rounded up: _lib.lua due_text),
 --         delay ms, field count F, then F values: the run's own field, value pairs (payload,
 --         key, ...); else a delay in ms, and each run is two values, run id and payload: due
 --         at server time + that delay, no own field but its payload (a plain enqueue_many:
@@ -61,9 +63,11 @@ local i, nargs = 8 + shared_n, #ARGV
 local added, earliest = {}, nil
 local last_delay, last_due, last_due_s
 -- the partition's caps (T:caps, copied from <ns>:meta): the payload cap, and the layout format
--- the namespace writes (duetime migrate sets 3 once no process of an older release is left)
+-- the namespace writes (duetime migrate moves it on once no process of an older release is
+-- left): 3 compact records, 4 due times to the microsecond
 local caps = redis.call('HMGET', prefix .. K.caps, 'max_payload', 'format')
-local cap, compact = tonumber(caps[1]), (tonumber(caps[2]) or 2) >= 3
+local cap, fmt = tonumber(caps[1]), tonumber(caps[2]) or 2
+local compact, fine = fmt >= 3, fmt >= 4
 -- one field list reused for every run (no table per run): state, due (slot 4), created, the
 -- shared fields, then the run's own fields from position base_n + 1. Format 3 leaves out what
 -- readers take as the default (docs/keys.md "The run record"): `created` when it is the due
@@ -127,8 +131,8 @@ local function create(run_id, run_key, due, due_s, j0, j1, payload)
   end
   if tenant or lanes then
     tenant = tenant or ''
-    redis.call('ZADD', prefix .. K.lane .. queue .. '|' .. tenant, due, run_id)
-    redis.call('ZADD', KEYS[3], due, run_id)
+    redis.call('ZADD', prefix .. K.lane .. queue .. '|' .. tenant, due_s, run_id)
+    redis.call('ZADD', KEYS[3], due_s, run_id)
     redis.call('ZADD', KEYS[4], 'NX', 0, tenant)
     lanes = true
   end
@@ -155,7 +159,10 @@ while i <= nargs do
   local run_key = prefix .. K.run .. run_id
   local due_s = ARGV[i + 1]
   local due = tonumber(due_s)
-  if due == nil then
+  if due ~= nil and not fine then
+    due_s = due_text(due_s, fine)
+    due = tonumber(due_s)
+  elseif due == nil then
     -- a delay from server time: a bulk call repeats one delay, so format each delay once
     if ARGV[i + 2] ~= last_delay then
       last_delay = ARGV[i + 2]

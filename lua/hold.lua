@@ -31,6 +31,7 @@ local events_key = KEYS[1]
 local here = prefix_partition(prefix)
 local bkey, pending_key = prefix .. K.batch .. batch_id, prefix .. K.bpending .. batch_id
 local members_key = prefix .. K.bmembers .. batch_id
+local fine = false  -- this partition keeps due times to the microsecond (set by refusal)
 
 -- the runs of the call, read once: {id, role, mode, due, delay, deps = {...}, fields = {...}}
 local function read_runs()
@@ -67,7 +68,9 @@ local function refusal(runs)
         .. ': no run can be added to it')
     end
   end
-  local cap = tonumber(redis.call('HGET', prefix .. K.caps, 'max_payload'))
+  local caps = redis.call('HMGET', prefix .. K.caps, 'max_payload', 'format')
+  local cap = tonumber(caps[1])
+  fine = (tonumber(caps[2]) or 2) >= 4  -- due times to the microsecond (format 4)
   local created, queues = {}, {}
   for _, r in ipairs(runs) do
     for f = 1, #r.fields, 2 do
@@ -121,9 +124,10 @@ end
 local function create(r, now, todo)
   local run_key = prefix .. K.run .. r.id
   if redis.call('EXISTS', run_key) == 1 then return 0 end
-  local due = tonumber(r.due) or (now + (tonumber(r.delay) or 0))
+  local due_s = tonumber(r.due) and due_text(r.due, fine)
+    or int_s(now + (tonumber(r.delay) or 0))
   if r.mode ~= '' then redis.call('ZADD', KEYS[3], now, r.id) end  -- listed while it waits
-  redis.call('HSET', run_key, 'state', 'waiting', 'created', int_s(now), 'due', int_s(due),
+  redis.call('HSET', run_key, 'state', 'waiting', 'created', int_s(now), 'due', due_s,
     unpack(r.fields))
   if batch_id ~= '' then
     redis.call('HSET', run_key, 'batch', batch_id)

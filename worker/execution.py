@@ -99,7 +99,7 @@ class Execution:
     hooked: Any = None  # its middleware state, once before_attempt ran (worker/middleware.py)
     # (task spec, args, kwargs) decoded while it was held for its due time (Executor._prepare)
     prepared: tuple[TaskSpec, list[Any], dict[str, Any]] | None = None
-    held_at: int | None = None  # the due time (ms) it is held for, with others (Executor._hold)
+    held_at: float | None = None  # the due time (ms) it is held for, with others (Executor._hold)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -150,8 +150,8 @@ class Executor:
         reporter.before_flush = self.count_successes
         # runs claimed ahead of their due time, by that time (ready ms): each group is held by
         # one task (`_release`) and started at once, not by a timer and a runner per run
-        self._holds: dict[int, dict[Execution, tuple[Held, Claimed]]] = {}  # in claim order
-        self._hold_tasks: dict[int, asyncio.Task[None]] = {}  # ready ms -> its `_release`
+        self._holds: dict[float, dict[Execution, tuple[Held, Claimed]]] = {}  # in claim order
+        self._hold_tasks: dict[float, asyncio.Task[None]] = {}  # ready ms -> its `_release`
         # successes whose body returned without waiting, their bookkeeping not done yet: done
         # in bulk right after the runs started with them (`_settle_deferred`), so a batch or a
         # herd starts every body before any of it. (execution, body seconds)
@@ -175,7 +175,7 @@ class Executor:
         submit, context = self.runners.submit, contextvars.copy_context
         hooks = self.hooks
         now: list[Claimed] = []  # the runs that start at once: their delays observed in bulk
-        due_ms, scheduled_at = -1, None  # runs of a batch often share their due ms: one datetime
+        due_ms, scheduled_at = -1.0, None  # runs of a batch often share their due ms: one datetime
         # a first claim's checkpoints, bound if it ever writes one (Checkpoints.later)
         later = self.checkpoints.later(p) if self.checkpoints is not None else None
         for c in runs:
@@ -260,7 +260,7 @@ class Executor:
             if task is not None:
                 task.cancel()
 
-    async def _release(self, ready_ms: int) -> None:
+    async def _release(self, ready_ms: float) -> None:
         """Start the attempts held for `ready_ms` once the server clock has surely reached it
         (ServerClock.wait_until: never before): all queued in one go, so their bodies start
         one right after the other (a herd of thousands costs no task step, timer or metric

@@ -73,7 +73,7 @@ class UnknownTasks:
         self._seen[task] = (time.monotonic(), ms)
         return ms
 
-    async def verdict(self, task: str, due_ms: int) -> str | None:
+    async def verdict(self, task: str, due_ms: float) -> str | None:
         """None: hand the run back. Otherwise why it is to be dead-lettered."""
         try:
             seen = await self.last_seen(task)

@@ -31,7 +31,7 @@ from duetime.common.time.fmt import format_duration, iso
 
 __all__ = [
     "EPOCH", "MAX_INSTANT", "MAX_MS", "MIN_INSTANT", "InvalidTime", "Span", "duration_ms",
-    "from_ms", "parse_duration", "parse_instant", "to_ms",
+    "due_text", "from_ms", "parse_duration", "parse_instant", "to_ms", "to_us",
 ]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -60,13 +60,44 @@ def to_ms(dt: datetime, *, ceil: bool = False) -> int:
     return ms + 1 if ceil and rest else ms
 
 
-def from_ms(ms: int) -> datetime:
+def from_ms(ms: float) -> datetime:
     """The UTC datetime of epoch ms, exactly (``datetime.fromtimestamp`` goes through a float
-    and is off by microseconds far from 1970)."""
+    and is off by microseconds far from 1970); a due time kept to the microsecond (a float,
+    see `due_text`) to the nearest microsecond, which is the instant it was made from."""
     try:
+        if isinstance(ms, float) and not ms.is_integer():  # exact at any magnitude
+            return EPOCH + timedelta(microseconds=round(Fraction(ms) * 1000))
         return EPOCH + timedelta(milliseconds=ms)
-    except OverflowError:
+    except (OverflowError, ValueError):
         raise InvalidTime(f"{ms} ms is outside the datetime range") from None
+
+
+def due_text(dt: datetime) -> str:
+    """A run's due time as a client sends it to Redis: epoch ms, a whole ms as an integer, else
+    kept to the microsecond (``1765000000123.457``; enqueue.lua stores it so from namespace
+    format 4, and rounds it up where the namespace is older).
+
+    The text is the shortest one of the double nearest the instant, or of the next double up
+    when the nearest lies below it: Redis reads a sorted-set score as a double, and a run must
+    never become due before its instant, not even by a fraction of a microsecond. Until 2109
+    (epoch ms below 2**42) a double names every microsecond, so the text reads back as the
+    instant itself; past it, as the next double up (at most 31 µs later, in the year 9999).
+    """
+    ms, rest = divmod(to_us(dt), 1000)
+    if not rest:
+        return str(ms)
+    us = ms * 1000 + rest
+    d = us / 1000  # correctly rounded (int / int)
+    num, den = d.as_integer_ratio()
+    if num * 1000 < us * den:  # the nearest double is below the instant: the next one up
+        d = math.nextafter(d, math.inf)
+    return repr(d)
+
+
+def to_us(dt: datetime) -> int:
+    """Epoch microseconds of an aware datetime, exactly."""
+    to_ms(dt)  # the same checks
+    return (dt - EPOCH) // _US
 
 
 MAX_MS = to_ms(MAX_INSTANT)

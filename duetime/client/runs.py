@@ -51,7 +51,7 @@ from duetime.common.names import check_name
 from duetime.common.outage import retry_in
 from duetime.common.scripts import Scripts
 from duetime.common.tasks import TaskSpec
-from duetime.common.time.parse import DELAY, duration_ms, parse_instant, to_ms
+from duetime.common.time.parse import DELAY, due_text, duration_ms, parse_instant
 
 MAX_PRIORITY = 100
 SCRIPT_CHUNK = 200  # runs per enqueue.lua call
@@ -360,7 +360,7 @@ class RunStore:
             if req.at is not None:
                 if req.delay is not None:
                     raise InvalidInput("give either at= or delay=, not both")
-                due = str(to_ms(parse_instant(req.at, what="at"), ceil=True))
+                due = due_text(parse_instant(req.at, what="at"))  # to the µs (format 4)
             elif req.delay is not None:
                 # bounded, so server now + delay stays a sane due time (an unbounded one wrapped
                 # to INT64_MIN in Lua, ran at once and broke the claim batch it landed in)

@@ -166,7 +166,7 @@ def _classify(info: ScheduleInfo, o: int, utc: datetime, local: datetime, r: dic
     run_id = run_id_for(info.name, o)
     lateness = None
     if r.get("started") and r.get("due") and r.get("attempt") == "1":
-        lateness = max(0.0, (int(r["started"]) - int(r["due"])) / 1000)
+        lateness = max(0.0, (int(r["started"]) - float(r["due"])) / 1000)
     n = int(r.get("coalesced", "1") or 1)
     extra = f"; stood for {n} occurrences (catch-up)" if n > 1 else ""
     reason = r.get("reason") or (r.get("error") or "").split("\n", 1)[0]

@@ -65,12 +65,13 @@ local function priority_candidates(c)
   local ids, froms, scores, seen = c.ids, c.froms, c.scores, c.seen
   local stale = {}
   for _, id in ipairs(redis.call('ZRANGE', c.keys.prio, 0, c.scan * 2 + HELD_SCAN - 1)) do
-    local due = tonumber(redis.call('ZSCORE', c.due_key, id))
+    local due_s = redis.call('ZSCORE', c.due_key, id)  -- its text: a fraction of a ms kept
+    local due = tonumber(due_s)
     if not due or redis.call('HGET', c.prefix .. K.run .. id, 'state') ~= 'scheduled' then
       stale[#stale + 1] = id  -- claimed, retried, cancelled, held by its schedule: gone
     elseif due <= c.horizon then
       local n = #ids + 1
-      ids[n], froms[n], scores[n], seen[id] = id, true, int_s(due), true
+      ids[n], froms[n], scores[n], seen[id] = id, true, due_s, true
       if n >= c.scan then break end
     end
   end

@@ -50,9 +50,10 @@ local function lease_starter(c)
       if f[6] then attempt_s = int_s((tonumber(f[6]) or 0) + 1) end
       held = scopes and take(c, scopes, id) or ''
     end
-    -- claimed ahead of its due time: the attempt starts at the due time (the score)
+    -- claimed ahead of its due time: the attempt starts at the due time (the score; its
+    -- record keeps whole ms: one kept to the microsecond, format 4, is rounded up)
     local started = now_s
-    if tonumber(ready) > now then started = ready end
+    if tonumber(ready) > now then started = ceil_s(ready) end
     if held == '' then
       redis.call('HSET', run_key, 'state', 'running', 'fence', fence_s, 'attempt',
         attempt_s, 'worker', worker, 'started', started)

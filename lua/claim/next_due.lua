@@ -9,7 +9,7 @@
 local function head_of(c, key, full)
   if full then return c.now end
   local h = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if h[2] then return tonumber(h[2]) end
+  if h[2] then return math.ceil(tonumber(h[2])) end  -- a whole ms (a due time may not be)
   return -1
 end
 

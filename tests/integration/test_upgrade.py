@@ -11,6 +11,12 @@ scripts (tests/fixtures/format2.tar.gz) and this version serve a format-2 namesp
 side, this version still writing format 2; `duetime migrate` refuses while a worker of the
 older release is live, then moves the namespace on, and this version's compact records are
 claimed, retried with the default back-off and finished, beside the runs of both layouts.
+
+Format 3 to 4 (a due time asked for as an instant is kept to the microsecond): the format-3
+release's scripts (tests/fixtures/format3.tar.gz), read as that release read a claim (every due
+time a whole ms), serve a format-3 namespace beside this version, which rounds such a due time
+up there; once `duetime migrate` moves it on, the record, the due set and the claim carry the
+instant itself, and no attempt starts before it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import os
 import tarfile
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,6 +33,7 @@ from duetime.common import transitions as tr
 from duetime.common.codec import pack_payload
 from duetime.common.connection import FORMAT
 from duetime.common.scripts import Scripts
+from duetime.common.time.parse import from_ms, to_ms, to_us
 
 from duetime import FormatTooNew
 from duetime.client.runs import task_fields
@@ -254,7 +262,7 @@ def _serve(workers: list[Version], k, claims: Counter, succeeded: Counter, round
                         succeeded[c.run_id] += 1
 
 
-def test_a_format_2_namespace_is_served_side_by_side_then_migrated_to_format_3(
+def test_a_format_2_namespace_is_served_side_by_side_then_migrated(
         app, r, namespace, monkeypatch):
     from duetime.common import connection
 
@@ -326,7 +334,7 @@ def test_a_format_2_namespace_is_served_side_by_side_then_migrated_to_format_3(
     r.hset(k.worker("old-host:1:ab"), mapping={"queues": "default", "host": "old-host",
                                                "pid": 1, "concurrency": 4})
     plan = mig.plan(r, k, app.redis_url)
-    assert plan.current == 2 and plan.target == FORMAT == 3
+    assert plan.current == 2 and plan.target == FORMAT
     assert [w.id for w in plan.blockers] == ["old-host:1:ab"]
     out = cli(app.redis_url, namespace, "migrate")
     assert out.exit_code == 1 and "old-host:1:ab" in out.stderr, out.stderr
@@ -336,16 +344,16 @@ def test_a_format_2_namespace_is_served_side_by_side_then_migrated_to_format_3(
     assert all(r.hget(k.caps(p), "format") is None for p in range(k.partitions))
     r.delete(k.worker("old-host:1:ab"))  # the older worker stopped: its record expired
     out = cli(app.redis_url, namespace, "migrate")
-    assert out.exit_code == 0 and "from format 2 to 3" in out.stdout, out.stderr
-    assert r.hget(k.meta, "format") == b"3"
-    assert all(r.hget(k.caps(p), "format") == b"3" for p in range(k.partitions))
+    assert out.exit_code == 0 and f"from format 2 to {FORMAT}" in out.stdout, out.stderr
+    assert r.hget(k.meta, "format") == str(FORMAT).encode()
+    assert all(r.hget(k.caps(p), "format") == str(FORMAT).encode() for p in range(k.partitions))
     # a process of the older release (it reads up to format 2) is refused at its start
     monkeypatch.setattr(connection, "FORMAT", 2)
     with pytest.raises(FormatTooNew, match="reads formats 1..2"):
         connection.check_format(r.hget(k.meta, "format"), k)
     monkeypatch.undo()
 
-    # format 3: what this version writes now leaves the defaults out, and reads as before
+    # format 3 on: what this version writes now leaves the defaults out, and reads as before
     compact = app.enqueue_many([(basic.noop, []) for _ in range(2 * k.partitions)])
     produced += compact
     rec = _record(r, k, compact[0])
@@ -374,5 +382,144 @@ def test_a_format_2_namespace_is_served_side_by_side_then_migrated_to_format_3(
         while runs := new.claim(p, 100):
             claims.update(c.run_id for c in runs)
             finish(new, p, runs)
+
+    _each_run_once(app, set(produced), dead, retried, succeeded, claims)
+
+
+# -- format 3 to 4 --------------------------------------------------------------------------
+OLD3 = Path(__file__).resolve().parent.parent / "fixtures" / "format3.tar.gz"
+
+
+class _Format3(Version):
+    """The format-3 release's worker: its scripts, and its reading of a claim reply, which
+    took every due time as a whole ms (`int()`: a fraction raised, and the batch was lost)."""
+
+    def claim(self, p: int, n: int) -> list:
+        keys, args = tr.claim(self.k, p, "default", self.worker, n, 60_000)
+        res = self.s["claim"](keys=keys, args=args)
+        for i in range(tr.CLAIM_HEADER, len(res), tr.CLAIM_FIELDS):
+            ready, due = res[i].split(b" ")[2], res[i + 3]
+            int(ready), int(due)  # as that release read them: raises on a fraction
+        return tr.parse_claim(res).runs
+
+
+def _instants(r, n: int, *, spacing_us: int = 1_001) -> list[datetime]:
+    """n instants just past (due at once), each with a fraction of a millisecond."""
+    sec, usec = r.time()
+    base = datetime.fromtimestamp(sec, UTC) + timedelta(microseconds=usec) - timedelta(seconds=2)
+    return [base + timedelta(microseconds=spacing_us * j + 457) for j in range(n)]
+
+
+def _at(instants: list[datetime]) -> list[dict]:
+    return [{"task": basic.noop, "args": [], "at": t} for t in instants]
+
+
+def test_a_format_3_namespace_is_served_side_by_side_then_migrated_to_microsecond_due_times(
+        app, r, namespace, monkeypatch):
+    from duetime.common import connection
+
+    from duetime.ops import migrate as mig
+
+    k = app.keys
+    memory = app.redis_url.startswith("memory:")
+    old = _Format3(r, k, {n: r.register_script(_old_source(n, memory, OLD3))
+                          for n in ("enqueue", "claim", "complete", "fail")}, False, "old-worker")
+    new = Version(r, k, {n: getattr(Scripts(r), n) for n in old.s}, False, "new-worker")
+    # the format-3 release's first use of the namespace: its meta and every partition say 3
+    r.hset(k.meta, mapping={"partitions": k.partitions, "version": "1", "created_ms": 1,
+                            "format": "3"})
+    connection.mark_partitions_format(r, k, 3)
+    ids: dict[int, list[str]] = {}
+    for n in range(5 * k.partitions):
+        rid = f"{n:020x}"
+        ids.setdefault(k.partition_of_run(rid), []).append(rid)
+    for p, group in ids.items():
+        assert old.enqueue(p, group) == len(group)
+    claims: Counter[str] = Counter()
+    succeeded: Counter[str] = Counter()
+    retried, dead, held = set(), set(), {}
+
+    def finish(worker: Version, p: int, runs: list) -> None:
+        if runs:
+            assert worker.complete(p, runs) == ["succeeded"] * len(runs)
+            succeeded.update(c.run_id for c in runs)
+
+    for p in ids:  # per partition: one finished, one retrying, one dead, one running
+        done, again, fatal, running = old.claim(p, 4)
+        claims.update(c.run_id for c in (done, again, fatal, running))
+        finish(old, p, [done])
+        assert old.fail(p, again, "retry") == "retrying"
+        assert old.fail(p, fatal, "fatal") == "dead"
+        retried.add(again.run_id)
+        dead.add(fatal.run_id)
+        held[p] = [running]
+
+    # this version's first process: the namespace stays format 3, and so do its writes: an
+    # instant asked for to the microsecond is stored as the next whole ms, which the older
+    # worker reads
+    app.store._ready = False
+    app.store.ready()
+    assert r.hget(k.meta, "format") == b"3"
+    whole = _instants(r, 2 * k.partitions)
+    side = app.enqueue_many(_at(whole))
+    for rid, t in zip(side, whole, strict=True):
+        rec = _record(r, k, rid)
+        ceil_ms = to_ms(t, ceil=True)
+        assert rec[b"due"] == str(ceil_ms).encode(), (rec[b"due"], t)
+        assert r.zscore(k.due(k.partition_of_run(rid), "default"), rid) == ceil_ms
+        assert app.get_run(rid).due == from_ms(ceil_ms)
+    for p, runs in held.items():  # the older worker finishes what it held
+        finish(old, p, runs)
+    for p in range(k.partitions):  # both versions serve what is due, in turn
+        for worker in (new, old) if p % 2 else (old, new):
+            runs = worker.claim(p, 3)
+            claims.update(c.run_id for c in runs)
+            finish(worker, p, runs)
+    produced = [i for g in ids.values() for i in g] + side
+
+    # the migration: refused while a worker of the format-3 release is live (its record says it
+    # reads up to format 3), naming it; done once it is gone
+    r.zadd(k.workers, {"old-host:1:ab": 1})
+    r.hset(k.worker("old-host:1:ab"), mapping={"queues": "default", "host": "old-host",
+                                               "pid": 1, "concurrency": 4, "formats": 3})
+    plan = mig.plan(r, k, app.redis_url)
+    assert plan.current == 3 and plan.target == FORMAT == 4
+    assert [w.id for w in plan.blockers] == ["old-host:1:ab"]
+    out = cli(app.redis_url, namespace, "migrate")
+    assert out.exit_code == 1 and "old-host:1:ab" in out.stderr, out.stderr
+    assert r.hget(k.meta, "format") == b"3"
+    r.delete(k.worker("old-host:1:ab"))
+    out = cli(app.redis_url, namespace, "migrate")
+    assert out.exit_code == 0 and "from format 3 to 4" in out.stdout, out.stderr
+    assert all(r.hget(k.caps(p), "format") == b"4" for p in range(k.partitions))
+    # a process of the format-3 release is refused at its start
+    monkeypatch.setattr(connection, "FORMAT", 3)
+    with pytest.raises(FormatTooNew, match="reads formats 1..3"):
+        connection.check_format(r.hget(k.meta, "format"), k)
+    monkeypatch.undo()
+
+    # format 4: the instant asked for is the due time, to the microsecond, in the record, in
+    # the due set and in the claim, which never hands the run out before it
+    fine = _instants(r, 2 * k.partitions)
+    mine = app.enqueue_many(_at(fine))
+    produced += mine
+    for rid, t in zip(mine, fine, strict=True):
+        rec, p = _record(r, k, rid), k.partition_of_run(rid)
+        assert b"." in rec[b"due"], rec[b"due"]
+        assert app.get_run(rid).due == t
+        score = r.zscore(k.due(p, "default"), rid)
+        assert score * 1000 >= to_us(t) and score != to_ms(t, ceil=True), (score, t)
+    for p in range(k.partitions):  # drain with this version: each claim reads the instant
+        while runs := new.claim(p, 100):
+            claims.update(c.run_id for c in runs)
+            for c in runs:
+                if c.run_id in mine:
+                    t = fine[mine.index(c.run_id)]
+                    assert isinstance(c.ready_ms, float) and c.ready_ms * 1000 >= to_us(t)
+                    assert from_ms(c.ready_ms) == t and from_ms(c.due_ms) == t
+            finish(new, p, runs)
+    for rid, t in zip(mine, fine, strict=True):  # the attempt's start: a whole ms, not before
+        started = app.get_run(rid).attempts[-1].started
+        assert started is not None and started >= t, (started, t)
 
     _each_run_once(app, set(produced), dead, retried, succeeded, claims)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from duetime.common.connection import sync_client
+from duetime.common.time.parse import from_ms
 from duetime.worker.runtime import Worker, WorkerConfig
 
 import duetime
@@ -70,8 +71,10 @@ def test_a_herd_waits_once_and_starts_every_body_before_any_bookkeeping(happ):
     asyncio.run(main())
     assert worker.processed == 300
     assert sorted(r for r, *_ in seen) == sorted(ids)
-    due_ms = happ.get_run(ids[0]).due.timestamp() * 1000
-    assert len(waits) == 1 and waits[0] == due_ms  # one wait for the whole herd
+    due = happ.get_run(ids[0]).due
+    assert due == at  # the instant asked for, to the microsecond (namespace format 4)
+    assert len(waits) == 1 and from_ms(waits[0]) == due  # one wait for the whole herd
+    due_ms = due.timestamp() * 1000
     assert all(t >= due_ms for _, t, _, _ in seen)  # never early (same machine's clock)
     # no body of the herd started after another's attempt was counted or reported
     assert {(processed, unsent) for *_, processed, unsent in seen} == {(0, 0)}
