@@ -99,6 +99,7 @@ class Execution:
     hooked: Any = None  # its middleware state, once before_attempt ran (worker/middleware.py)
     # (task spec, args, kwargs) decoded while it was held for its due time (Executor._prepare)
     prepared: tuple[TaskSpec, list[Any], dict[str, Any]] | None = None
+    bound: bool = False  # its context already names the run (current_run, log fields)
     held_at: float | None = None  # the due time (ms) it is held for, with others (Executor._hold)
 
     @property
@@ -108,6 +109,12 @@ class Execution:
     @property
     def token(self) -> str:
         return f"{self.ctx.worker_id}:{self.ctx.fence}"
+
+
+def _bind(ctx: RunContext) -> None:
+    """The calling context names the run: `current_run()` and the log fields."""
+    set_current(ctx)
+    bind_run(ctx.run_id, ctx.task, ctx.attempt, ctx.schedule)
 
 
 class _TimedOut(Exception):  # noqa: N818 - internal signal, never leaves this module
@@ -216,11 +223,12 @@ class Executor:
             log.exception("worker failed at the end of a claimed batch", worker_id=self.worker_id)
         await asyncio.sleep(0)
 
-    def _prepare(self, ex: Execution, c: Claimed) -> None:
+    def _prepare(self, ex: Execution, c: Claimed, context: contextvars.Context) -> None:
         """What a held attempt would do first at its due time, done while it waits: its task
-        found and its payload decoded (`Execution.prepared`), its checkpoints bound. Only
-        when all of it goes through and needs no Redis (a first claim): anything else, an
-        error included, is met at the due time as it always was."""
+        found and its payload decoded (`Execution.prepared`), its checkpoints bound, and its
+        own context made the run's (`_bind`: a herd of thousands spends none of its start on
+        it). Only when all of it goes through and needs no Redis (a first claim): anything
+        else, an error included, is met at the due time as it always was."""
         spec = self.registry.find(c.task)
         if c.damaged or spec is None or spec.fn is None or ex.ctx.fence != 1:
             return
@@ -229,12 +237,15 @@ class Executor:
         except Exception:  # noqa: BLE001 - raised again, and judged, at its due time
             return
         ex.prepared = (spec, args, kwargs)  # a first claim: its checkpoints bind when written
+        if self.hooks is None:  # middleware's before_attempt runs before the run is named
+            context.run(_bind, ex.ctx)
+            ex.bound = True
 
     def _hold(self, c: Claimed, held: Held) -> None:
         """Hold an attempt until its due time (`c.ready_ms`), with every other one due then:
         one task waits for each instant (`_release`), however many runs are due at it."""
         ex = held[0]
-        self._prepare(ex, c)
+        self._prepare(ex, c, held[2])
         self.runners.hold(1)  # counted as live: a drain waits for it as for a running one
         at = c.ready_ms
         group = self._holds.get(at)
@@ -775,8 +786,8 @@ class Executor:
         fields are the run's, and `_bodies` names its attempt (a later attempt of the run
         claimed meanwhile waits for it, `_follow`)."""
         ctx = ex.ctx
-        set_current(ctx)
-        bind_run(ctx.run_id, ctx.task, ctx.attempt, ctx.schedule)
+        if not ex.bound:
+            _bind(ctx)
         self._bodies[ctx.run_id] = ex
         ex.in_body = True
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import structlog
 from duetime.common.connection import sync_client
 from duetime.common.time.parse import from_ms
 from duetime.worker.runtime import Worker, WorkerConfig
@@ -26,11 +27,16 @@ seen: list[tuple[str, float, int, int]] = []
 WORKER: list[Worker] = []
 
 
+# what each body's log lines would carry (its context was made the run's while it was held)
+fields: dict[str, dict[str, object]] = {}
+
+
 @herd_app.task(name="herd.look")
 async def look(i: int = 0) -> None:
     ex = WORKER[0].executor
-    seen.append((duetime.current_run().run_id, time.time() * 1000, ex.processed,
-                 len(ex.reporter.unsent)))
+    run = duetime.current_run()
+    seen.append((run.run_id, time.time() * 1000, ex.processed, len(ex.reporter.unsent)))
+    fields[run.run_id] = structlog.contextvars.get_contextvars()
 
 
 @pytest.fixture
@@ -38,6 +44,7 @@ def happ(url: str) -> Any:
     herd_app.configure(redis_url=url, namespace=f"herd{uuid.uuid4().hex[:8]}")
     seen.clear()
     WORKER.clear()
+    fields.clear()
     yield herd_app
     herd_app.close()
 
@@ -79,6 +86,9 @@ def test_a_herd_waits_once_and_starts_every_body_before_any_bookkeeping(happ):
     # no body of the herd started after another's attempt was counted or reported
     assert {(processed, unsent) for *_, processed, unsent in seen} == {(0, 0)}
     assert {happ.get_run(i).state for i in ids} == {"succeeded"}
+    # each body's log fields name its own run, though its context was bound before the instant
+    assert {i: (f["run_id"], f["task"], f["attempt"]) for i, f in fields.items()} == \
+        {i: (i, "herd.look", 1) for i in ids}
 
 
 def test_a_held_run_stopped_before_its_due_time_is_given_back_at_once(happ):
