@@ -1,13 +1,18 @@
 """W2-style precision: N runs due at instants spread over a window, one worker process;
 start lateness (the task's own first instant minus its due time; the embedded server shares
-this machine's clock) percentiles, early starts.
+this machine's clock) percentiles, early starts. The due time is the instant asked for, to
+the microsecond (namespace format 4).
 
-    .venv/bin/python -m bench.precision --runs 1000 --window 10 --repeat 3
+    .venv/bin/python -m bench.precision --runs 1000 --window 10 --repeat 3 [--wrap "chrt -f 10"]
+
+--wrap runs the worker under a command (a scheduling policy: `chrt -f 10` for SCHED_FIFO,
+`nice -n -10`), to tell the worker's own delays from the kernel's handing it a CPU late.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -21,13 +26,14 @@ from bench.drive import parser, repeated
 from bench.stats import percentile
 
 
-def one_round(url: str, n: int, window: float) -> dict[str, float]:
+def one_round(url: str, n: int, window: float, wrap: str = "") -> dict[str, float]:
     ns = f"prec{uuid.uuid4().hex[:6]}"
     app.configure(redis_url=url, namespace=ns)
     r = redis.Redis.from_url(url)
     env = {**os.environ, "DUETIME_REDIS_URL": url, "DUETIME_NAMESPACE": ns}
-    proc = subprocess.Popen([sys.executable, "-m", "duetime", "--log-level", "WARNING", "worker",
-                             "--app", "bench.apps:app", "--concurrency", "64"], env=env)
+    proc = subprocess.Popen([*shlex.split(wrap), sys.executable, "-m", "duetime", "--log-level",
+                             "WARNING", "worker", "--app", "bench.apps:app", "--concurrency", "64"],
+                            env=env)
     time.sleep(1.0)  # the worker is up and idle before the first run is due
     sec, usec = r.time()
     start = datetime.fromtimestamp(sec + usec / 1e6, tz=UTC) + timedelta(seconds=1)
@@ -51,9 +57,12 @@ def one_round(url: str, n: int, window: float) -> dict[str, float]:
 
 
 def main() -> None:
-    args = parser(runs=1000, window=10.0, repeat=3).parse_args()
-    repeated(args, lambda url: one_round(url, args.runs, args.window),
-             f"server={args.server} runs={args.runs} window={args.window}s repeat={args.repeat}")
+    ap = parser(runs=1000, window=10.0, repeat=3)
+    ap.add_argument("--wrap", default="", help="run the worker under this command")
+    args = ap.parse_args()
+    repeated(args, lambda url: one_round(url, args.runs, args.window, args.wrap),
+             f"server={args.server} runs={args.runs} window={args.window}s repeat={args.repeat}"
+             + (f" worker under {args.wrap!r}" if args.wrap else ""))
 
 if __name__ == "__main__":
     main()
