@@ -249,6 +249,39 @@ def _record(r, k, run_id: str) -> dict[bytes, bytes]:
     return r.hgetall(k.run(k.partition_of_run(run_id), run_id))
 
 
+class _Fleet:
+    """An older release's fleet at work on its namespace: `per_partition` runs enqueued in
+    every partition, and in each one finished, one retrying, one dead and one running (its
+    lease held: `held`); the tallies the checks at the end read (`_each_run_once`)."""
+
+    def __init__(self, old: Version, k, per_partition: int) -> None:
+        self.ids: dict[int, list[str]] = {}
+        for n in range(per_partition * k.partitions):
+            rid = f"{n:020x}"
+            self.ids.setdefault(k.partition_of_run(rid), []).append(rid)
+        for p, group in self.ids.items():
+            assert old.enqueue(p, group) == len(group)
+        self.claims: Counter[str] = Counter()
+        self.succeeded: Counter[str] = Counter()
+        self.retried: set[str] = set()
+        self.dead: set[str] = set()
+        self.held: dict[int, list] = {}
+        for p in self.ids:
+            done, again, fatal, running = old.claim(p, 4)
+            self.claims.update(c.run_id for c in (done, again, fatal, running))
+            self.finish(old, p, [done])
+            assert old.fail(p, again, "retry") == "retrying"
+            assert old.fail(p, fatal, "fatal") == "dead"
+            self.retried.add(again.run_id)
+            self.dead.add(fatal.run_id)
+            self.held[p] = [running]
+
+    def finish(self, worker: Version, p: int, runs: list) -> None:
+        if runs:
+            assert worker.complete(p, runs) == ["succeeded"] * len(runs)
+            self.succeeded.update(c.run_id for c in runs)
+
+
 def _serve(workers: list[Version], k, claims: Counter, succeeded: Counter, rounds: int) -> None:
     """Each version in turn claims and completes a few runs of every partition."""
     for rnd in range(rounds):
@@ -274,30 +307,9 @@ def test_a_format_2_namespace_is_served_side_by_side_then_migrated(
     # the format-2 release's first use of the namespace
     r.hset(k.meta, mapping={"partitions": k.partitions, "version": "1", "created_ms": 1,
                             "format": "2"})
-    ids: dict[int, list[str]] = {}
-    for n in range(6 * k.partitions):
-        rid = f"{n:020x}"
-        ids.setdefault(k.partition_of_run(rid), []).append(rid)
-    for p, group in ids.items():
-        assert old.enqueue(p, group) == len(group)
-    claims: Counter[str] = Counter()
-    succeeded: Counter[str] = Counter()
-    retried, dead, held = set(), set(), {}
-
-    def finish(worker: Version, p: int, runs: list) -> None:
-        if runs:
-            assert worker.complete(p, runs) == ["succeeded"] * len(runs)
-            succeeded.update(c.run_id for c in runs)
-
-    for p in ids:  # per partition: one finished, one retrying, one dead, one running
-        done, again, fatal, running = old.claim(p, 4)
-        claims.update(c.run_id for c in (done, again, fatal, running))
-        finish(old, p, [done])
-        assert old.fail(p, again, "retry") == "retrying"
-        assert old.fail(p, fatal, "fatal") == "dead"
-        retried.add(again.run_id)
-        dead.add(fatal.run_id)
-        held[p] = [running]
+    fleet = _Fleet(old, k, 6)
+    ids, claims, succeeded, finish = fleet.ids, fleet.claims, fleet.succeeded, fleet.finish
+    retried, dead, held = fleet.retried, fleet.dead, fleet.held
 
     # this version's first process: the namespace stays format 2, and so do its writes
     app.store._ready = False
@@ -429,30 +441,9 @@ def test_a_format_3_namespace_is_served_side_by_side_then_migrated_to_microsecon
     r.hset(k.meta, mapping={"partitions": k.partitions, "version": "1", "created_ms": 1,
                             "format": "3"})
     connection.mark_partitions_format(r, k, 3)
-    ids: dict[int, list[str]] = {}
-    for n in range(5 * k.partitions):
-        rid = f"{n:020x}"
-        ids.setdefault(k.partition_of_run(rid), []).append(rid)
-    for p, group in ids.items():
-        assert old.enqueue(p, group) == len(group)
-    claims: Counter[str] = Counter()
-    succeeded: Counter[str] = Counter()
-    retried, dead, held = set(), set(), {}
-
-    def finish(worker: Version, p: int, runs: list) -> None:
-        if runs:
-            assert worker.complete(p, runs) == ["succeeded"] * len(runs)
-            succeeded.update(c.run_id for c in runs)
-
-    for p in ids:  # per partition: one finished, one retrying, one dead, one running
-        done, again, fatal, running = old.claim(p, 4)
-        claims.update(c.run_id for c in (done, again, fatal, running))
-        finish(old, p, [done])
-        assert old.fail(p, again, "retry") == "retrying"
-        assert old.fail(p, fatal, "fatal") == "dead"
-        retried.add(again.run_id)
-        dead.add(fatal.run_id)
-        held[p] = [running]
+    fleet = _Fleet(old, k, 5)
+    ids, claims, succeeded, finish = fleet.ids, fleet.claims, fleet.succeeded, fleet.finish
+    retried, dead, held = fleet.retried, fleet.dead, fleet.held
 
     # this version's first process: the namespace stays format 3, and so do its writes: an
     # instant asked for to the microsecond is stored as the next whole ms, which the older
