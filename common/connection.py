@@ -45,7 +45,7 @@ META_VERSION = "1"
 # fields at their default (`created` equal to `due`, the queue 'default', the default retry
 # policy: lua/_lib.lua RUN_DEFAULTS), which a format-2 process would misread. 4: a due time
 # asked for as an instant (`at=`) is kept to the microsecond (the run's `due` and its due-set
-# score carry up to three decimals of a ms), which a format-3 process would read as a damaged
+# score carry a fraction of a ms), which a format-3 process would read as a damaged
 # record. This version reads them all, writes 4 in a namespace it creates, and keeps writing a
 # namespace's own format in an older one until `duetime migrate` moves it on (once no process
 # of an older release serves it; docs/operations.md, "Upgrades and the namespace format").

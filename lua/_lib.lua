@@ -101,7 +101,7 @@ local function int_s(x)
 end
 
 -- Due times (docs/keys.md "Namespace format"): from format 4 a run's due time is kept to the
--- microsecond: its `due` field and its due-set score may carry up to three decimals of a ms
+-- microsecond: its `due` field and its due-set score may carry a fraction of a ms
 -- (the instant asked for, never rounded); every other time stays a whole ms.
 -- due_text: a due time sent by a client as text ('1765000000123' or '1765000000123.457'), as
 -- this partition stores it: as sent where `fine` (its T:caps format is 4 or later), else
