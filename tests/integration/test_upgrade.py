@@ -415,11 +415,12 @@ class _Format3(Version):
         return tr.parse_claim(res).runs
 
 
-def _instants(r, n: int, *, spacing_us: int = 1_001) -> list[datetime]:
-    """n instants just past (due at once), each with a fraction of a millisecond."""
+def _instants(r, n: int) -> list[datetime]:
+    """n instants just past (due at once), a ms apart, each 457 µs into its ms (never a whole
+    ms: that one would be stored as an integer in any format)."""
     sec, usec = r.time()
-    base = datetime.fromtimestamp(sec, UTC) + timedelta(microseconds=usec) - timedelta(seconds=2)
-    return [base + timedelta(microseconds=spacing_us * j + 457) for j in range(n)]
+    base = datetime.fromtimestamp(sec, UTC) + timedelta(milliseconds=usec // 1000 - 2000)
+    return [base + timedelta(microseconds=1000 * j + 457) for j in range(n)]
 
 
 def _at(instants: list[datetime]) -> list[dict]:
