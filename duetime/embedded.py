@@ -198,6 +198,12 @@ class EmbeddedServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# The node timeout a cluster is formed with (EmbeddedCluster.start). With a short one, on a busy
+# machine, nodes took each other for dead while the replicas made their first syncs, and the
+# cluster had not settled after 30 s (a clean-clone CI run, 2026-12-07).
+FORMING_NODE_TIMEOUT_MS = 15_000
+
+
 class EmbeddedCluster:
     """A Redis/Valkey Cluster on loopback: `n` primaries, each with `replicas` replicas, for
     tests of the scale-out path (failover, resharding). `url` uses the `redis+cluster://` scheme
@@ -205,10 +211,13 @@ class EmbeddedCluster:
 
     def __init__(self, kind: str = "redis", n: int = 3, replicas: int = 0,
                  node_timeout_ms: int = 2000, extra: list[str] | None = None) -> None:
-        self.replicas, self.n = replicas, n
+        self.replicas, self.n, self.node_timeout_ms = replicas, n, node_timeout_ms
+        # formed with a node timeout long enough that a node busy with the replicas' first
+        # syncs (a fork each) is not taken for dead meanwhile, then set to `node_timeout_ms`
+        forming = max(node_timeout_ms, FORMING_NODE_TIMEOUT_MS)
         self.nodes = [EmbeddedServer(kind, port=cluster_port(),
                                      extra=["--cluster-enabled", "yes",
-                                            "--cluster-node-timeout", str(node_timeout_ms),
+                                            "--cluster-node-timeout", str(forming),
                                             "--cluster-config-file", "nodes.conf",
                                             # a replica takes over however long ago it last
                                             # heard its primary (these test nodes keep no data
@@ -249,6 +258,12 @@ class EmbeddedCluster:
                 first.execute_command("CLUSTER MEET", "127.0.0.1", node.port)  # type: ignore[no-untyped-call]
         self.wait_ok(timeout)
         first.close()
+        if self.node_timeout_ms < FORMING_NODE_TIMEOUT_MS:
+            for node in self.nodes:  # now and after a restart: the timeout asked for
+                with redis.Redis(port=node.port) as c:
+                    c.config_set("cluster-node-timeout", self.node_timeout_ms)
+                i = node.extra.index("--cluster-node-timeout")
+                node.extra[i + 1] = str(self.node_timeout_ms)
         return self
 
     @staticmethod
@@ -273,7 +288,7 @@ class EmbeddedCluster:
         and every replica is in sync with its primary."""
         deadline = time.monotonic() + timeout
         while True:
-            states = []
+            waiting = {}  # node port -> what it still waits for ('' = ok)
             for n in nodes or self.nodes:
                 try:
                     with redis.Redis(port=n.port, socket_timeout=1) as c:
@@ -282,17 +297,21 @@ class EmbeddedCluster:
                                  c.execute_command("CLUSTER", "NODES").decode().splitlines()]
                         # a replica counts once it is in sync (its link up): before that a
                         # WAIT on its primary counts no replica
-                        linked = (c.info("replication").get("master_link_status", "up") == "up")
-                        states.append(info["cluster_state"] == "ok"
-                                      and int(info["cluster_known_nodes"]) >= len(self.nodes)
-                                      and sum("slave" in r for r in roles) >= self.n * self.replicas
-                                      and linked)
-                except redis.RedisError:
-                    states.append(False)
-            if all(states):
+                        link = c.info("replication").get("master_link_status", "up")
+                        replicas = sum("slave" in r for r in roles)
+                        waiting[n.port] = " ".join(what for what, bad in (
+                            (f"state={info['cluster_state']}", info["cluster_state"] != "ok"),
+                            (f"known={info['cluster_known_nodes']}",
+                             int(info["cluster_known_nodes"]) < len(self.nodes)),
+                            (f"replicas={replicas}", replicas < self.n * self.replicas),
+                            (f"link={link}", link != "up")) if bad)
+                except redis.RedisError as exc:
+                    waiting[n.port] = f"{type(exc).__name__}: {exc}"
+            if not any(waiting.values()):
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"cluster did not become ok: {states}")
+                raise RuntimeError(f"cluster did not become ok in {timeout:g} s; per node "
+                                   f"port, what it waited for: {waiting}")
             time.sleep(0.1)
 
     def primaries(self) -> list[EmbeddedServer]:
