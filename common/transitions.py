@@ -129,19 +129,17 @@ def parse_claim(res: list[Any]) -> ClaimReply:
         # (ready) and the record's due then carry a fraction
         ready = int(ready) if _DOT not in ready else float(ready)
         try:
+            due_ms = int(due or 0) if _DOT not in due else float(due)
             if not extra:  # none of the optional fields: a plain run
                 runs.append(Claimed(run_id, fence, attempt, task.decode() if task else "",
-                                    payload or b"",
-                                    int(due or 0) if _DOT not in due else float(due), 0, True,
-                                    None, None, ready,
+                                    payload or b"", due_ms, 0, True, None, None, ready,
                                     bare=True))
                 continue
             (timeout, idempotent, key, schedule, limited_by, iv_start, iv_end, tenant,
              headers, bare) = extra
             runs.append(Claimed(
                 run_id, fence, attempt, task.decode() if task else "", payload or b"",
-                int(due or 0) if _DOT not in due else float(due), int(timeout or 0),
-                idempotent != b"0",
+                due_ms, int(timeout or 0), idempotent != b"0",
                 key.decode() if key else None, schedule.decode() if schedule else None,
                 ready, "", limited_by.decode() if limited_by else "",
                 int(iv_start or 0), int(iv_end or 0),

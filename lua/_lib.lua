@@ -198,11 +198,11 @@ local function wake_workers(channel, partition, queue, due)
 end
 
 -- Add a member to a due/retry zset; tell idle workers when it became the set's earliest.
--- `score` is a number or its text: a due time's text goes in as it is (ms_s), a fraction of a
--- ms included.
+-- `score` is a number or its text (a due time's, its fraction of a ms kept: redis.call sends a
+-- number with the 17 digits that give the same double back).
 local function add_due(zkey, score, run_id, channel, partition, queue)
   local head = redis.call('ZRANGE', zkey, 0, 0, 'WITHSCORES')
-  redis.call('ZADD', zkey, ms_s(score), run_id)
+  redis.call('ZADD', zkey, score, run_id)
   score = tonumber(score)
   if head[2] == nil or score < tonumber(head[2]) then
     wake_workers(channel, partition, queue, score)

@@ -31,7 +31,10 @@ local events_key = KEYS[1]
 local here = prefix_partition(prefix)
 local bkey, pending_key = prefix .. K.batch .. batch_id, prefix .. K.bpending .. batch_id
 local members_key = prefix .. K.bmembers .. batch_id
-local fine = false  -- this partition keeps due times to the microsecond (set by refusal)
+-- the partition's caps (T:caps): the payload cap, and whether it keeps a due time to the
+-- microsecond (format 4; else one asked for so is rounded up: _lib.lua due_text)
+local caps = redis.call('HMGET', prefix .. K.caps, 'max_payload', 'format')
+local cap, fine = tonumber(caps[1]), (tonumber(caps[2]) or 2) >= 4
 
 -- the runs of the call, read once: {id, role, mode, due, delay, deps = {...}, fields = {...}}
 local function read_runs()
@@ -68,9 +71,6 @@ local function refusal(runs)
         .. ': no run can be added to it')
     end
   end
-  local caps = redis.call('HMGET', prefix .. K.caps, 'max_payload', 'format')
-  local cap = tonumber(caps[1])
-  fine = (tonumber(caps[2]) or 2) >= 4  -- due times to the microsecond (format 4)
   local created, queues = {}, {}
   for _, r in ipairs(runs) do
     for f = 1, #r.fields, 2 do
