@@ -68,11 +68,19 @@ _marker: list[threading.Thread] = []
 
 
 def _flush_marks() -> None:
+    """Write the kept instants once they stop coming (none new for 10 ms): never in the
+    middle of a herd, where encoding thousands of them would take the GIL from the very
+    worker being measured (its bodies would start late because of the instrument)."""
+    seen = 0
     while True:
         time.sleep(0.01)
+        if len(_marks) != seen:  # still coming: look again in 10 ms
+            seen = len(_marks)
+            continue
         with _marks_lock:
             batch = _marks[:]
             _marks.clear()
+        seen = 0
         if batch:
             _r[0].hset(f"{app.keys.namespace}:stamps", mapping=dict(batch))
 
@@ -80,7 +88,8 @@ def _flush_marks() -> None:
 @app.task(name="bench.mark")
 async def mark(i: int = 0) -> None:
     """Like `stamp`, but buffered: the instant is kept in memory and a background thread
-    writes them every 10 ms, so a herd of thousands is not timed by its own round trips."""
+    writes them once they stop coming, so a herd of thousands is not timed by its own round
+    trips nor by the encoding of its stamps."""
     t = time.time() * 1000
     with _marks_lock:
         _marks.append((duetime.current_run().run_id, t))

@@ -171,7 +171,7 @@ def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int,
         if sum(pipe.execute()) >= n:
             break
         time.sleep(0.2)
-    if own_start:  # the stamps are written by the task's own thread every 10 ms: let the last go
+    if own_start:  # the stamps are written by the task's own thread once they stop coming
         stamps_r = redis.Redis.from_url(url, db=1)
         until = time.monotonic() + 10
         while stamps_r.hlen(f"{ns}:stamps") < n and time.monotonic() < until:
@@ -204,7 +204,8 @@ def herd(url: str, n: int, jitter_s: float, workers: int, args_concurrency: int,
           f"- due p50 {percentile(made, 50):.0f} ms, max {max(made):.0f} ms "
           f"({sum(1 for x in made if x > 0)} created after their due time)")
     if own:
-        print(f"  the task's own start - due: p50 {percentile(own, 50):.1f} ms, p99 "
+        print(f"  the task's own start - due: min {min(own):.1f} ms (the release), p50 "
+              f"{percentile(own, 50):.1f} ms, p99 "
               f"{percentile(own, 99):.1f} ms, max {max(own):.1f} ms, early "
               f"{sum(1 for x in own if x < 0)}, {len(own)} stamped")
 
