@@ -81,6 +81,9 @@ def scheduler(ctx: click.Context, app_ref: str | None, lead: timedelta, tick: ti
     """Evaluate schedules into runs, and recover expired leases (run two or more)."""
     from duetime.scheduler.service import run_scheduler
 
+    # the queue gauges exist from the first scrape (at 0, for the default queue), though the
+    # queues Redis knows are read once it answers: a scrape meanwhile sees every family
+    metrics.preset_queue_gauges(["default"])
     metrics.serve(metrics_port, metrics_host, role="scheduler")  # unready while it waits
     app = _app_or_plain(ctx, app_ref, wait_as="scheduler")
     warn_unverified_tls(app.redis_url, "scheduler")
