@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import operator
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,7 @@ _CONTEXT_FIELDS = ("run_id", "task", "queue", "attempt", "fence", "worker_id", "
                    "scheduled_at", "schedule", "interval_start", "interval_end")
 assert tuple(f.name for f in fields(RunContext))[:len(_CONTEXT_FIELDS)] == _CONTEXT_FIELDS
 Held = tuple["Execution", Attempt, contextvars.Context]  # an attempt queued for the runners
+_HELD = operator.itemgetter(0)  # (Held, Claimed) -> Held: a herd's queue built in C, not a loop
 LEASE_LOST, UNRECORDED = Outcome.LEASE_LOST.value, Outcome.UNRECORDED.value
 SUCCEEDED, FAILED, INTERRUPTED = ATTEMPT_ENDINGS
 # the log fields of an attempt (structlog's context variables, common/logs.py): the worker's
@@ -100,7 +102,9 @@ class Execution:
     # (task spec, args, kwargs) decoded while it was held for its due time (Executor._prepare)
     prepared: tuple[TaskSpec, list[Any], dict[str, Any]] | None = None
     bound: bool = False  # its context already names the run (current_run, log fields)
-    held_at: float | None = None  # the due time (ms) it is held for, with others (Executor._hold)
+    # the due time (ms) it is held for, with others (Executor._hold); cleared just after its
+    # group is released (Executor._after_release)
+    held_at: float | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -275,27 +279,30 @@ class Executor:
         """Start the attempts held for `ready_ms` once the server clock has surely reached it
         (ServerClock.wait_until: never before): all queued in one go, so their bodies start
         one right after the other (a herd of thousands costs no task step, timer or metric
-        per run before the last body started); their start delays are observed after that.
-        Cancelled (the worker is draining), they start at once: each stops as it starts."""
+        per run before the last body started); the rest of the release (their start delays,
+        `held_at` cleared) is done after that, in `_after_release`. Cancelled (the worker is
+        draining), they start at once: each stops as it starts."""
         try:
             await self.clock.wait_until(ready_ms)
         finally:
-            group = self._holds.pop(ready_ms, {})
-            held = [item for item, _ in group.values()]
-            for ex in group:
-                ex.held_at = None
-            self.runners.submit_held(held)
-            if held:
+            group = self._holds.pop(ready_ms, None)
+            if group:
+                self.runners.submit_held(list(map(_HELD, group.values())))
                 asyncio.get_running_loop().call_soon(
-                    self._after_release, held, [c for _, c in group.values()],
-                    self.clock.now_ms(), context=self._quiet)
+                    self._after_release, group, self.clock.now_ms(), context=self._quiet)
 
     @staticmethod
-    def _after_release(held: list[Held], claimed: list[Claimed], now_ms: float) -> None:
-        """After a released group's bodies started: their start delays, by queue."""
+    def _after_release(group: dict[Execution, tuple[Held, Claimed]], now_ms: float) -> None:
+        """After a released group's bodies started: each is no longer held (until now a
+        stale `held_at` only sent `_unhold` looking for a group that is gone), and their
+        start delays are observed, by queue."""
         by_queue: dict[str, list[Claimed]] = {}
-        for (ex, _, _), c in zip(held, claimed, strict=True):
-            by_queue.setdefault(ex.ctx.queue, []).append(c)
+        for ex, (_, c) in group.items():
+            ex.held_at = None
+            runs = by_queue.get(ex.ctx.queue)
+            if runs is None:
+                runs = by_queue[ex.ctx.queue] = []
+            runs.append(c)
         for queue, runs in by_queue.items():
             _observe_delays(queue, runs, now_ms)
 

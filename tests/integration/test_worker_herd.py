@@ -112,3 +112,37 @@ def test_a_held_run_stopped_before_its_due_time_is_given_back_at_once(happ):
     run = happ.get_run(run_id)
     assert run.state == "scheduled" and run.attempt == 0
     assert seen == []  # its body never ran
+
+
+@herd_app.task(name="herd.stopper")
+async def stopper(i: int = 0) -> None:
+    """Cancels every other attempt of its herd that is queued and not started yet."""
+    ex = WORKER[0].executor
+    me = duetime.current_run().run_id
+    seen.append((me, time.time() * 1000, 0, 0))
+    for other in list(ex.inflight.values()):
+        if other.ctx.run_id != me and other.runner is None and not other.in_body:
+            ex.cancel(other)
+
+
+def test_a_released_run_cancelled_before_its_body_starts_stops_as_it_starts(happ):
+    """A herd is queued for the runners at its instant and marked released just after its
+    bodies started (`_after_release`). The first body cancels the other, still queued, in
+    between: that one stops as it starts (no body, no second start of its attempt, nothing
+    left held) and the worker goes on."""
+    at = _instant(happ, 1.0)
+    ids = happ.enqueue_many([{"task": stopper, "args": [i], "at": at} for i in range(2)])
+
+    async def main() -> None:
+        worker = Worker(happ.registry, happ.redis_url, happ.keys,
+                        WorkerConfig(queues=["default"], concurrency=10, claim_ahead_ms=5000))
+        WORKER.append(worker)
+        await stopped(asyncio.create_task(worker.run(handle_signals=False, until_idle=True)), 60)
+        assert not worker.executor._holds and not worker.executor._hold_tasks
+        assert not worker.executor.inflight
+
+    asyncio.run(main())
+    [(first, *_)] = seen  # one body ran
+    [other] = [i for i in ids if i != first]
+    assert happ.get_run(first).state == "succeeded"
+    assert happ.get_run(other).state == "cancelled"
