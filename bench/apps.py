@@ -70,13 +70,15 @@ _marker: list[threading.Thread] = []
 def _flush_marks() -> None:
     """Write the kept instants once they stop coming (none new for 10 ms): never in the
     middle of a herd, where encoding thousands of them would take the GIL from the very
-    worker being measured (its bodies would start late because of the instrument)."""
-    seen = 0
+    worker being measured (its bodies would start late because of the instrument). Marks
+    that never pause (a herd spread by jitter) are written at least once a second."""
+    seen, since = 0, time.monotonic()
     while True:
         time.sleep(0.01)
-        if len(_marks) != seen:  # still coming: look again in 10 ms
+        if len(_marks) != seen and time.monotonic() - since < 1.0:  # still coming
             seen = len(_marks)
             continue
+        since = time.monotonic()
         with _marks_lock:
             batch = _marks[:]
             _marks.clear()
