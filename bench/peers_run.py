@@ -1,5 +1,8 @@
 """Peer benchmark: duetime and its Python peers through the same workloads, on the
-same machine, against a fresh loopback redis-server per run; writes bench/RESULTS.md.
+same machine, against a fresh loopback redis-server per run; writes the raw results and their
+report to bench/out/peers-<time>.{json,md} (`--results` names the report elsewhere). It never
+writes bench/RESULTS.md by default: that file keeps every earlier measurement too, and the
+figures of a run are copied into a section of it by hand, with what they mean.
 
     .venv/bin/python -m bench.peers_run --workloads W1,W2,W3,W4 --systems all --repeat 3
 
@@ -42,7 +45,6 @@ from duetime.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
-RESULTS = ROOT / "bench" / "RESULTS.md"
 PROBE = 10**9  # the job number of readiness probes, left out of every count
 LIVE: set[Runner] = set()  # runners with processes, all killed on exit (signals included)
 
@@ -599,7 +601,9 @@ def main() -> None:
                     help="idle window starts this long after the boundary (or after the firing)")
     ap.add_argument("--w5-idle", type=float, default=25.0, help="idle window length (s)")
     ap.add_argument("--w5-register-timeout", type=float, default=900.0)
-    ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--results", default=None,
+                    help="the report's path (default: bench/out/peers-<time>.md, beside the raw "
+                         "results)")
     args = ap.parse_args()
     os.environ["BENCH_CONCURRENCY"] = str(args.concurrency)  # read by every adapter process
     workloads = {w.strip().upper() for w in args.workloads.split(",") if w.strip()}
@@ -642,8 +646,9 @@ def main() -> None:
     path.write_text(json.dumps(results, indent=1, default=str))
     from bench.peers_report import render
 
-    Path(args.results).write_text(render(results))
-    log(f"raw results {path.relative_to(ROOT)}; report {args.results}; {results['elapsed_s']:.0f} s")
+    report = Path(args.results) if args.results else path.with_suffix(".md")
+    report.write_text(render(results))
+    log(f"raw results {path.relative_to(ROOT)}; report {report}; {results['elapsed_s']:.0f} s")
 
 
 def git_line() -> str:
