@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -170,8 +171,11 @@ def test_a_scheduler_waiting_for_redis_already_exports_its_queue_gauges(namespac
     """The endpoint is served while the scheduler still waits for Redis (unready): a scrape
     then already finds the queue gauge families, at 0 for the default queue, so what the
     startup test scrapes cannot depend on whether the first read of the known queues won the
-    race. No server listens on the URL here, so the scheduler waits for as long as it runs."""
-    procs = Procs(f"redis://127.0.0.1:{free_port()}", namespace)
+    race. The URL's port is bound here and never listened on, so no server can answer there
+    (nor another test's take the port): the scheduler waits for as long as it runs."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    procs = Procs(f"redis://127.0.0.1:{taken.getsockname()[1]}", namespace)
     port = free_port()
     try:
         procs.duetime("scheduler", "--metrics-port", str(port))
@@ -185,6 +189,7 @@ def test_a_scheduler_waiting_for_redis_already_exports_its_queue_gauges(namespac
         assert unready.value.code == 503
     finally:
         procs.stop_all()
+        taken.close()
 
 
 def _try(fn: Callable[[], object]) -> bool:
