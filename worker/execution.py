@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import operator
 import time
@@ -257,9 +258,15 @@ class Executor:
             group = self._holds[at] = {}
             task = asyncio.get_running_loop().create_task(self._release(at), name="duetime-hold")
             self._hold_tasks[at] = task
-            task.add_done_callback(lambda _: self._hold_tasks.pop(at, None))
+            task.add_done_callback(functools.partial(self._hold_ended, at))
         group[ex] = (held, c)
         ex.held_at = at
+
+    def _hold_ended(self, at: float, task: asyncio.Task[None]) -> None:
+        """The `_release` task of `at` ended: forgotten, unless a later group of the same
+        instant (held between that release and now) has its own task there already."""
+        if self._hold_tasks.get(at) is task:
+            del self._hold_tasks[at]
 
     def _unhold(self, ex: Execution) -> None:
         """A held attempt stopped before its due time (a lost lease, a cancel request, the

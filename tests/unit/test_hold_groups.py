@@ -1,0 +1,73 @@
+"""Runs held for their due time, grouped by instant (worker/execution.py `_hold`, `_release`,
+`_hold_ended`), driven on an event loop with a clock the test moves: no server, no sleep."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from duetime.common.codec import pack_payload
+from duetime.common.keys import Keyspace
+from duetime.common.transitions import Claimed
+from duetime.worker.clock import ServerClock
+from duetime.worker.config import WorkerConfig
+from duetime.worker.execution import Executor
+from duetime.worker.reporter import Reporter
+
+import duetime
+
+AT = 1_000_000.0  # the instant both runs are due at (server ms)
+
+
+def _claimed(run_id: str) -> Claimed:
+    return Claimed(run_id, 1, 1, "holds.t", pack_payload([], {}), AT, 0, True, None, None, AT)
+
+
+def test_a_group_held_again_at_an_instant_just_released_keeps_its_own_release_task() -> None:
+    """A run held for an instant whose group was just released (the clock estimate moved
+    back by a resync, say) makes a new group and a new release task at that instant. The
+    ended task of the first group must not take the new one out of the executor's table:
+    a drain cancels the tasks in that table, so a task missing from it would go on waiting
+    while the worker stops."""
+    app = duetime.App()
+    wall = [0.0]  # seconds, local; the server clock is this (offset 0)
+    pauses: list[asyncio.Future[None]] = []
+
+    async def pause(_: float) -> None:  # a wait that ends only when the test says so
+        fut = asyncio.get_running_loop().create_future()
+        pauses.append(fut)
+        await fut
+
+    clock = ServerClock(wall=lambda: wall[0], pause=pause, fine=pause)
+    holder: list[Executor] = []
+    seen: list[Any] = []
+
+    @app.task(name="holds.t")
+    async def body() -> None:
+        run_id = duetime.current_run().run_id
+        if run_id == "r1":  # the first group's body: the clock steps back, r2 is held at AT
+            wall[0] = 0.0
+            holder[0].start_batch(0, "default", [_claimed("r2")], 0.0)
+            seen.append(holder[0]._hold_tasks.get(AT))
+
+    async def main() -> None:
+        ex = Executor(app.registry, clock, Reporter(None, None, Keyspace("holds"), "w"),  # type: ignore[arg-type]
+                      WorkerConfig(queues=["default"], concurrency=4), on_free=lambda: None)
+        holder.append(ex)
+        ex.start_batch(0, "default", [_claimed("r1")], 0.0)
+        first = ex._hold_tasks[AT]
+        await asyncio.sleep(0)  # the first release task waits on its pause
+        wall[0] = AT / 1000 + 1.0  # the instant has passed
+        pauses.pop().set_result(None)
+        for _ in range(5):  # the release, r1's body, the first task's end
+            await asyncio.sleep(0)
+        assert first.done()
+        [second] = seen  # r2's release task, made in r1's body
+        assert second is not None and second is not first and not second.done()
+        assert ex._hold_tasks.get(AT) is second  # still known: a drain would cancel it
+        ex.shutdown()  # cancels the held group's task, as a drain does
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert second.done()
+
+    asyncio.run(main())
