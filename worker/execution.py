@@ -256,7 +256,8 @@ class Executor:
         group = self._holds.get(at)
         if group is None:
             group = self._holds[at] = {}
-            task = asyncio.get_running_loop().create_task(self._release(at), name="duetime-hold")
+            task = asyncio.get_running_loop().create_task(self._release(at, group),
+                                                          name="duetime-hold")
             self._hold_tasks[at] = task
             task.add_done_callback(functools.partial(self._hold_ended, at))
         group[ex] = (held, c)
@@ -282,18 +283,21 @@ class Executor:
             if task is not None:
                 task.cancel()
 
-    async def _release(self, ready_ms: float) -> None:
-        """Start the attempts held for `ready_ms` once the server clock has surely reached it
-        (ServerClock.wait_until: never before): all queued in one go, so their bodies start
-        one right after the other (a herd of thousands costs no task step, timer or metric
-        per run before the last body started); the rest of the release (their start delays,
-        `held_at` cleared) is done after that, in `_after_release`. Cancelled (the worker is
-        draining), they start at once: each stops as it starts."""
+    async def _release(self, ready_ms: float,
+                       group: dict[Execution, tuple[Held, Claimed]]) -> None:
+        """Start the attempts of `group`, held for `ready_ms`, once the server clock has surely
+        reached it (ServerClock.wait_until: never before): all queued in one go, so their
+        bodies start one right after the other (a herd of thousands costs no task step, timer
+        or metric per run before the last body started); the rest of the release (their start
+        delays, `held_at` cleared) is done after that, in `_after_release`. Cancelled (the
+        worker is draining), they start at once: each stops as it starts. Cancelled because
+        its group emptied (`_unhold`), it releases nothing: a newer group held for the same
+        instant meanwhile is that group's own task's to release, at the instant."""
         try:
             await self.clock.wait_until(ready_ms)
         finally:
-            group = self._holds.pop(ready_ms, None)
-            if group:
+            if self._holds.get(ready_ms) is group:
+                del self._holds[ready_ms]
                 self.runners.submit_held(list(map(_HELD, group.values())))
                 asyncio.get_running_loop().call_soon(
                     self._after_release, group, self.clock.now_ms(), context=self._quiet)

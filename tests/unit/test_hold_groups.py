@@ -71,3 +71,39 @@ def test_a_group_held_again_at_an_instant_just_released_keeps_its_own_release_ta
         assert second.done()
 
     asyncio.run(main())
+
+
+def test_a_group_held_where_a_cancelled_one_emptied_is_not_released_before_its_instant() -> None:
+    """The only run held for an instant is cancelled (its group empties, its release task is
+    cancelled), and in the same step another run is held for that instant (a new group, a
+    new task). The cancelled task must not release the new group as it ends: that would
+    start the new run before its due time. It waits for the instant with its own task."""
+    app = duetime.App()
+    wall = [0.0]  # well before AT, and it stays there
+    started: list[str] = []
+
+    async def pause(_: float) -> None:  # the instant never comes in this test
+        await asyncio.get_running_loop().create_future()
+
+    @app.task(name="holds.t")
+    async def body() -> None:
+        started.append(duetime.current_run().run_id)
+
+    async def main() -> None:
+        clock = ServerClock(wall=lambda: wall[0], pause=pause, fine=pause)
+        ex = Executor(app.registry, clock, Reporter(None, None, Keyspace("holds"), "w"),  # type: ignore[arg-type]
+                      WorkerConfig(queues=["default"], concurrency=4), on_free=lambda: None)
+        ex.start_batch(0, "default", [_claimed("r1")], 0.0)
+        await asyncio.sleep(0)  # r1's release task waits for the instant
+        ex.cancel(ex.inflight[("r1", 1)])  # its group empties; its task is cancelled
+        ex.start_batch(0, "default", [_claimed("r2")], 0.0)  # a new group at the same instant
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert started == []  # r1 stopped as it started; r2 still waits for AT
+        assert [e.ctx.run_id for e in ex._holds[AT]] == ["r2"]
+        assert not ex._hold_tasks[AT].done()
+        ex.shutdown()
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
