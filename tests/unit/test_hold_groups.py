@@ -19,6 +19,16 @@ import duetime
 AT = 1_000_000.0  # the instant both runs are due at (server ms)
 
 
+async def _steps_until(cond: Any, limit: int = 100) -> None:
+    """Let the loop take steps (no time passes: nothing here waits on a timer or a socket)
+    until `cond()` holds; a bound on the steps, not on time."""
+    for _ in range(limit):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not after {limit} steps of the loop")
+
+
 def _claimed(run_id: str) -> Claimed:
     return Claimed(run_id, 1, 1, "holds.t", pack_payload([], {}), AT, 0, True, None, None, AT)
 
@@ -59,16 +69,14 @@ def test_a_group_held_again_at_an_instant_just_released_keeps_its_own_release_ta
         await asyncio.sleep(0)  # the first release task waits on its pause
         wall[0] = AT / 1000 + 1.0  # the instant has passed
         pauses.pop().set_result(None)
-        for _ in range(5):  # the release, r1's body, the first task's end
+        await _steps_until(lambda: first.done() and seen)  # the release, r1's body, its end
+        for _ in range(3):  # and the first task's done callback
             await asyncio.sleep(0)
-        assert first.done()
         [second] = seen  # r2's release task, made in r1's body
         assert second is not None and second is not first and not second.done()
         assert ex._hold_tasks.get(AT) is second  # still known: a drain would cancel it
         ex.shutdown()  # cancels the held group's task, as a drain does
-        for _ in range(3):
-            await asyncio.sleep(0)
-        assert second.done()
+        await _steps_until(second.done)
 
     asyncio.run(main())
 
@@ -94,10 +102,12 @@ def test_a_group_held_where_a_cancelled_one_emptied_is_not_released_before_its_i
         ex = Executor(app.registry, clock, Reporter(None, None, Keyspace("holds"), "w"),  # type: ignore[arg-type]
                       WorkerConfig(queues=["default"], concurrency=4), on_free=lambda: None)
         ex.start_batch(0, "default", [_claimed("r1")], 0.0)
+        first = ex._hold_tasks[AT]
         await asyncio.sleep(0)  # r1's release task waits for the instant
         ex.cancel(ex.inflight[("r1", 1)])  # its group empties; its task is cancelled
         ex.start_batch(0, "default", [_claimed("r2")], 0.0)  # a new group at the same instant
-        for _ in range(5):
+        await _steps_until(lambda: not ex.runners.live or ex.runners.live == 1 and first.done())
+        for _ in range(5):  # what the old code did next: the cancelled task released r2
             await asyncio.sleep(0)
         assert started == []  # r1 stopped as it started; r2 still waits for AT
         assert [e.ctx.run_id for e in ex._holds[AT]] == ["r2"]
