@@ -310,10 +310,7 @@ class Executor:
         by_queue: dict[str, list[Claimed]] = {}
         for ex, (_, c) in group.items():
             ex.held_at = None
-            runs = by_queue.get(ex.ctx.queue)
-            if runs is None:
-                runs = by_queue[ex.ctx.queue] = []
-            runs.append(c)
+            by_queue.setdefault(ex.ctx.queue, []).append(c)
         for queue, runs in by_queue.items():
             _observe_delays(queue, runs, now_ms)
 

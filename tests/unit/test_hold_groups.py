@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from duetime.common.codec import pack_payload
@@ -19,14 +20,38 @@ import duetime
 AT = 1_000_000.0  # the instant both runs are due at (server ms)
 
 
-async def _steps_until(cond: Any, limit: int = 100) -> None:
-    """Let the loop take steps (no time passes: nothing here waits on a timer or a socket)
-    until `cond()` holds; a bound on the steps, not on time."""
+async def _steps(n: int = 1) -> None:
+    """Let the loop take `n` steps. No time passes: nothing here waits on a timer or a
+    socket, so what a step does is fixed, whatever the machine's load."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def _steps_until(cond: Callable[[], object], limit: int = 100) -> None:
+    """Let the loop take steps until `cond()` holds; a bound on the steps, not on time."""
     for _ in range(limit):
         if cond():
             return
-        await asyncio.sleep(0)
+        await _steps()
     raise AssertionError(f"not after {limit} steps of the loop")
+
+
+def _executor(app: duetime.App, clock: ServerClock) -> Executor:
+    """An executor with no server behind it: its runs report to a reporter nobody flushes."""
+    return Executor(app.registry, clock, Reporter(None, None, Keyspace("holds"), "w"),  # type: ignore[arg-type]
+                    WorkerConfig(queues=["default"], concurrency=4), on_free=lambda: None)
+
+
+def _clock(wall: list[float], pauses: list[asyncio.Future[None]]) -> ServerClock:
+    """A server clock reading `wall` (seconds), whose every wait ends only when the test
+    resolves the future it appends to `pauses`."""
+
+    async def pause(_: float) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        pauses.append(fut)
+        await fut
+
+    return ServerClock(wall=lambda: wall[0], pause=pause, fine=pause)
 
 
 def _claimed(run_id: str) -> Claimed:
@@ -42,13 +67,6 @@ def test_a_group_held_again_at_an_instant_just_released_keeps_its_own_release_ta
     app = duetime.App()
     wall = [0.0]  # seconds, local; the server clock is this (offset 0)
     pauses: list[asyncio.Future[None]] = []
-
-    async def pause(_: float) -> None:  # a wait that ends only when the test says so
-        fut = asyncio.get_running_loop().create_future()
-        pauses.append(fut)
-        await fut
-
-    clock = ServerClock(wall=lambda: wall[0], pause=pause, fine=pause)
     holder: list[Executor] = []
     seen: list[Any] = []
 
@@ -61,17 +79,15 @@ def test_a_group_held_again_at_an_instant_just_released_keeps_its_own_release_ta
             seen.append(holder[0]._hold_tasks.get(AT))
 
     async def main() -> None:
-        ex = Executor(app.registry, clock, Reporter(None, None, Keyspace("holds"), "w"),  # type: ignore[arg-type]
-                      WorkerConfig(queues=["default"], concurrency=4), on_free=lambda: None)
+        ex = _executor(app, _clock(wall, pauses))
         holder.append(ex)
         ex.start_batch(0, "default", [_claimed("r1")], 0.0)
         first = ex._hold_tasks[AT]
-        await asyncio.sleep(0)  # the first release task waits on its pause
+        await _steps_until(lambda: pauses)  # the first release task waits for the instant
         wall[0] = AT / 1000 + 1.0  # the instant has passed
         pauses.pop().set_result(None)
         await _steps_until(lambda: first.done() and seen)  # the release, r1's body, its end
-        for _ in range(3):  # and the first task's done callback
-            await asyncio.sleep(0)
+        await _steps(3)  # and the first task's done callback
         [second] = seen  # r2's release task, made in r1's body
         assert second is not None and second is not first and not second.done()
         assert ex._hold_tasks.get(AT) is second  # still known: a drain would cancel it
@@ -87,33 +103,28 @@ def test_a_group_held_where_a_cancelled_one_emptied_is_not_released_before_its_i
     new task). The cancelled task must not release the new group as it ends: that would
     start the new run before its due time. It waits for the instant with its own task."""
     app = duetime.App()
-    wall = [0.0]  # well before AT, and it stays there
+    wall = [0.0]  # well before AT, and it stays there: no pause is ever ended
+    pauses: list[asyncio.Future[None]] = []
     started: list[str] = []
-
-    async def pause(_: float) -> None:  # the instant never comes in this test
-        await asyncio.get_running_loop().create_future()
 
     @app.task(name="holds.t")
     async def body() -> None:
         started.append(duetime.current_run().run_id)
 
     async def main() -> None:
-        clock = ServerClock(wall=lambda: wall[0], pause=pause, fine=pause)
-        ex = Executor(app.registry, clock, Reporter(None, None, Keyspace("holds"), "w"),  # type: ignore[arg-type]
-                      WorkerConfig(queues=["default"], concurrency=4), on_free=lambda: None)
+        ex = _executor(app, _clock(wall, pauses))
         ex.start_batch(0, "default", [_claimed("r1")], 0.0)
         first = ex._hold_tasks[AT]
-        await asyncio.sleep(0)  # r1's release task waits for the instant
+        await _steps_until(lambda: pauses)  # r1's release task waits for the instant
         ex.cancel(ex.inflight[("r1", 1)])  # its group empties; its task is cancelled
         ex.start_batch(0, "default", [_claimed("r2")], 0.0)  # a new group at the same instant
-        await _steps_until(lambda: not ex.runners.live or ex.runners.live == 1 and first.done())
-        for _ in range(5):  # what the old code did next: the cancelled task released r2
-            await asyncio.sleep(0)
+        await _steps_until(first.done)
+        await _steps(5)  # what the old code did next: the cancelled task released r2
         assert started == []  # r1 stopped as it started; r2 still waits for AT
         assert [e.ctx.run_id for e in ex._holds[AT]] == ["r2"]
-        assert not ex._hold_tasks[AT].done()
+        second = ex._hold_tasks[AT]
+        assert not second.done()
         ex.shutdown()
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await _steps_until(second.done)
 
     asyncio.run(main())
